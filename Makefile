@@ -1,0 +1,48 @@
+# Two entry points on a fresh machine: `make table1` (the main job) and `make test`.
+# Each creates the virtual environment first (torch before the rest, so pip takes the CPU wheel).
+
+VENV ?= .venv
+PYTHON ?= python3
+TORCH_SPEC ?= torch==2.13.0
+CORES ?= all
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.rpb-installed
+
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install table1 smoke test lint format clean-results
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $@
+
+install: $(STAMP)
+
+table1: install
+	snakemake --cores $(CORES) results/table1.csv
+
+smoke: install
+	snakemake --cores $(CORES) --configfile config/smoke.yaml results/table1.csv
+
+test: install
+	pytest
+
+lint: install
+	ruff check .
+	ruff format --check .
+	snakefmt --check Snakefile workflow/rules
+	snakemake --lint
+
+format: install
+	ruff format .
+	ruff check --fix .
+	snakefmt Snakefile workflow/rules
+
+clean-results:
+	rm -rf results

@@ -1,0 +1,3 @@
+from rpb.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,145 @@
+"""Tiny configs and random models of the five transformers MoE families that rpb supports.
+
+`build_config` returns transformers' own config class for a model type with tiny defaults (any
+field can be overridden, so the same call builds the tiny testbed bases and paper-shaped test
+models); `random_model` instantiates one deterministically with non-trivial routing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+__all__ = ["SUPPORTED_MODEL_TYPES", "build_config", "random_model"]
+
+_COMMON: dict[str, Any] = {
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 128,
+    "tie_word_embeddings": False,
+    "pad_token_id": 0,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+# Per family: the expert-count key differs, and each family's expert FFN width lives in a
+# different field (OLMoE and Mixtral size experts with `intermediate_size`).
+_FAMILY: dict[str, dict[str, Any]] = {
+    "qwen3_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,  # as Qwen3-30B-A3B
+        "router_aux_loss_coef": 0.001,
+    },
+    "qwen2_moe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "shared_expert_intermediate_size": 64,
+        "router_aux_loss_coef": 0.001,
+    },
+    "olmoe": {
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "router_aux_loss_coef": 0.01,
+    },
+    "mixtral": {
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "intermediate_size": 32,
+        "router_jitter_noise": 0.0,
+        "router_aux_loss_coef": 0.001,
+    },
+    # Moonlight-16B-A3B's routing: sigmoid scores + correction bias (noaux_tc), one group,
+    # renormalised top-k weights scaled by 2.446, 2 shared experts, first layer dense. Three layers
+    # by default so that, with layer 0 dense, the tiny model still has two MoE layers.
+    "deepseek_v3": {
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 4,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_shared_experts": 2,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.446,
+        "q_lora_rank": None,
+        "kv_lora_rank": 16,
+        "qk_rope_head_dim": 8,
+        "qk_nope_head_dim": 8,
+        "v_head_dim": 8,
+        "num_mtp_layers": 0,
+    },
+}
+
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILY)
+
+
+def _known_keys(config_cls: type[PretrainedConfig]) -> set[str]:
+    keys = (
+        {f.name for f in dataclasses.fields(config_cls)}
+        if dataclasses.is_dataclass(config_cls)
+        else set()
+    )
+    for alias, target in getattr(config_cls, "attribute_map", {}).items():
+        keys.update((alias, target))
+    return keys | {"attn_implementation"}
+
+
+def build_config(model_type: str, **overrides: Any) -> PretrainedConfig:
+    """transformers' config for `model_type` with tiny defaults; `overrides` replace any field."""
+    if model_type not in _FAMILY:
+        raise ValueError(
+            f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+        )
+    config_cls = CONFIG_MAPPING[model_type]
+    known = _known_keys(config_cls)
+    # transformers configs accept any keyword silently; a typo would build the wrong model.
+    unknown = sorted(k for k in overrides if k not in known)
+    if unknown:
+        raise ValueError(f"unknown {model_type} config field(s): {', '.join(unknown)}")
+    return config_cls(**{**_COMMON, **_FAMILY[model_type], **overrides})
+
+
+def random_model(
+    model_type: str,
+    seed: int = 0,
+    *,
+    router_std: float | None = None,
+    correction_bias_std: float = 0.05,
+    **overrides: Any,
+) -> PreTrainedModel:
+    """A deterministic randomly initialised float32 causal LM in eval mode.
+
+    Router weights are redrawn with std `router_std` (default 1/sqrt(hidden), so logits are O(1)
+    and routing is far from uniform), and DeepSeek-V3 correction biases (zeros by default) get
+    N(0, `correction_bias_std`) values so the biased selection path is exercised. The global RNG
+    is left untouched.
+    """
+    from rpb.routing import find_routers  # local: routing imports nothing from here
+
+    config = build_config(model_type, **overrides)
+    std = router_std if router_std is not None else 1.0 / math.sqrt(config.hidden_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        with torch.no_grad():
+            for handle in find_routers(model):
+                handle.module.weight.normal_(0.0, std)
+                bias = getattr(handle.module, "e_score_correction_bias", None)
+                if bias is not None:
+                    bias.normal_(0.0, correction_bias_std)
+    return model.eval()

@@ -1,0 +1,371 @@
+"""`rpb` command line: one subcommand per pipeline stage; the Snakemake rules call these.
+
+Each job subcommand opens one MLflow run (`rpb.tracking.tracked_run`) named
+`{stage}/{model}/{method}/seed{seed}` and records its run id beside its outputs for lineage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("rpb")
+
+
+def _json_arg(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err.msg}): {text[:80]}") from None
+
+
+def _csv_arg(text: str) -> list[str]:
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated, non-empty list")
+    return items
+
+
+def _offline() -> None:
+    # Compute jobs never touch a hub; downloads happen in their own rules at paper scale.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def _track_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    return {"tracking_uri": args.tracking_uri, "experiment": args.experiment}
+
+
+def _run_dir_of(model_dir: Path) -> Path:
+    """Model directories live in `<job dir>/model`; the job's run id file sits in `<job dir>`."""
+    return Path(model_dir).parent
+
+
+def _lineage(**dirs: Path | None) -> dict[str, str | None]:
+    from rpb.tracking import read_run_id
+
+    return {role: read_run_id(path) if path else None for role, path in dirs.items()}
+
+
+# --- subcommands -----------------------------------------------------------------------------
+
+
+def cmd_init_tracking(args: argparse.Namespace) -> None:
+    from rpb.tracking import init_store, resolve_tracking_uri
+
+    init_store(resolve_tracking_uri(args.tracking_uri), args.experiment)
+
+
+def cmd_corpora(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.data import SIZE_PRESETS, write_corpora
+    from rpb.tokenizer import build_tokenizer
+    from rpb.tracking import tracked_run
+
+    sizes = SIZE_PRESETS[args.preset]
+    params = {"seed": args.seed, "preset": args.preset, "sizes": sizes}
+    with tracked_run(stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)):
+        manifest = write_corpora(args.out, seed=args.seed, sizes=sizes)
+        build_tokenizer(args.out / "tokenizer")
+        mlflow.log_artifact(str(args.out / "manifest.json"))
+        log.info("corpora written to %s: %s", args.out, json.dumps(manifest.get("files", {}))[:400])
+
+
+def cmd_pretrain(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.tracking import tracked_run
+    from rpb.training import TrainSpec, pretrain
+
+    spec = TrainSpec.from_dict(args.spec)
+    params = {
+        "model_type": args.model_type,
+        "architecture": args.architecture,
+        "train": args.spec,
+        "lbl_coef": args.lbl_coef,
+    }
+    parents = _lineage(corpora=args.corpus.parent)
+    with tracked_run(
+        stage="pretrain",
+        model=args.name,
+        method="lbl",
+        seed=spec.seed,
+        corpus="pretrain",
+        params=params,
+        parents=parents,
+        run_dir=args.out,
+        **_track_kwargs(args),
+    ):
+        summary = pretrain(
+            model_type=args.model_type,
+            architecture=args.architecture,
+            tokenizer_dir=args.tokenizer,
+            corpus=args.corpus,
+            spec=spec,
+            lbl_coef=args.lbl_coef,
+            out_dir=args.out,
+        )
+        mlflow.log_artifact(str(args.out / "train_history.json"))
+        log.info("pretraining done: %s", summary["final"])
+
+
+def cmd_prior(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.analysis import extract_prior_from_corpus
+    from rpb.tracking import tracked_run
+
+    parents = _lineage(base=_run_dir_of(args.model), corpora=args.corpus.parent.parent)
+    with tracked_run(
+        stage="prior",
+        model=args.name,
+        corpus=args.corpus.stem,
+        params={"model_dir": str(args.model), "corpus": str(args.corpus)},
+        parents=parents,
+        run_dir=args.out.parent / f"{args.out.stem}.run",
+        **_track_kwargs(args),
+    ):
+        prior = extract_prior_from_corpus(
+            args.model, args.corpus, args.out, model_id=args.name, batch_size=args.batch_size
+        )
+        mlflow.log_metrics({"tokens": float(prior.meta["n_tokens"])})
+        mlflow.log_artifact(str(args.out.with_suffix(".json")))
+
+
+def cmd_train(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.tracking import tracked_run
+    from rpb.training import MethodSpec, TrainSpec, posttrain
+
+    spec = TrainSpec.from_dict(args.spec)
+    method = MethodSpec(**args.method)
+    parents = _lineage(
+        base=_run_dir_of(args.base),
+        prior=args.prior.parent / f"{args.prior.stem}.run" if args.prior else None,
+    )
+    with tracked_run(
+        stage="train",
+        model=args.name,
+        method=args.label,
+        seed=spec.seed,
+        corpus=args.corpus_name,
+        params={"method": args.method, "train": args.spec},
+        parents=parents,
+        run_dir=args.out,
+        **_track_kwargs(args),
+    ):
+        summary = posttrain(
+            base_dir=args.base,
+            prior_path=args.prior,
+            corpus=args.corpus,
+            method_spec=method,
+            spec=spec,
+            out_dir=args.out,
+        )
+        mlflow.log_artifact(str(args.out / "train_history.json"))
+        log.info("post-training done: %s", summary["final"])
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.evaluation import evaluate_model
+    from rpb.tracking import tracked_run
+
+    parents = _lineage(trained=_run_dir_of(args.model))
+    run_dir = args.out.parent / f"{args.out.stem}.run"
+    with tracked_run(
+        stage="eval",
+        model=args.name,
+        method=args.label,
+        seed=args.seed,
+        corpus=args.corpus_name,
+        params={"tasks": args.tasks, "limit": args.limit, "model_dir": str(args.model)},
+        parents=parents,
+        run_dir=run_dir,
+        **_track_kwargs(args),
+    ):
+        result = evaluate_model(
+            args.model,
+            args.eval_dir,
+            args.tasks,
+            args.out,
+            args.work,
+            batch_size=args.batch_size,
+            limit=args.limit or None,
+        )
+        scores = {
+            f"{task}.{entry['metric']}": float(entry["score"])
+            for task, entry in result["tasks"].items()
+        }
+        mlflow.log_metrics(scores)
+        mlflow.log_artifact(str(args.out))
+
+
+def cmd_analyze(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.analysis import analyze_model
+    from rpb.tracking import tracked_run
+
+    parents = _lineage(trained=_run_dir_of(args.model))
+    run_dir = args.out.parent / f"{args.out.stem}.run"
+    with tracked_run(
+        stage="analysis",
+        model=args.name,
+        method=args.label,
+        seed=args.seed,
+        corpus=args.corpus_name,
+        params={"tasks": args.tasks, "limit": args.limit, "model_dir": str(args.model)},
+        parents=parents,
+        run_dir=run_dir,
+        **_track_kwargs(args),
+    ):
+        summary = analyze_model(
+            model_dir=args.model,
+            base_dir=args.base,
+            prior_path=args.prior,
+            eval_dir=args.eval_dir,
+            tasks=args.tasks,
+            limit=args.limit,
+            out_json=args.out,
+        )
+        mlflow.log_metrics({f"mean.{k}": float(v) for k, v in summary["mean"].items()})
+        mlflow.log_artifact(str(args.out))
+
+
+def cmd_table1(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.tables import build_table1
+    from rpb.tracking import tracked_run
+
+    spec = args.spec
+    with tracked_run(
+        stage="table1",
+        model=spec["model"],
+        corpus=spec["corpus"],
+        params=spec,
+        run_dir=args.out.parent / "table1.run",
+        **_track_kwargs(args),
+    ):
+        build_table1(args.results, spec, args.out)
+        mlflow.log_artifact(str(args.out))
+        mlflow.log_artifact(str(args.out.with_suffix(".md")))
+
+
+# --- parser ----------------------------------------------------------------------------------
+
+
+def _add_tracking(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: env/config)")
+    p.add_argument("--experiment", default="rpb", help="MLflow experiment name")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rpb", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, func: Callable[[argparse.Namespace], None], help_: str):
+        p = sub.add_parser(name, help=help_)
+        p.set_defaults(func=func)
+        _add_tracking(p)
+        return p
+
+    add("init-tracking", cmd_init_tracking, "create the MLflow store and experiment once")
+
+    p = add("corpora", cmd_corpora, "write the synthetic corpora, eval sets and tokenizer")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, required=True)
+    p.add_argument("--preset", choices=["default", "smoke"], default="default")
+
+    p = add("pretrain", cmd_pretrain, "pretrain a tiny MoE base with a load-balancing loss")
+    p.add_argument("--name", required=True)
+    p.add_argument("--model-type", required=True)
+    p.add_argument("--architecture", type=_json_arg, required=True)
+    p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
+    p.add_argument("--lbl-coef", type=float, required=True)
+    p.add_argument("--tokenizer", type=Path, required=True)
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+
+    p = add("prior", cmd_prior, "extract the base router prior over a corpus")
+    p.add_argument("--name", required=True)
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--batch-size", type=int, default=128)
+
+    p = add("train", cmd_train, "post-train a base with one router method")
+    p.add_argument("--name", required=True)
+    p.add_argument("--label", required=True, help="the method's label in the config")
+    p.add_argument("--base", type=Path, required=True)
+    p.add_argument("--prior", type=Path, default=None)
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--corpus-name", required=True)
+    p.add_argument("--method", type=_json_arg, required=True, help='{"name", "strength", "options"}')
+    p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
+    p.add_argument("--out", type=Path, required=True)
+
+    p = add("eval", cmd_eval, "evaluate a model with lm-evaluation-harness")
+    p.add_argument("--name", required=True)
+    p.add_argument("--label", required=True)
+    p.add_argument("--seed", default="-")
+    p.add_argument("--corpus-name", default="-")
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--eval-dir", type=Path, required=True)
+    p.add_argument("--tasks", type=_csv_arg, required=True)
+    p.add_argument("--limit", type=int, default=0, help="items per task (0: all)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--work", type=Path, required=True, help="lm-eval task/cache folder")
+    p.add_argument("--out", type=Path, required=True)
+
+    p = add("analyze", cmd_analyze, "co-activation and routing-drift analysis against the base")
+    p.add_argument("--name", required=True)
+    p.add_argument("--label", required=True)
+    p.add_argument("--seed", default="-")
+    p.add_argument("--corpus-name", default="-")
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--base", type=Path, required=True)
+    p.add_argument("--prior", type=Path, required=True)
+    p.add_argument("--eval-dir", type=Path, required=True)
+    p.add_argument("--tasks", type=_csv_arg, required=True)
+    p.add_argument("--limit", type=int, default=200)
+    p.add_argument("--out", type=Path, required=True)
+
+    p = add("table1", cmd_table1, "build table 1 from evaluation and analysis outputs")
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--spec", type=_json_arg, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    _offline()
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as err:
+        # Bad input is reported in one line; the MLflow run has already been marked FAILED.
+        log.error("%s", err)
+        print(f"rpb {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""Figures for the co-activation analysis: heatmaps, retention vs accuracy, metric curves.
+
+Every helper writes ``<path_stem>.png`` and ``<path_stem>.pdf`` and returns both paths. Figures
+are built with ``matplotlib.figure.Figure`` (Agg canvas, no pyplot), so no global backend state
+is touched and nothing leaks between calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from rpb.coactivation import communities
+
+__all__ = ["plot_coactivation_heatmaps", "plot_curves", "plot_retention_vs_accuracy"]
+
+
+def _save(fig: Figure, path_stem: str | Path) -> list[Path]:
+    stem = Path(path_stem)
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_name(stem.name + ext) for ext in (".png", ".pdf")]
+    for p in paths:
+        fig.savefig(p, dpi=150, bbox_inches="tight")
+    return paths
+
+
+def _require_columns(df: pd.DataFrame, columns: Sequence[str]) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"dataframe lacks column(s) {missing}; has {list(df.columns)}")
+
+
+def plot_coactivation_heatmaps(
+    named_counts: Mapping[str, np.ndarray],
+    path_stem: str | Path,
+    base: str | None = None,
+    layers: Sequence[int] | None = None,
+    seed: int = 0,
+) -> list[Path]:
+    """Grid of off-diagonal co-activation heatmaps: rows = layers, columns = models.
+
+    ``named_counts`` maps a name to counts ``[L, E, E]``; ``base`` (default: the first name) fixes
+    the expert order of each row — its Louvain communities, then usage — so retained blocks show
+    as blocks in every column; white lines mark the base's community boundaries. Each panel is
+    scaled to its own maximum. ``layers`` selects rows (default all; pick a few at paper scale).
+    """
+    if not named_counts:
+        raise ValueError("named_counts is empty")
+    arrays = {name: np.asarray(c, dtype=np.float64) for name, c in named_counts.items()}
+    base = next(iter(arrays)) if base is None else base
+    if base not in arrays:
+        raise ValueError(f"base {base!r} not among {list(arrays)}")
+    shape = arrays[base].shape
+    if len(shape) != 3 or shape[1] != shape[2]:
+        raise ValueError(f"counts of {base!r} must be [L, E, E], got {shape}")
+    for name, a in arrays.items():
+        if a.shape != shape:
+            raise ValueError(f"counts of {name!r} have shape {a.shape}, expected {shape}")
+    rows = list(range(shape[0])) if layers is None else list(layers)
+    if not rows or not all(0 <= layer < shape[0] for layer in rows):
+        raise ValueError(f"layers must be a non-empty subset of range({shape[0]}), got {rows}")
+
+    names = list(arrays)
+    fig = Figure(figsize=(2.4 * len(names) + 1.0, 2.3 * len(rows)), layout="constrained")
+    axes = fig.subplots(len(rows), len(names), squeeze=False)
+    image = None
+    for r, layer in enumerate(rows):
+        ref = arrays[base][layer]
+        labels = communities(ref, seed=seed)
+        order = np.lexsort((-np.diag(ref), labels))
+        bounds = np.flatnonzero(np.diff(labels[order])) + 0.5
+        for c, name in enumerate(names):
+            m = arrays[name][layer][np.ix_(order, order)].copy()
+            # The diagonal (usage) is far larger than any pair count and would wash out the blocks.
+            np.fill_diagonal(m, 0.0)
+            peak = m.max()
+            ax = axes[r, c]
+            image = ax.imshow(m / peak if peak > 0 else m, vmin=0.0, vmax=1.0, cmap="viridis")
+            for b in bounds:
+                ax.axhline(b, color="white", lw=0.6)
+                ax.axvline(b, color="white", lw=0.6)
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(name)
+            if c == 0:
+                ax.set_ylabel(f"layer {layer}")
+    fig.suptitle(f"Expert co-activation (experts ordered by {base} communities)")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="co-activation / panel max")
+    return _save(fig, path_stem)
+
+
+def plot_retention_vs_accuracy(
+    df: pd.DataFrame,
+    path_stem: str | Path,
+    x: str = "community_nmi",
+    y: str = "accuracy",
+    label: str = "method",
+) -> list[Path]:
+    """Scatter of community retention (``x``) vs accuracy (``y``), one labelled point per row
+    (method/seed; the seed joins the label when there is a ``seed`` column), one colour per
+    ``label`` value."""
+    _require_columns(df, [x, y, label])
+    if df.empty:
+        raise ValueError("dataframe is empty")
+    fig = Figure(figsize=(5.5, 4.2), layout="constrained")
+    ax = fig.subplots()
+    for name, group in df.groupby(label, sort=True):
+        points = ax.scatter(group[x], group[y], label=str(name), alpha=0.85)
+        tags = (
+            [f"{name} s{s}" for s in group["seed"]] if "seed" in group else [str(name)] * len(group)
+        )
+        for tag, xv, yv in zip(tags, group[x], group[y], strict=True):
+            ax.annotate(
+                tag,
+                (xv, yv),
+                xytext=(3, 3),
+                textcoords="offset points",
+                fontsize=7,
+                color=points.get_facecolor()[0],
+            )
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.set_title("Community retention vs accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(title=label, fontsize=8)
+    return _save(fig, path_stem)
+
+
+def plot_curves(
+    df: pd.DataFrame, x: str, ys: Sequence[str], hue: str, path_stem: str | Path
+) -> list[Path]:
+    """One panel per metric in ``ys`` against ``x``, one line per ``hue`` value.
+
+    Rows sharing (hue, x) — e.g. seeds — are averaged, with a ±1 std band where there are several.
+    """
+    ys = [ys] if isinstance(ys, str) else list(ys)
+    if not ys:
+        raise ValueError("ys is empty")
+    _require_columns(df, [x, hue, *ys])
+    if df.empty:
+        raise ValueError("dataframe is empty")
+    fig = Figure(figsize=(4.2 * len(ys), 3.4), layout="constrained")
+    axes = fig.subplots(1, len(ys), squeeze=False)[0]
+    for ax, metric in zip(axes, ys, strict=True):
+        for name, group in df.groupby(hue, sort=True):
+            stats = group.groupby(x, sort=True)[metric].agg(["mean", "std"])
+            line = ax.plot(stats.index, stats["mean"], marker="o", ms=3, label=str(name))[0]
+            std = stats["std"].fillna(0.0)
+            if (std > 0).any():
+                ax.fill_between(
+                    stats.index,
+                    stats["mean"] - std,
+                    stats["mean"] + std,
+                    color=line.get_color(),
+                    alpha=0.2,
+                )
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_title(metric.replace("_", " "))
+        ax.grid(alpha=0.3)
+    axes[-1].legend(title=hue, fontsize=8)
+    return _save(fig, path_stem)

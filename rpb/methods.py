@@ -1,0 +1,477 @@
+"""The router post-training methods (DESIGN section 3) behind one small interface.
+
+    method = make_method("rpb", strength=1.0, **options)
+    method.attach(model, prior)            # installs a RouterControl; also a context manager
+    loss = out.loss + method.router_loss(attention_mask=batch.get("attention_mask"))
+    method.on_step_end()                   # advances rpb_adaptive's bias; no-op otherwise
+    stats = method.routing_stats()         # per-layer drift of the latest forward
+    method.detach()
+
+Conventions: all per-token terms are means over non-padding tokens; anchor_logit and anchor_kl
+average over MoE layers (so a strength means the same at 27 or 48 layers), anchor_weight sums over
+layers as written in DESIGN. Base logits z0 are a fixed target (no gradient flows through them).
+Drift statistics describe the live router's *own* routing (what it does at evaluation, without any
+training-time bias), so a selection bias cannot hide router drift.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+from rpb.coactivation import mean_kl, topk_overlap, usage_entropy
+from rpb.prior import RouterPrior
+from rpb.routing import RouterControl, RouterRecord, routing_log_probs, routing_probs
+
+__all__ = ["METHODS", "RouterMethod", "make_method", "switch_lbl"]
+
+METHODS: dict[str, type[RouterMethod]] = {}
+
+# Options whose values are one of a fixed set.
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "bias_on": ("selection", "logits"),
+    "gate_from": ("live", "base"),
+}
+
+
+def _register(cls: type[RouterMethod]) -> type[RouterMethod]:
+    METHODS[cls.name] = cls
+    return cls
+
+
+def make_method(name: str, strength: float | None = None, **options: Any) -> RouterMethod:
+    """Instantiate a registered method; `strength` None means the method's default."""
+    if name not in METHODS:
+        raise ValueError(f"unknown router method {name!r} (known: {', '.join(METHODS)})")
+    return METHODS[name](strength, **options)
+
+
+def switch_lbl(
+    probs: list[Tensor], indices: list[Tensor], num_experts: int, mask: Tensor | None = None
+) -> Tensor:
+    """Switch-Transformer load-balancing loss pooled over layers exactly as transformers'
+    `load_balancing_loss_func` pools it: E * sum_e f_e * P_e, with f_e the fraction of top-k
+    assignments (summing to k) and P_e the mean routing probability, over all layers' tokens."""
+    device = probs[0].device
+    assigned = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    prob_sum = torch.zeros(num_experts, dtype=torch.float32, device=device)
+    rows = torch.zeros((), dtype=torch.float32, device=device)
+    for p, idx in zip(probs, indices, strict=True):
+        m = torch.ones(p.shape[0], device=device) if mask is None else mask.to(device).float()
+        k = idx.shape[-1]
+        assigned = assigned.scatter_add(0, idx.reshape(-1), m.repeat_interleave(k))
+        prob_sum = prob_sum + (p.float() * m.unsqueeze(-1)).sum(0)
+        rows = rows + m.sum()
+    return (assigned / rows * (prob_sum / rows)).sum() * num_experts
+
+
+class RouterMethod:
+    """Base class and the `none` method: plain fine-tuning, no router term, no steering."""
+
+    name: ClassVar[str] = "none"
+    default_strength: ClassVar[float] = 0.0
+    uses_strength: ClassVar[bool] = False
+    needs_prior: ClassVar[bool] = False
+    option_defaults: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, strength: float | None = None, **options: Any) -> None:
+        if strength is not None and not self.uses_strength:
+            raise ValueError(f"method {self.name!r} takes no strength (got {strength})")
+        value = self.default_strength if strength is None else strength
+        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"strength of method {self.name!r} must be a finite number >= 0")
+        self.strength = float(value)
+        unknown = sorted(set(options) - set(self.option_defaults))
+        if unknown:
+            known = ", ".join(self.option_defaults) or "none"
+            raise ValueError(
+                f"unknown option(s) {', '.join(unknown)} for method {self.name!r} (known: {known})"
+            )
+        self.options = {**self.option_defaults, **options}
+        for key, val in self.options.items():
+            self._check_option(key, val)
+        self.control: RouterControl | None = None
+        self.prior: RouterPrior | None = None
+        self.model: nn.Module | None = None
+        self._mask: Tensor | None = None
+
+    def _check_option(self, key: str, val: Any) -> None:
+        default = self.option_defaults[key]
+        if key in _CHOICES and val not in _CHOICES[key]:
+            raise ValueError(f"option {key} of method {self.name!r} must be one of {_CHOICES[key]}")
+        if isinstance(default, bool) and not isinstance(val, bool):
+            raise ValueError(f"option {key} of method {self.name!r} must be true or false")
+        if isinstance(default, float) and (
+            isinstance(val, bool) or not isinstance(val, int | float) or not val >= 0
+        ):
+            raise ValueError(f"option {key} of method {self.name!r} must be a number >= 0")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(strength={self.strength}, options={self.options})"
+
+    # -- lifecycle
+
+    def attach(self, model: nn.Module, prior: RouterPrior | None = None) -> RouterMethod:
+        """Install router hooks on `model` (a prior enables base-relative terms and stats)."""
+        if self.control is not None:
+            raise RuntimeError(f"method {self.name!r} is already attached; detach() it first")
+        if self.needs_prior and prior is None:
+            raise ValueError(f"method {self.name!r} needs a router prior: attach(model, prior)")
+        if prior is not None:
+            prior.check_compatible(model)
+        self.model, self.prior = model, prior
+        self.control = RouterControl(
+            model,
+            base_weights=prior.base_weights if prior is not None else None,
+            base_correction_bias=prior.correction_bias if prior is not None else None,
+            keep_at_eval=bool(self.options.get("keep_bias_at_eval", False)),
+        )
+        self._install()
+        return self
+
+    def detach(self) -> None:
+        """Remove the hooks; the model routes natively again."""
+        if self.control is not None:
+            self.control.remove()
+        self.control = self.model = self.prior = None
+
+    def __enter__(self) -> RouterMethod:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
+
+    def _install(self) -> None:
+        """Set routing policies on `self.control` (steering methods override this)."""
+
+    # -- per step
+
+    def router_loss(self, attention_mask: Tensor | None = None) -> Tensor:
+        """The method's scalar router term for the latest forward (weighted by strength)."""
+        control = self._attached()
+        self._mask = attention_mask
+        return self._loss(control, attention_mask)
+
+    def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        return torch.zeros((), device=next(self.model.parameters()).device)
+
+    def on_step_end(self) -> None:
+        """Called after each optimizer step."""
+
+    def routing_stats(self, attention_mask: Tensor | None = None) -> dict[str, float]:
+        """Drift of the live router's own routing in the latest forward, per MoE layer and mean.
+
+        Keys `layer{i}/usage_entropy` (normalised to [0, 1]) and, with a prior,
+        `layer{i}/kl_to_base` (mean KL(p0 || p), nats) and `layer{i}/topk_overlap_with_base`;
+        `mean/<stat>` averages over layers. Without `attention_mask`, the one last given to
+        `router_loss` is used if it matches the forward's tokens.
+        """
+        control = self._attached()
+        records = self._records(control)
+        if attention_mask is not None:
+            flat = _token_mask(records, attention_mask)
+        elif self._mask is not None:  # None if it was the mask of another batch shape
+            flat = _flat_mask(self._mask, records[0].logits.shape[0])
+        else:
+            flat = None
+        stats: dict[str, float] = {}
+        per_stat: dict[str, list[float]] = {}
+        with torch.no_grad():
+            for rec in records:
+                kind = control.handles[rec.layer].kind
+                live = control.live_topk(rec)
+                sel = live if flat is None else live[flat.bool()]
+                usage = torch.bincount(sel.reshape(-1), minlength=rec.logits.shape[-1])
+                values = {"usage_entropy": float(usage_entropy(usage.cpu().numpy()))}
+                if rec.base_logits is not None:
+                    p = routing_probs(kind, rec.logits.detach())
+                    p0 = routing_probs(kind, rec.base_logits)
+                    values["kl_to_base"] = mean_kl(p0, p, mask=flat)
+                    values["topk_overlap_with_base"] = topk_overlap(
+                        live, control.base_topk(rec), mask=flat
+                    )
+                for key, v in values.items():
+                    stats[f"layer{rec.layer}/{key}"] = v
+                    per_stat.setdefault(key, []).append(v)
+        for key, vs in per_stat.items():
+            stats[f"mean/{key}"] = sum(vs) / len(vs)
+        return stats
+
+    # -- helpers
+
+    def _attached(self) -> RouterControl:
+        if self.control is None:
+            raise RuntimeError(f"method {self.name!r} is not attached to a model")
+        return self.control
+
+    @staticmethod
+    def _records(control: RouterControl) -> list[RouterRecord]:
+        if any(r is None for r in control.records):
+            raise RuntimeError("no routed forward recorded yet: run the model after attach()")
+        return control.records  # type: ignore[return-value]
+
+
+def _flat_mask(attention_mask: Tensor, n_tokens: int) -> Tensor | None:
+    """Float [T] token weights from a [B, S] mask, or None if its size does not match."""
+    if attention_mask.numel() != n_tokens:
+        return None
+    return attention_mask.reshape(-1).float()
+
+
+def _masked_mean(values: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return values.mean()
+    mask = mask.to(values.device)
+    return (values * mask).sum() / mask.sum().clamp_min(1)
+
+
+def _token_mask(records: list[RouterRecord], attention_mask: Tensor | None) -> Tensor | None:
+    if attention_mask is None:
+        return None
+    n = records[0].logits.shape[0]
+    flat = _flat_mask(attention_mask, n)
+    if flat is None:
+        raise ValueError(
+            f"attention_mask has {attention_mask.numel()} tokens, the latest forward routed {n}"
+        )
+    return flat
+
+
+@_register
+class NoneMethod(RouterMethod):
+    """`none`: plain supervised fine-tuning with a trainable router."""
+
+
+@_register
+class LBL(RouterMethod):
+    """`lbl`: re-applied Switch load-balancing loss, coefficient = strength.
+
+    Softmax families: transformers' own `load_balancing_loss_func` on the recorded live logits.
+    DeepSeek-V3 (transformers has none): the same pooled formula on the normalised sigmoid scores
+    and the experts actually selected. Default 0.001 = Qwen3-MoE's router_aux_loss_coef and
+    Moonlight's aux_loss_alpha.
+    """
+
+    name = "lbl"
+    default_strength = 0.001
+    uses_strength = True
+
+    def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        records = self._records(control)
+        handle = control.handles[0]
+        if handle.kind == "softmax":
+            _token_mask(records, attention_mask)  # same size check as every other term
+            loss = load_balancing_loss_func(
+                tuple(r.logits for r in records), handle.num_experts, handle.top_k, attention_mask
+            )
+        else:
+            loss = switch_lbl(
+                [routing_probs(handle.kind, r.logits) for r in records],
+                [r.indices for r in records],
+                handle.num_experts,
+                _token_mask(records, attention_mask),
+            )
+        return self.strength * loss
+
+
+class _SelectionBiasMethod(RouterMethod):
+    """Shared option handling of the RPB family (bias applied by the router hooks)."""
+
+    uses_strength = True
+    needs_prior = True
+    default_strength = 1.0
+    option_defaults: ClassVar[dict[str, Any]] = {
+        "bias_on": "selection",
+        "keep_bias_at_eval": False,
+    }
+
+    def _set_bias(self, layer: int, fn: Any) -> None:
+        key = (
+            "selection_bias"
+            if self.options.get("bias_on", "selection") == "selection"
+            else "logit_bias"
+        )
+        self._attached().set_policy(layer, **{key: fn})
+
+
+@_register
+class RPB(_SelectionBiasMethod):
+    """`rpb`: select experts by top-k of s + strength * s0 (s0 the base router's native selection
+    score on the same hidden state); gate weights from the live router.
+
+    `bias_on: logits` instead adds strength * z0 (base logits, both router kinds) to the live
+    logits, which also moves the gate weights. `keep_bias_at_eval` keeps the bias in eval mode.
+    """
+
+    name = "rpb"
+
+    def _install(self) -> None:
+        for layer in range(self._attached().num_layers):
+            self._set_bias(layer, self._bias)
+
+    def _bias(self, record: RouterRecord) -> Tensor:
+        control = self._attached()
+        if self.options["bias_on"] == "selection":
+            return self.strength * control.base_scores(record)
+        return self.strength * record.base_logits
+
+
+@_register
+class RPBMarginal(_SelectionBiasMethod):
+    """`rpb_marginal`: a per-expert bias strength * log pi_l, pi_l the base's mean routing
+    distribution on the post-training corpus (clamped at 1e-9 so unused experts get a large
+    finite penalty rather than -inf)."""
+
+    name = "rpb_marginal"
+
+    def _install(self) -> None:
+        log_pi = torch.log(self.prior.mean_probs.float().clamp_min(1e-9))
+        for layer in range(self._attached().num_layers):
+            self._set_bias(layer, partial(_on_device, self.strength * log_pi[layer]))
+
+
+def _on_device(bias: Tensor, record: RouterRecord) -> Tensor:
+    return bias.to(record.logits.device)
+
+
+@_register
+class RPBAdaptive(RouterMethod):
+    """`rpb_adaptive`: per-expert selection bias b_l (start 0), updated after each optimizer step
+    like DeepSeek-V3's aux-loss-free bias, b += update_rate * sign(u_prior - u_live), pulling live
+    expert usage toward the base's usage distribution instead of uniform. The applied bias is
+    strength * b. update_rate 0.001 is DeepSeek-V3's; softmax logits may want more."""
+
+    name = "rpb_adaptive"
+    uses_strength = True
+    needs_prior = True
+    default_strength = 1.0
+    option_defaults: ClassVar[dict[str, Any]] = {"update_rate": 1e-3, "keep_bias_at_eval": False}
+
+    def _install(self) -> None:
+        control = self._attached()
+        n_experts = control.handles[0].num_experts
+        self.bias = torch.zeros(control.num_layers, n_experts)
+        self._target = self.prior.usage_probs.float()
+        self._pending = torch.zeros(control.num_layers, n_experts, dtype=torch.float64)
+        for layer in range(control.num_layers):
+            control.set_policy(layer, selection_bias=partial(self._layer_bias, layer))
+
+    def _layer_bias(self, layer: int, record: RouterRecord) -> Tensor:
+        return (self.strength * self.bias[layer]).to(record.logits.device)
+
+    def _usage(self, records: list[RouterRecord], mask: Tensor | None) -> Tensor:
+        n_experts = self.bias.shape[1]
+        out = torch.zeros_like(self._pending)
+        for rec in records:
+            idx = rec.indices if mask is None else rec.indices[mask.to(rec.indices.device).bool()]
+            out[rec.layer] = torch.bincount(idx.reshape(-1), minlength=n_experts).double().cpu()
+        return out
+
+    def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        # Accumulate the actual (biased) usage of every micro-batch until the optimizer step.
+        records = self._records(control)
+        self._pending += self._usage(records, _token_mask(records, attention_mask))
+        return super()._loss(control, attention_mask)
+
+    def on_step_end(self) -> None:
+        control = self._attached()
+        usage = self._pending
+        if usage.sum() == 0:  # router_loss was not called: use the latest forward, unmasked
+            if any(r is None for r in control.records):
+                return
+            usage = self._usage(self._records(control), None)
+        live = usage / usage.sum(-1, keepdim=True).clamp_min(1)
+        self.bias += self.options["update_rate"] * torch.sign(self._target - live.float())
+        self._pending.zero_()
+
+
+@_register
+class AnchorWeight(RouterMethod):
+    """`anchor_weight`: strength * sum_l ||W_l - W0_l||^2 (summed over layers). Default 0.01:
+    for RMS-normalised hidden states E_h||(W - W0) h||^2 ~ ||W - W0||_F^2, so this matches
+    anchor_logit's default per layer."""
+
+    name = "anchor_weight"
+    uses_strength = True
+    needs_prior = True
+    default_strength = 0.01
+
+    def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        total = None
+        for handle, w0 in zip(control.handles, control.base_weights, strict=True):
+            w = handle.module.weight
+            term = (w.float() - w0.to(device=w.device, dtype=torch.float32)).pow(2).sum()
+            total = term if total is None else total + term
+        return self.strength * total
+
+
+@_register
+class AnchorLogit(RouterMethod):
+    """`anchor_logit`: strength * mean over layers of the mean over non-pad tokens of
+    ||z - z0||^2. Default 0.01: near the base, KL(p0||p) ~ ||dz||^2 / (2E) for a flat router, so
+    0.01 is roughly anchor_kl's 1.0 at E = 64."""
+
+    name = "anchor_logit"
+    uses_strength = True
+    needs_prior = True
+    default_strength = 0.01
+
+    def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        records = self._records(control)
+        mask = _token_mask(records, attention_mask)
+        terms = [
+            _masked_mean((r.logits.float() - r.base_logits.float()).pow(2).sum(-1), mask)
+            for r in records
+        ]
+        return self.strength * torch.stack(terms).mean()
+
+
+@_register
+class AnchorKL(RouterMethod):
+    """`anchor_kl`: strength * mean over layers of the mean over non-pad tokens of KL(p0 || p).
+    Default 1.0: KL is in nats like the LM loss."""
+
+    name = "anchor_kl"
+    uses_strength = True
+    needs_prior = True
+    default_strength = 1.0
+
+    def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        records = self._records(control)
+        mask = _token_mask(records, attention_mask)
+        terms = []
+        for r in records:
+            kind = control.handles[r.layer].kind
+            log_p = routing_log_probs(kind, r.logits)
+            log_p0 = routing_log_probs(kind, r.base_logits)
+            kl = F.kl_div(log_p, log_p0, reduction="none", log_target=True).sum(-1)
+            terms.append(_masked_mean(kl, mask))
+        return self.strength * torch.stack(terms).mean()
+
+
+@_register
+class Hard(RouterMethod):
+    """`hard`: experts = the base router's own top-k on the current hidden state (the
+    lambda -> infinity limit of rpb); gate weights from the live router at those experts, or
+    with `gate_from: base` from the base router (then the live router gets no gradient).
+
+    `keep_bias_at_eval` defaults to True here: a model trained with base routing is evaluated
+    with base routing, otherwise it would be evaluated on a selection it never trained with.
+    """
+
+    name = "hard"
+    needs_prior = True
+    option_defaults: ClassVar[dict[str, Any]] = {"gate_from": "live", "keep_bias_at_eval": True}
+
+    def _install(self) -> None:
+        control = self._attached()
+        if self.options["gate_from"] == "base":
+            control.set_policy(use_base_logits=True)
+        else:
+            control.set_policy(forced_indices=control.base_topk)

@@ -1,0 +1,326 @@
+"""Training: tiny-base pretraining and post-training with a router method, on transformers' Trainer.
+
+Both stages are one code path: a `Trainer` whose `compute_loss` adds the attached router method's
+term to the task loss, and a callback that advances the method's per-step state (rpb_adaptive) and
+logs loss and per-layer routing drift to the active MLflow run. Pretraining is simply `lbl` from a
+random initialisation with a full-sequence loss; post-training is any method from the base with an
+answer-only loss. Seeds fix the data order, so every method sees the same batches for a given seed
+(the paired design of DESIGN section 10).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+from transformers.trainer_utils import get_last_checkpoint
+
+from rpb.architectures import build_config
+from rpb.data import load_jsonl
+from rpb.methods import RouterMethod, make_method
+from rpb.prior import RouterPrior
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+
+
+@dataclass
+class TrainSpec:
+    """Optimisation settings of one training job (pretraining or post-training)."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    scheduler: str = "cosine"
+    max_length: int = 64
+    seed: int = 0
+    log_every: int = 10
+    save_every: int = 0  # 0: no intermediate checkpoints
+    threads: int = 1
+    bf16: bool = False
+    gradient_checkpointing: bool = False
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainSpec:
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"unknown training setting(s): {', '.join(unknown)}")
+        return cls(**raw)
+
+
+@dataclass
+class MethodSpec:
+    """Which router method to attach, at what strength, with which options."""
+
+    name: str
+    strength: float | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+class TokenizedExamples(Dataset):
+    """Pre-tokenised examples; labels mask the prompt for answer-only loss."""
+
+    def __init__(self, examples: list[dict[str, list[int]]]):
+        self.examples = examples
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return self.examples[i]
+
+
+def tokenize_pretraining(
+    path: Path, tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> TokenizedExamples:
+    """Full-sequence LM examples: every token of `text` + EOS is a target."""
+    rows = load_jsonl(path, required_keys=("text",))
+    eos = tokenizer.eos_token_id
+    examples = []
+    for row in rows:
+        ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"][: max_length - 1] + [eos]
+        examples.append({"input_ids": ids, "labels": list(ids)})
+    return TokenizedExamples(examples)
+
+
+def tokenize_prompt_completion(
+    path: Path, tokenizer: PreTrainedTokenizerBase, max_length: int
+) -> TokenizedExamples:
+    """Answer-only examples: loss on `completion` + EOS, never on the prompt."""
+    rows = load_jsonl(path, required_keys=("prompt", "completion"))
+    eos = tokenizer.eos_token_id
+    examples = []
+    for row in rows:
+        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+        answer = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [eos]
+        ids = (prompt + answer)[:max_length]
+        labels = ([IGNORE_INDEX] * len(prompt) + answer)[:max_length]
+        examples.append({"input_ids": ids, "labels": labels})
+    return TokenizedExamples(examples)
+
+
+class RightPadCollator:
+    """Right padding for training: positions then match unpadded text, as in pretraining."""
+
+    def __init__(self, pad_token_id: int):
+        self.pad_token_id = pad_token_id
+
+    def __call__(self, batch: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        width = max(len(ex["input_ids"]) for ex in batch)
+        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), IGNORE_INDEX, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ex in enumerate(batch):
+            n = len(ex["input_ids"])
+            input_ids[row, :n] = torch.tensor(ex["input_ids"])
+            labels[row, :n] = torch.tensor(ex["labels"])
+            attention_mask[row, :n] = 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
+
+
+class RouterMethodTrainer(Trainer):
+    """Trainer whose loss is the task loss plus the attached router method's term."""
+
+    def __init__(self, *args: Any, router_method: RouterMethod, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.router_method = router_method
+        self.last_losses: dict[str, float] = {}
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        outputs = model(**inputs)
+        task_loss = outputs.loss
+        router_loss = self.router_method.router_loss(attention_mask=inputs.get("attention_mask"))
+        loss = task_loss + router_loss
+        self.last_losses = {
+            "task_loss": float(task_loss.detach()),
+            "router_loss": float(router_loss.detach()),
+        }
+        return (loss, outputs) if return_outputs else loss
+
+
+class RoutingDriftCallback(TrainerCallback):
+    """Steps the router method's state and logs losses and routing drift to MLflow."""
+
+    def __init__(self, trainer_ref: list[RouterMethodTrainer], log_every: int, history: list):
+        self.trainer_ref = trainer_ref
+        self.log_every = max(1, log_every)
+        self.history = history
+
+    def on_step_end(self, args, state, control, **kwargs):
+        trainer = self.trainer_ref[0]
+        trainer.router_method.on_step_end()
+        step = state.global_step
+        if step % self.log_every == 0 or step == state.max_steps:
+            metrics = dict(trainer.last_losses)
+            metrics.update(trainer.router_method.routing_stats())
+            lr = trainer.lr_scheduler.get_last_lr()[0] if trainer.lr_scheduler else args.learning_rate
+            metrics["lr"] = float(lr)
+            self.history.append({"step": step, **metrics})
+            _log_to_active_run(metrics, step)
+
+
+def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    finite = {k.replace("/", "."): v for k, v in metrics.items() if math.isfinite(v)}
+    mlflow.log_metrics(finite, step=step)
+
+
+def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
+    return TrainingArguments(
+        output_dir=str(out_dir / "checkpoints"),
+        max_steps=spec.steps,
+        per_device_train_batch_size=spec.batch_size,
+        learning_rate=spec.lr,
+        weight_decay=spec.weight_decay,
+        warmup_steps=int(round(spec.warmup_ratio * spec.steps)),
+        lr_scheduler_type=spec.scheduler,
+        seed=spec.seed,
+        data_seed=spec.seed,
+        logging_steps=spec.log_every,
+        save_strategy="steps" if spec.save_every > 0 else "no",
+        save_steps=spec.save_every if spec.save_every > 0 else 500,
+        save_total_limit=1,
+        report_to="none",
+        use_cpu=not torch.cuda.is_available(),
+        bf16=spec.bf16,
+        gradient_checkpointing=spec.gradient_checkpointing,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        remove_unused_columns=False,
+    )
+
+
+def run_training(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    dataset: TokenizedExamples,
+    method: RouterMethod,
+    spec: TrainSpec,
+    out_dir: Path,
+) -> list[dict[str, float]]:
+    """Train `model` in place with `method` attached; resumes from the newest checkpoint."""
+    torch.set_num_threads(max(1, spec.threads))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    history: list[dict[str, float]] = []
+    trainer_ref: list[RouterMethodTrainer] = []
+    trainer = RouterMethodTrainer(
+        model=model,
+        args=_training_arguments(spec, out_dir),
+        train_dataset=dataset,
+        data_collator=RightPadCollator(tokenizer.pad_token_id),
+        router_method=method,
+        callbacks=[RoutingDriftCallback(trainer_ref, spec.log_every, history)],
+    )
+    trainer_ref.append(trainer)
+    checkpoint_dir = out_dir / "checkpoints"
+    last = get_last_checkpoint(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
+    if last:
+        log.info("resuming from %s", last)
+    with method:
+        trainer.train(resume_from_checkpoint=last)
+    return history
+
+
+def new_base_model(
+    model_type: str,
+    architecture: dict[str, Any],
+    tokenizer: PreTrainedTokenizerBase,
+    seed: int,
+) -> PreTrainedModel:
+    """A randomly initialised base of the given transformers MoE architecture."""
+    config = build_config(
+        model_type,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        **architecture,
+    )
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def pretrain(
+    *,
+    model_type: str,
+    architecture: dict[str, Any],
+    tokenizer_dir: Path,
+    corpus: Path,
+    spec: TrainSpec,
+    lbl_coef: float,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Pretrain a tiny base on the domain mixture with a load-balancing loss, like a real base."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model = new_base_model(model_type, architecture, tokenizer, spec.seed)
+    model.train()
+    dataset = tokenize_pretraining(corpus, tokenizer, spec.max_length)
+    method = make_method("lbl", strength=lbl_coef).attach(model)
+    history = run_training(model, tokenizer, dataset, method, spec, out_dir)
+    _save_model(model, tokenizer, out_dir / "model")
+    summary = {"final": history[-1] if history else {}, "spec": asdict(spec)}
+    _write_json(out_dir / "train_history.json", {"history": history, **summary})
+    return summary
+
+
+def posttrain(
+    *,
+    base_dir: Path,
+    prior_path: Path | None,
+    corpus: Path,
+    method_spec: MethodSpec,
+    spec: TrainSpec,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Post-train a base on a prompt/completion corpus with one router method attached."""
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model.train()
+    prior = RouterPrior.load(prior_path) if prior_path else None
+    if prior is not None:
+        prior.check_compatible(model)
+    dataset = tokenize_prompt_completion(corpus, tokenizer, spec.max_length)
+    method = make_method(method_spec.name, strength=method_spec.strength, **method_spec.options)
+    method.attach(model, prior)
+    history = run_training(model, tokenizer, dataset, method, spec, out_dir)
+    _save_model(model, tokenizer, out_dir / "model")
+    summary = {
+        "final": history[-1] if history else {},
+        "spec": asdict(spec),
+        "method": asdict(method_spec),
+    }
+    _write_json(out_dir / "train_history.json", {"history": history, **summary})
+    return summary
+
+
+def _save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    model.eval()
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")

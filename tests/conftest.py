@@ -1,0 +1,93 @@
+"""Shared fixtures: tiny random models of every supported MoE architecture, a padded batch and a
+router prior. Everything is offline, single-threaded and deterministic."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import PreTrainedModel  # noqa: E402
+
+from rpb.architectures import random_model  # noqa: E402
+
+torch.set_num_threads(1)  # the dev machines are 2 shared cores
+
+# Test id -> (model_type, config overrides). The grouped DeepSeek-V3 exercises group-limited
+# selection (4 groups of 2 experts, best 2 groups) on top of a random correction bias.
+ARCHS: dict[str, tuple[str, dict]] = {
+    "qwen3_moe": ("qwen3_moe", {}),
+    "qwen2_moe": ("qwen2_moe", {}),
+    "olmoe": ("olmoe", {}),
+    "mixtral": ("mixtral", {}),
+    "deepseek_v3": ("deepseek_v3", {}),
+    "deepseek_v3_grouped": ("deepseek_v3", {"n_group": 4, "topk_group": 2}),
+}
+SOFTMAX_ARCHS = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"]
+
+
+@functools.cache
+def _cached_model(arch: str) -> PreTrainedModel:
+    model_type, overrides = ARCHS[arch]
+    return random_model(model_type, seed=0, **overrides)
+
+
+def make_model(arch: str) -> PreTrainedModel:
+    """A fresh copy of the cached tiny random model (eval mode) for `arch` (an ARCHS key)."""
+    return copy.deepcopy(_cached_model(arch))
+
+
+def make_batch(
+    batch: int = 2, seq: int = 8, pad: int = 3, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    """Random input_ids with a right-padded last row (`pad` masked tokens) and LM labels."""
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, 64, (batch, seq), generator=g)
+    mask = torch.ones(batch, seq, dtype=torch.long)
+    if pad:
+        mask[-1, seq - pad :] = 0
+        input_ids[-1, seq - pad :] = 0
+    labels = input_ids.masked_fill(mask == 0, -100)
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
+
+
+@pytest.fixture(params=list(ARCHS))
+def arch(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture
+def tiny_model(arch: str) -> PreTrainedModel:
+    return make_model(arch)
+
+
+@pytest.fixture
+def tiny_batch() -> dict[str, torch.Tensor]:
+    return make_batch()
+
+
+@pytest.fixture
+def tiny_prior(tiny_model: PreTrainedModel):
+    """The router prior of `tiny_model` (the base) on a few random padded batches."""
+    from rpb.prior import extract_prior
+
+    batches = [make_batch(seed=s) for s in range(3)]
+    return extract_prior(
+        tiny_model, batches, model_id="tiny", revision="r0", corpus_hash="0" * 64, progress=False
+    )
+
+
+def perturb_routers(model: PreTrainedModel, scale: float = 0.5, seed: int = 1) -> None:
+    """Move every router weight away from the base (as fine-tuning would)."""
+    from rpb.routing import find_routers
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for h in find_routers(model):
+            w = h.module.weight
+            w.add_(scale * w.std() * torch.randn(w.shape, generator=g))

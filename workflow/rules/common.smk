@@ -1,0 +1,86 @@
+# Shared helpers: config validation, paths, per-job parameters.
+
+import json
+import os
+
+from snakemake.utils import validate
+
+from rpb.config_check import check_config
+
+validate(config, schema="../schemas/config.schema.yaml")
+check_config(config)
+
+RESULTS = config.get("results_dir", "results")
+SEEDS = config["seeds"]
+THREADS = config.get("threads_per_job", 1)
+TRACKING_URI = (
+    os.environ.get("MLFLOW_TRACKING_URI")
+    or config.get("tracking", {}).get("uri")
+    or f"sqlite:///{os.path.abspath(RESULTS)}/mlflow.db"
+)
+EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
+TRACKING_READY = f"{RESULTS}/.mlflow_ready"
+CONDA_ENV = "../../envs/rpb.yaml"
+# Every job command gets the store and experiment explicitly, so a job never guesses.
+TRACK = f"--tracking-uri '{TRACKING_URI}' --experiment '{EXPERIMENT}'"
+
+
+wildcard_constraints:
+    model="[A-Za-z0-9_]+",
+    corpus="math2?",
+    method="[a-z][a-z0-9_]*",
+    seed="[0-9]+",
+
+
+def as_json(value):
+    """Quote a params value for a shell command line."""
+    return "'" + json.dumps(value, sort_keys=True).replace("'", "'\\''") + "'"
+
+
+def model_dir(model, method, corpus, seed):
+    """The model directory for a (model, method, corpus, seed); `base` is the pretrained base."""
+    if method == "base":
+        return f"{RESULTS}/models/{model}/base/model"
+    return f"{RESULTS}/runs/{model}/{corpus}/{method}/seed{seed}/model"
+
+
+def method_entry(method):
+    entry = dict(config["methods"][method])
+    return {
+        "name": entry.get("kind", method),
+        "strength": entry.get("strength"),
+        "options": entry.get("options", {}),
+    }
+
+
+def posttrain_spec(seed):
+    spec = dict(config["posttrain"])
+    spec.update(seed=int(seed), threads=THREADS)
+    return spec
+
+
+def pretrain_spec(model):
+    spec = dict(config["models"][model]["pretrain"])
+    spec.pop("lbl_coef")
+    spec.setdefault("seed", 0)
+    spec["threads"] = THREADS
+    return spec
+
+
+def eval_tasks():
+    ev = config["evaluation"]
+    return list(ev["in_domain"]) + list(ev["ood"])
+
+
+def table1_inputs(wildcards):
+    t1 = config["table1"]
+    model, corpus = t1["model"], t1["corpus"]
+    paths = [
+        f"{RESULTS}/eval/{model}/{corpus}/base/seed0.json",
+        f"{RESULTS}/analysis/{model}/{corpus}/base/seed0.json",
+    ]
+    for method in t1["methods"]:
+        for seed in SEEDS:
+            paths.append(f"{RESULTS}/eval/{model}/{corpus}/{method}/seed{seed}.json")
+            paths.append(f"{RESULTS}/analysis/{model}/{corpus}/{method}/seed{seed}.json")
+    return paths

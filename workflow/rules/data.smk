@@ -1,0 +1,31 @@
+# Tracking store, synthetic corpora and tokenizer.
+
+
+rule tracking_init:
+    output:
+        touch(TRACKING_READY),
+    log:
+        f"{RESULTS}/logs/tracking_init.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "rpb init-tracking {TRACK} > {log} 2>&1"
+
+
+rule corpora:
+    input:
+        TRACKING_READY,
+    output:
+        manifest=f"{RESULTS}/data/manifest.json",
+        tokenizer=directory(f"{RESULTS}/data/tokenizer"),
+    params:
+        out=f"{RESULTS}/data",
+        seed=config["data"]["seed"],
+        preset=config["data"]["preset"],
+    log:
+        f"{RESULTS}/logs/corpora.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset} {TRACK}"
+        " > {log} 2>&1"

@@ -1,0 +1,51 @@
+# Base models: tiny bases pretrained in the pipeline; the frozen base router's prior.
+
+
+rule pretrain_base:
+    input:
+        TRACKING_READY,
+        manifest=f"{RESULTS}/data/manifest.json",
+        tokenizer=f"{RESULTS}/data/tokenizer",
+    output:
+        model=directory(f"{RESULTS}/models/{{model}}/base/model"),
+        history=f"{RESULTS}/models/{{model}}/base/train_history.json",
+    params:
+        corpus=f"{RESULTS}/data/pretrain.jsonl",
+        out=f"{RESULTS}/models/{{model}}/base",
+        model_type=lambda wc: config["models"][wc.model]["model_type"],
+        architecture=lambda wc: as_json(config["models"][wc.model]["architecture"]),
+        spec=lambda wc: as_json(pretrain_spec(wc.model)),
+        lbl=lambda wc: config["models"][wc.model]["pretrain"]["lbl_coef"],
+    threads: THREADS
+    resources:
+        mem_mb=4000,
+    log:
+        f"{RESULTS}/logs/pretrain/{{model}}.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "rpb pretrain --name {wildcards.model} --model-type {params.model_type}"
+        " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
+        " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out} {TRACK}"
+        " > {log} 2>&1"
+
+
+rule extract_prior:
+    input:
+        TRACKING_READY,
+        model=f"{RESULTS}/models/{{model}}/base/model",
+        manifest=f"{RESULTS}/data/manifest.json",
+    output:
+        prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+    params:
+        corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
+    threads: THREADS
+    resources:
+        mem_mb=4000,
+    log:
+        f"{RESULTS}/logs/prior/{{model}}_{{corpus}}.log",
+    conda:
+        CONDA_ENV
+    shell:
+        "rpb prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
+        " --out {output.prior} {TRACK} > {log} 2>&1"
