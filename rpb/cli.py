@@ -72,7 +72,9 @@ def cmd_corpora(args: argparse.Namespace) -> None:
 
     sizes = SIZE_PRESETS[args.preset]
     params = {"seed": args.seed, "preset": args.preset, "sizes": sizes}
-    with tracked_run(stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)):
+    with tracked_run(
+        stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)
+    ):
         manifest = write_corpora(args.out, seed=args.seed, sizes=sizes)
         build_tokenizer(args.out / "tokenizer")
         mlflow.log_artifact(str(args.out / "manifest.json"))
@@ -313,7 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prior", type=Path, default=None)
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--corpus-name", required=True)
-    p.add_argument("--method", type=_json_arg, required=True, help='{"name", "strength", "options"}')
+    p.add_argument(
+        "--method", type=_json_arg, required=True, help='{"name", "strength", "options"}'
+    )
     p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
     p.add_argument("--out", type=Path, required=True)
 

@@ -164,6 +164,15 @@ class RouterMethod:
     def on_step_end(self) -> None:
         """Called after each optimizer step."""
 
+    def state_dict(self) -> dict[str, Tensor]:
+        """Training state to checkpoint beside the model (empty for stateless methods)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Restore `state_dict()` after attach (e.g. when resuming a run)."""
+        if state:
+            raise ValueError(f"method {self.name!r} has no state, got keys {sorted(state)}")
+
     def routing_stats(self, attention_mask: Tensor | None = None) -> dict[str, float]:
         """Drift of the live router's own routing in the latest forward, per MoE layer and mean.
 
@@ -186,7 +195,7 @@ class RouterMethod:
             for rec in records:
                 kind = control.handles[rec.layer].kind
                 live = control.live_topk(rec)
-                sel = live if flat is None else live[flat.bool()]
+                sel = live if flat is None else live[flat.to(live.device).bool()]
                 usage = torch.bincount(sel.reshape(-1), minlength=rec.logits.shape[-1])
                 values = {"usage_entropy": float(usage_entropy(usage.cpu().numpy()))}
                 if rec.base_logits is not None:
@@ -215,6 +224,20 @@ class RouterMethod:
         if any(r is None for r in control.records):
             raise RuntimeError("no routed forward recorded yet: run the model after attach()")
         return control.records  # type: ignore[return-value]
+
+    def _grad_records(self, control: RouterControl) -> list[RouterRecord]:
+        """Records for a differentiable term; refuses logits cut off from the router weights."""
+        records = self._records(control)
+        if torch.is_grad_enabled() and any(
+            h.module.weight.requires_grad and not r.logits.requires_grad
+            for h, r in zip(control.handles, records, strict=True)
+        ):
+            # e.g. reentrant gradient checkpointing runs the first forward under no_grad
+            raise RuntimeError(
+                f"router logits of the latest forward carry no gradient, so {self.name!r} would "
+                "silently do nothing; use gradient checkpointing with use_reentrant=False"
+            )
+        return records
 
 
 def _flat_mask(attention_mask: Tensor, n_tokens: int) -> Tensor | None:
@@ -263,7 +286,7 @@ class LBL(RouterMethod):
     uses_strength = True
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
-        records = self._records(control)
+        records = self._grad_records(control)
         handle = control.handles[0]
         if handle.kind == "softmax":
             _token_mask(records, attention_mask)  # same size check as every other term
@@ -379,6 +402,14 @@ class RPBAdaptive(RouterMethod):
         self._pending += self._usage(records, _token_mask(records, attention_mask))
         return super()._loss(control, attention_mask)
 
+    def state_dict(self) -> dict[str, Tensor]:
+        return {"bias": self.bias.clone()}
+
+    def load_state_dict(self, state: dict[str, Tensor]) -> None:
+        if set(state) != {"bias"} or state["bias"].shape != self.bias.shape:
+            raise ValueError(f"rpb_adaptive state must be {{'bias': {tuple(self.bias.shape)}}}")
+        self.bias.copy_(state["bias"])
+
     def on_step_end(self) -> None:
         control = self._attached()
         usage = self._pending
@@ -423,7 +454,7 @@ class AnchorLogit(RouterMethod):
     default_strength = 0.01
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
-        records = self._records(control)
+        records = self._grad_records(control)
         mask = _token_mask(records, attention_mask)
         terms = [
             _masked_mean((r.logits.float() - r.base_logits.float()).pow(2).sum(-1), mask)
@@ -443,7 +474,7 @@ class AnchorKL(RouterMethod):
     default_strength = 1.0
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
-        records = self._records(control)
+        records = self._grad_records(control)
         mask = _token_mask(records, attention_mask)
         terms = []
         for r in records:

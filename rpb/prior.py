@@ -94,7 +94,9 @@ class RouterPrior:
         u = self.usage.double()
         return (u / u.sum(-1, keepdim=True).clamp_min(1)).float()
 
-    def metadata(self) -> dict[str, Any]:
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The metadata (format, provenance and shapes) stored in the file header and sidecar."""
         return {"format": PRIOR_FORMAT} | {k: getattr(self, k) for k in _META_FIELDS}
 
     def summary(self) -> dict[str, Any]:
@@ -121,9 +123,9 @@ class RouterPrior:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         # Write then rename, so a killed job never leaves a half-written prior behind.
-        save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(self.metadata())})
+        save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(self.meta)})
         os.replace(tmp, path)
-        sidecar = self.metadata() | {"summary": self.summary()}
+        sidecar = self.meta | {"summary": self.summary()}
         path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
         return path
 
@@ -174,7 +176,7 @@ class RouterPrior:
             ("routing kind", self.kind, h.kind),
         ]
         bad = [
-            f"{name} {ours} (prior) vs {theirs} (model)"
+            f"{name} {ours!r} (prior) vs {theirs!r} (model)"
             for name, ours, theirs in pairs
             if ours != theirs
         ]

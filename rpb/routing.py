@@ -161,7 +161,7 @@ def route_softmax(
     always the (biased-logit) softmax at the chosen experts.
     """
     if logit_bias is not None:
-        logits = logits + logit_bias
+        logits = logits + logit_bias.to(logits.dtype)
     probs = F.softmax(logits, dim=-1, dtype=torch.float)
     if forced_indices is not None:
         indices = forced_indices
@@ -199,7 +199,7 @@ def route_deepseek_v3(
     experts, renormalised and scaled as the library does.
     """
     if logit_bias is not None:
-        logits = logits + logit_bias
+        logits = logits + logit_bias.to(logits.dtype)
     scores = logits.sigmoid()
     if forced_indices is not None:
         indices = forced_indices

@@ -47,9 +47,7 @@ def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.
     return np.asarray(entry["items"], dtype=float)
 
 
-def _row(
-    results: Path, spec: dict[str, Any], label: str, seeds: list[int]
-) -> dict[str, Any]:
+def _row(results: Path, spec: dict[str, Any], label: str, seeds: list[int]) -> dict[str, Any]:
     model, corpus = spec["model"], spec["corpus"]
     per_seed_items = []
     ood: dict[str, list[float]] = {task: [] for task in spec["ood"]}

@@ -97,7 +97,9 @@ def tokenize_pretraining(
     eos = tokenizer.eos_token_id
     examples = []
     for row in rows:
-        ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"][: max_length - 1] + [eos]
+        ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"][: max_length - 1] + [
+            eos
+        ]
         examples.append({"input_ids": ids, "labels": list(ids)})
     return TokenizedExamples(examples)
 
@@ -172,7 +174,11 @@ class RoutingDriftCallback(TrainerCallback):
         if step % self.log_every == 0 or step == state.max_steps:
             metrics = dict(trainer.last_losses)
             metrics.update(trainer.router_method.routing_stats())
-            lr = trainer.lr_scheduler.get_last_lr()[0] if trainer.lr_scheduler else args.learning_rate
+            lr = (
+                trainer.lr_scheduler.get_last_lr()[0]
+                if trainer.lr_scheduler
+                else args.learning_rate
+            )
             metrics["lr"] = float(lr)
             self.history.append({"step": step, **metrics})
             _log_to_active_run(metrics, step)

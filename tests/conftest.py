@@ -10,11 +10,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-from transformers import PreTrainedModel  # noqa: E402
+import pytest
+import torch
+from transformers import PreTrainedModel
 
-from rpb.architectures import random_model  # noqa: E402
+from rpb.architectures import random_model
 
 torch.set_num_threads(1)  # the dev machines are 2 shared cores
 

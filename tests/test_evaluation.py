@@ -8,11 +8,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from collections import Counter
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
 import torch

@@ -1,0 +1,130 @@
+"""rpb.prior: extraction (padding excluded), save/load round trip, compatibility and corruption."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import make_batch, make_model
+from safetensors.torch import save_file
+
+from rpb.architectures import random_model
+from rpb.prior import RouterPrior, extract_prior
+from rpb.routing import find_routers
+
+ARCHS = ["qwen3_moe", "deepseek_v3_grouped"]  # one per routing kind
+
+
+def _extract(model, batches):
+    return extract_prior(
+        model, batches, model_id="tiny", revision="r0", corpus_hash="ab" * 32, progress=False
+    )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_extract_counts_only_real_tokens(arch):
+    model = make_model(arch)
+    model.train()  # extraction must run in eval mode and restore the mode afterwards
+    padded = make_batch(batch=2, seq=8, pad=3, seed=0)
+    prior = _extract(model, [padded])
+    assert model.training
+    assert prior.n_tokens == 13
+    # Right padding cannot change causal hidden states, so the same tokens fed unpadded,
+    # one sequence at a time, must give exactly the same counts.
+    rows = [padded["input_ids"][:1], padded["input_ids"][1:, :5]]
+    ref = _extract(model, [{"input_ids": r} for r in rows])
+    assert ref.n_tokens == 13
+    assert torch.equal(prior.usage, ref.usage)
+    assert torch.equal(prior.coactivation, ref.coactivation)
+    assert torch.allclose(prior.mean_probs, ref.mean_probs, atol=1e-6)
+    k = prior.top_k
+    assert (prior.usage.sum(-1) == 13 * k).all()
+    assert torch.equal(prior.coactivation.diagonal(dim1=1, dim2=2), prior.usage)
+    assert torch.equal(prior.coactivation, prior.coactivation.transpose(1, 2))
+    # each token contributes k * (k - 1) ordered off-diagonal pairs
+    off = prior.coactivation.sum((1, 2)) - prior.usage.sum(-1)
+    assert (off == 13 * k * (k - 1)).all()
+    assert torch.allclose(prior.mean_probs.sum(-1), torch.ones(prior.num_layers))
+
+
+def test_mean_probs_match_hand_computation():
+    model = make_model("deepseek_v3")
+    batch = make_batch(batch=1, seq=6, pad=0)
+    prior = _extract(model, [batch])
+    inputs = {}
+    hooks = [
+        h.module.register_forward_pre_hook(lambda m, a, i=h.moe_layer: inputs.update({i: a[0]}))
+        for h in find_routers(model)
+    ]
+    with torch.no_grad():
+        model(input_ids=batch["input_ids"])
+    for hk in hooks:
+        hk.remove()
+    for h in find_routers(model):
+        s = (inputs[h.moe_layer].reshape(-1, 32) @ h.module.weight.T).sigmoid()
+        expected = (s / s.sum(-1, keepdim=True)).mean(0)
+        assert torch.allclose(prior.mean_probs[h.moe_layer], expected, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_save_load_round_trip(arch, tmp_path):
+    model = make_model(arch)
+    prior = _extract(model, [make_batch(seed=s) for s in range(2)])
+    path = prior.save(tmp_path / "sub" / "prior.safetensors")
+    loaded = RouterPrior.load(path)
+    for name in ("mean_probs", "usage", "coactivation"):
+        assert torch.equal(getattr(loaded, name), getattr(prior, name))
+    assert all(
+        torch.equal(a, b) for a, b in zip(loaded.base_weights, prior.base_weights, strict=True)
+    )
+    assert (loaded.correction_bias is None) == (arch == "qwen3_moe")
+    if loaded.correction_bias is not None:
+        for a, h in zip(loaded.correction_bias, find_routers(model), strict=True):
+            assert torch.equal(a, h.module.e_score_correction_bias)
+    assert loaded.meta == prior.meta
+    assert loaded.meta["n_tokens"] == prior.n_tokens == 26
+    assert loaded.decoder_layers == [h.decoder_layer for h in find_routers(model)]
+    sidecar = json.loads(path.with_suffix(".json").read_text())
+    assert sidecar["corpus_hash"] == "ab" * 32 and sidecar["model_type"] == model.config.model_type
+    assert len(sidecar["summary"]["usage_entropy"]) == 2
+    loaded.check_compatible(model)
+
+
+def test_check_compatible_names_the_mismatch(tmp_path):
+    prior = _extract(make_model("qwen3_moe"), [make_batch()])
+    with pytest.raises(ValueError, match=r"experts 8 \(prior\) vs 16 \(model\)"):
+        prior.check_compatible(random_model("qwen3_moe", num_experts=16))
+    with pytest.raises(ValueError, match=r"MoE layers 2 \(prior\) vs 3 \(model\)"):
+        prior.check_compatible(random_model("qwen3_moe", num_hidden_layers=3))
+    with pytest.raises(ValueError, match=r"hidden size 32 \(prior\) vs 48 \(model\)"):
+        prior.check_compatible(random_model("qwen3_moe", hidden_size=48))
+    with pytest.raises(ValueError, match=r"model_type 'qwen3_moe' \(prior\) vs 'olmoe'"):
+        prior.check_compatible(make_model("olmoe"))
+
+
+def test_load_rejects_corrupt_foreign_and_missing_files(tmp_path):
+    prior = _extract(make_model("qwen3_moe"), [make_batch()])
+    path = prior.save(tmp_path / "prior.safetensors")
+    truncated = tmp_path / "truncated.safetensors"
+    truncated.write_bytes(path.read_bytes()[:200])
+    with pytest.raises(ValueError, match=r"corrupt or unreadable router prior file .*truncated"):
+        RouterPrior.load(truncated)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match=r"garbage\.safetensors"):
+        RouterPrior.load(garbage)
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"x": torch.zeros(2)}, str(foreign))
+    with pytest.raises(ValueError, match=r"foreign\.safetensors is not an rpb router prior"):
+        RouterPrior.load(foreign)
+    with pytest.raises(FileNotFoundError, match=r"nowhere\.safetensors"):
+        RouterPrior.load(tmp_path / "nowhere.safetensors")
+    with pytest.raises(ValueError, match=r"must not end in \.json"):
+        prior.save(tmp_path / "prior.json")
+
+
+def test_inconsistent_prior_is_rejected():
+    prior = _extract(make_model("qwen3_moe"), [make_batch()])
+    with pytest.raises(ValueError, match=r"usage shape \(2, 7\) != \(2, 8\)"):
+        RouterPrior(**{**vars(prior), "usage": torch.zeros(2, 7, dtype=torch.long)})
