@@ -174,7 +174,7 @@ def analyze_model(
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(summary, indent=2, default=float) + "\n")
     save_file(
-        {"counts": live["counter"].counts, "base_counts": reference.counts},
+        {"counts": live["counter"].counts, "base_counts": reference.counts.clone()},
         str(out_json.with_suffix(".safetensors")),
     )
     log.info("analysis: %s", {k: round(float(v), 4) for k, v in mean.items()})
