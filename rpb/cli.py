@@ -265,6 +265,33 @@ def cmd_table1(args: argparse.Namespace) -> None:
         mlflow.log_artifact(str(args.out.with_suffix(".md")))
 
 
+def cmd_testbed(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.testbed import testbed_report
+    from rpb.tracking import resolve_tracking_uri, tracked_run
+
+    spec = args.spec
+    with tracked_run(
+        stage="testbed",
+        model=",".join(spec["models"]),
+        corpus=spec["corpus"],
+        params=spec,
+        run_dir=args.out.parent / "testbed.run",
+        **_track_kwargs(args),
+    ):
+        testbed_report(
+            results=args.results,
+            models=spec["models"],
+            corpus=spec["corpus"],
+            seeds=spec["seeds"],
+            tasks=spec["tasks"],
+            out=args.out,
+            tracking_uri=resolve_tracking_uri(args.tracking_uri),
+        )
+        mlflow.log_artifact(str(args.out))
+
+
 # --- parser ----------------------------------------------------------------------------------
 
 
@@ -348,6 +375,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
 
     p = add("table1", cmd_table1, "build table 1 from evaluation and analysis outputs")
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument("--spec", type=_json_arg, required=True)
+    p.add_argument("--out", type=Path, required=True)
+
+    p = add("testbed", cmd_testbed, "testbed calibration report of the pretrained tiny bases")
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)

@@ -97,8 +97,9 @@ def tokenize_pretraining(
     eos = tokenizer.eos_token_id
     examples = []
     for row in rows:
-        ids = tokenizer(row["text"], add_special_tokens=False)["input_ids"][: max_length - 1] + [
-            eos
+        ids = [
+            *tokenizer(row["text"], add_special_tokens=False)["input_ids"][: max_length - 1],
+            eos,
         ]
         examples.append({"input_ids": ids, "labels": list(ids)})
     return TokenizedExamples(examples)
@@ -200,7 +201,7 @@ def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
         per_device_train_batch_size=spec.batch_size,
         learning_rate=spec.lr,
         weight_decay=spec.weight_decay,
-        warmup_steps=int(round(spec.warmup_ratio * spec.steps)),
+        warmup_steps=round(spec.warmup_ratio * spec.steps),
         lr_scheduler_type=spec.scheduler,
         seed=spec.seed,
         data_seed=spec.seed,
@@ -211,7 +212,7 @@ def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         bf16=spec.bf16,
-        gradient_checkpointing=spec.gradient_checkpointing,
+        activation_checkpointing=spec.gradient_checkpointing,
         dataloader_num_workers=0,
         disable_tqdm=False,
         remove_unused_columns=False,

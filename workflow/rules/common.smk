@@ -21,6 +21,12 @@ TRACKING_URI = (
 EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
 CONDA_ENV = "../../envs/rpb.yaml"
+# The training command; at paper scale e.g. "accelerate launch --config_file ... -m rpb.cli".
+TRAIN_LAUNCHER = config.get("train_launcher", "rpb")
+PRETRAINED_MODELS = [
+    m for m, e in config["models"].items() if e["source"] == "pretrain"
+]
+HUB_MODELS = [m for m, e in config["models"].items() if e["source"] == "hub"]
 # Every job command gets the store and experiment explicitly, so a job never guesses.
 TRACK = f"--tracking-uri '{TRACKING_URI}' --experiment '{EXPERIMENT}'"
 
@@ -82,5 +88,21 @@ def table1_inputs(wildcards):
     for method in t1["methods"]:
         for seed in SEEDS:
             paths.append(f"{RESULTS}/eval/{model}/{corpus}/{method}/seed{seed}.json")
-            paths.append(f"{RESULTS}/analysis/{model}/{corpus}/{method}/seed{seed}.json")
+            paths.append(
+                f"{RESULTS}/analysis/{model}/{corpus}/{method}/seed{seed}.json"
+            )
+    return paths
+
+
+def testbed_inputs(wildcards):
+    corpus = config["table1"]["corpus"]
+    paths = []
+    for model in PRETRAINED_MODELS:
+        paths += [
+            f"{RESULTS}/eval/{model}/{corpus}/base/seed0.json",
+            f"{RESULTS}/priors/{model}/{corpus}.safetensors",
+        ]
+        paths += [
+            f"{RESULTS}/eval/{model}/{corpus}/none/seed{seed}.json" for seed in SEEDS
+        ]
     return paths

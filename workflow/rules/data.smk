@@ -18,14 +18,14 @@ rule corpora:
     output:
         manifest=f"{RESULTS}/data/manifest.json",
         tokenizer=directory(f"{RESULTS}/data/tokenizer"),
-    params:
-        out=f"{RESULTS}/data",
-        seed=config["data"]["seed"],
-        preset=config["data"]["preset"],
     log:
         f"{RESULTS}/logs/corpora.log",
     conda:
         CONDA_ENV
+    params:
+        out=f"{RESULTS}/data",
+        seed=config["data"]["seed"],
+        preset=config["data"]["preset"],
     shell:
         "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset} {TRACK}"
         " > {log} 2>&1"

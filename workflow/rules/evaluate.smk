@@ -12,19 +12,19 @@ rule evaluate:
         manifest=f"{RESULTS}/data/manifest.json",
     output:
         f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
+    log:
+        f"{RESULTS}/logs/eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+    conda:
+        CONDA_ENV
+    threads: THREADS
+    resources:
+        mem_mb=4000,
     params:
         eval_dir=f"{RESULTS}/data/eval",
         tasks=",".join(eval_tasks()),
         limit=config["evaluation"].get("limit") or 0,
         batch_size=config["evaluation"].get("batch_size", 64),
         work=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work",
-    threads: THREADS
-    resources:
-        mem_mb=4000,
-    log:
-        f"{RESULTS}/logs/eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
-    conda:
-        CONDA_ENV
     shell:
         "rpb eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
@@ -42,17 +42,17 @@ rule analyze:
     output:
         summary=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
         counts=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.safetensors",
-    params:
-        eval_dir=f"{RESULTS}/data/eval",
-        tasks=",".join(config.get("analysis", {}).get("probe_tasks", eval_tasks())),
-        limit=config.get("analysis", {}).get("probe_limit", 200),
-    threads: THREADS
-    resources:
-        mem_mb=4000,
     log:
         f"{RESULTS}/logs/analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     conda:
         CONDA_ENV
+    threads: THREADS
+    resources:
+        mem_mb=4000,
+    params:
+        eval_dir=f"{RESULTS}/data/eval",
+        tasks=",".join(config.get("analysis", {}).get("probe_tasks", eval_tasks())),
+        limit=config.get("analysis", {}).get("probe_limit", 200),
     shell:
         "rpb analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"

@@ -9,6 +9,15 @@ rule pretrain_base:
     output:
         model=directory(f"{RESULTS}/models/{{model}}/base/model"),
         history=f"{RESULTS}/models/{{model}}/base/train_history.json",
+    log:
+        f"{RESULTS}/logs/pretrain/{{model}}.log",
+    wildcard_constraints:
+        model="|".join(PRETRAINED_MODELS) or "^$",
+    conda:
+        CONDA_ENV
+    threads: THREADS
+    resources:
+        mem_mb=4000,
     params:
         corpus=f"{RESULTS}/data/pretrain.jsonl",
         out=f"{RESULTS}/models/{{model}}/base",
@@ -16,13 +25,6 @@ rule pretrain_base:
         architecture=lambda wc: as_json(config["models"][wc.model]["architecture"]),
         spec=lambda wc: as_json(pretrain_spec(wc.model)),
         lbl=lambda wc: config["models"][wc.model]["pretrain"]["lbl_coef"],
-    threads: THREADS
-    resources:
-        mem_mb=4000,
-    log:
-        f"{RESULTS}/logs/pretrain/{{model}}.log",
-    conda:
-        CONDA_ENV
     shell:
         "rpb pretrain --name {wildcards.model} --model-type {params.model_type}"
         " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
@@ -37,15 +39,15 @@ rule extract_prior:
         manifest=f"{RESULTS}/data/manifest.json",
     output:
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
-    params:
-        corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
-    threads: THREADS
-    resources:
-        mem_mb=4000,
     log:
         f"{RESULTS}/logs/prior/{{model}}_{{corpus}}.log",
     conda:
         CONDA_ENV
+    threads: THREADS
+    resources:
+        mem_mb=4000,
+    params:
+        corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
     shell:
         "rpb prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
         " --out {output.prior} {TRACK} > {log} 2>&1"

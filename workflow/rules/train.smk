@@ -7,22 +7,24 @@ rule posttrain:
         base=f"{RESULTS}/models/{{model}}/base/model",
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
     output:
-        model=directory(f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/model"),
+        model=directory(
+            f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/model"
+        ),
         history=f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/train_history.json",
+    log:
+        f"{RESULTS}/logs/posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+    conda:
+        CONDA_ENV
+    threads: THREADS
+    resources:
+        mem_mb=4000,
     params:
         corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
         out=f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}",
         method=lambda wc: as_json(method_entry(wc.method)),
         spec=lambda wc: as_json(posttrain_spec(wc.seed)),
-    threads: THREADS
-    resources:
-        mem_mb=4000,
-    log:
-        f"{RESULTS}/logs/posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
-    conda:
-        CONDA_ENV
     shell:
-        "rpb train --name {wildcards.model} --label {wildcards.method}"
+        "{TRAIN_LAUNCHER} train --name {wildcards.model} --label {wildcards.method}"
         " --base {input.base} --prior {input.prior}"
         " --corpus {params.corpus} --corpus-name {wildcards.corpus} --method {params.method}"
         " --spec {params.spec} --out {params.out} {TRACK} > {log} 2>&1"
