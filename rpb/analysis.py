@@ -25,20 +25,25 @@ from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, top
 from rpb.data import load_jsonl
 from rpb.prior import RouterPrior, extract_prior
 from rpb.routing import RouterControl, routing_probs
+from rpb.tokenizer import encode
 
 log = logging.getLogger(__name__)
 
 
 def text_batches(
-    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], batch_size: int
+    tokenizer: PreTrainedTokenizerBase,
+    texts: Sequence[str],
+    batch_size: int,
+    source: str = "text",
 ) -> list[dict[str, torch.Tensor]]:
-    """Right-padded batches of whole texts (+ EOS), as the models saw text in training."""
+    """Right-padded batches of whole texts (+ EOS), as the models saw text in training.
+    `source` names where the texts came from, for errors (item i is reported as source:i+1)."""
     batches = []
     eos = tokenizer.eos_token_id
     for start in range(0, len(texts), batch_size):
         ids = [
-            tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
-            for text in texts[start : start + batch_size]
+            [*encode(tokenizer, text, f"{source}:{start + i + 1}"), eos]
+            for i, text in enumerate(texts[start : start + batch_size])
         ]
         width = max(len(row) for row in ids)
         input_ids = torch.full((len(ids), width), tokenizer.pad_token_id, dtype=torch.long)
@@ -74,7 +79,7 @@ def extract_prior_from_corpus(
     """Run the base over a post-training corpus once and write its router prior to `out`."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    batches = text_batches(tokenizer, corpus_texts(corpus), batch_size)
+    batches = text_batches(tokenizer, corpus_texts(corpus), batch_size, source=str(corpus))
     prior = extract_prior(
         model,
         batches,

@@ -261,8 +261,9 @@ def cmd_table1(args: argparse.Namespace) -> None:
         **_track_kwargs(args),
     ):
         build_table1(args.results, spec, args.out)
-        mlflow.log_artifact(str(args.out))
-        mlflow.log_artifact(str(args.out.with_suffix(".md")))
+        for suffix in (".csv", ".md", ".meta.json"):
+            mlflow.log_artifact(str(args.out.with_suffix(suffix)))
+        mlflow.log_artifacts(str(args.out.parent / "figures"), artifact_path="figures")
 
 
 def cmd_testbed(args: argparse.Namespace) -> None:
@@ -397,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.func(args)
     except (ValueError, FileNotFoundError) as err:
         # Bad input is reported in one line; the MLflow run has already been marked FAILED.
-        log.error("%s", err)
+        log.debug("bad input", exc_info=True)
         print(f"rpb {args.command}: error: {err}", file=sys.stderr)
         return 2
     return 0

@@ -1,16 +1,37 @@
-"""Cross-key checks of the pipeline config that a JSON schema cannot express.
+"""Validate the pipeline config before any job runs; every problem is one line naming its key.
 
-The schema (workflow/schemas/config.schema.yaml) checks each key's type and range; this module
-checks that names refer to things that exist. Errors are one line naming the key.
+`check_config` validates against the JSON schema (workflow/schemas/config.schema.yaml), fills the
+schema's defaults in place as Snakemake's `validate` does, then runs the cross-key checks a schema
+cannot express (names that must refer to other keys, wildcard-safe names, per-method options).
+It imports neither torch nor transformers: the Snakefile calls it at every parse.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
-# The method families the library implements (rpb.methods registry); a config entry names one of
-# these directly or through `kind`.
+import yaml
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import ValidationError, best_match
+
+__all__ = [
+    "METHOD_FAMILIES",
+    "METHOD_OPTIONS",
+    "NO_STRENGTH",
+    "ConfigError",
+    "check_config",
+    "format_key_path",
+]
+
+# The method families the library implements (rpb.methods.METHODS); a config entry names one of
+# these directly or through `kind`. Kept here, not imported, because importing rpb.methods costs
+# seconds (torch, transformers) at every Snakefile parse; tests/test_config.py keeps them in sync.
 METHOD_FAMILIES = (
     "none",
     "lbl",
@@ -22,35 +43,270 @@ METHOD_FAMILIES = (
     "anchor_kl",
     "hard",
 )
+# Families whose `strength` is meaningless (rpb.methods raises if one is given).
+NO_STRENGTH = ("none", "hard")
+# Per family: option -> allowed values (a tuple of choices), `bool`, or `float` (a number >= 0).
+METHOD_OPTIONS: dict[str, dict[str, Any]] = {
+    "none": {},
+    "lbl": {},
+    "rpb": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
+    "rpb_marginal": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
+    "rpb_adaptive": {"update_rate": float, "keep_bias_at_eval": bool},
+    "anchor_weight": {},
+    "anchor_logit": {},
+    "anchor_kl": {},
+    "hard": {"gate_from": ("live", "base"), "keep_bias_at_eval": bool},
+}
 RESERVED_METHOD_LABELS = ("base",)
+# Must match the `model` wildcard constraint in workflow/rules/common.smk, or no rule would match.
+MODEL_NAME = re.compile(r"[A-Za-z0-9_]+")
+# PyYAML (YAML 1.1, which Snakemake uses) reads `1e-3` as a string; it needs `1.0e-3`.
+_YAML_FLOAT_TEXT = re.compile(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+")
 
 
 class ConfigError(ValueError):
-    """A config value that is well-typed but refers to something that does not exist."""
+    """A config value that is wrong; the message is one line, starting with the key path."""
 
 
-def check_config(config: Mapping[str, Any]) -> None:
-    """Raise ConfigError naming the first inconsistent key."""
-    methods = config["methods"]
-    for label, entry in methods.items():
-        if label in RESERVED_METHOD_LABELS:
-            raise ConfigError(f"methods.{label}: '{label}' is reserved for the untrained base")
-        family = (entry or {}).get("kind", label)
-        if family not in METHOD_FAMILIES:
+def format_key_path(path: Iterable[str | int]) -> str:
+    """`['seeds', 1]` -> `seeds[1]`, `['methods', 'rpb', 'strength']` -> `methods.rpb.strength`."""
+    out = ""
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _is_integer(_checker: Any, instance: Any) -> bool:
+    # jsonschema accepts 1.0 as an integer; a seed of 1.0 would name files `seed1.0.json`.
+    return isinstance(instance, int) and not isinstance(instance, bool)
+
+
+def _is_number(_checker: Any, instance: Any) -> bool:
+    # YAML's .nan passes every minimum/maximum check (comparisons are False), so reject it here.
+    return (
+        isinstance(instance, int | float)
+        and not isinstance(instance, bool)
+        and math.isfinite(instance)
+    )
+
+
+def _with_defaults(validator_class: type) -> type:
+    """The jsonschema FAQ's default-filling validator, safe on non-object instances."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def set_defaults(validator: Any, properties: Any, instance: Any, schema: Any) -> Any:
+        # The FAQ recipe calls setdefault unconditionally and crashes on `tracking: 5`.
+        if isinstance(instance, MutableMapping):
+            for name, subschema in properties.items():
+                if "default" in subschema:
+                    instance.setdefault(name, subschema["default"])
+        yield from validate_properties(validator, properties, instance, schema)
+
+    checker = validator_class.TYPE_CHECKER.redefine_many(
+        {"integer": _is_integer, "number": _is_number}
+    )
+    return validators.extend(validator_class, {"properties": set_defaults}, type_checker=checker)
+
+
+_Validator = _with_defaults(Draft202012Validator)
+
+
+def _suggest(name: str, choices: Iterable[str]) -> str:
+    """`did you mean 'x'? ` for the closest choice (case-insensitive first), else ''."""
+    choices = [str(c) for c in choices]
+    same = [c for c in choices if c.lower() == str(name).lower()]
+    close = same or difflib.get_close_matches(str(name), choices, n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def _duplicate(items: Sequence[Any]) -> Any:
+    """The first item that occurs twice (items may be unhashable), else None."""
+    return next((x for i, x in enumerate(items) if x in items[:i]), None)
+
+
+def _resolve_ref(root: Mapping[str, Any], ref: str) -> Any:
+    if not ref.startswith("#/"):
+        return {}
+    node: Any = root
+    for part in ref[2:].split("/"):
+        node = node[part]
+    return node
+
+
+def _parents(root: Mapping[str, Any], schema_path: Sequence[Any]) -> list[tuple[Any, Any]]:
+    """(schema node, key) along an error's absolute_schema_path, which omits the `$ref` hops."""
+    pairs = []
+    node: Any = root
+    for key in schema_path:
+        while isinstance(node, Mapping) and key not in node and "$ref" in node:
+            node = _resolve_ref(root, node["$ref"])
+        pairs.append((node, key))
+        try:
+            node = node[key]
+        except (KeyError, IndexError, TypeError):
+            break
+    return pairs
+
+
+def _condition(if_schema: Any) -> str:
+    """`{properties: {source: {const: hub}}}` -> `source is 'hub'`."""
+    props = if_schema.get("properties", {}) if isinstance(if_schema, Mapping) else {}
+    parts = [f"{k} is {v['const']!r}" for k, v in props.items() if "const" in v]
+    return " and ".join(parts)
+
+
+def _describe(error: ValidationError, schema: Mapping[str, Any]) -> tuple[list[Any], str]:
+    """Key path and problem for one schema error, phrased for someone editing the YAML."""
+    path = list(error.absolute_path)
+    instance, value = error.instance, error.validator_value
+    kind = error.validator
+    if kind == "additionalProperties" and value is False and isinstance(instance, Mapping):
+        known = list(error.schema.get("properties", {}))
+        extra = sorted(str(k) for k in instance if k not in known)
+        if extra:
+            hint = _suggest(extra[0], known).rstrip() or f"known: {', '.join(known)}"
+            return [*path, extra[0]], f"unknown key ({hint})"
+    if kind == "required" and isinstance(instance, Mapping):
+        missing = [k for k in value if k not in instance]
+        if missing:
+            problem = "missing required key"
+            # A key required by an if/then rule: say under which condition.
+            for parent, key in _parents(schema, list(error.absolute_schema_path)):
+                if key == "then" and isinstance(parent, Mapping) and "if" in parent:
+                    condition = _condition(parent["if"])
+                    if condition:
+                        problem += f" (required when {condition})"
+            return [*path, missing[0]], problem
+    if "propertyNames" in error.absolute_schema_path:
+        return [*path, str(instance)], f"name must match {value}"
+    if kind == "uniqueItems" and isinstance(instance, list):
+        return path, f"duplicate value {_duplicate(instance)!r} in {instance}"
+    if kind == "type" and isinstance(instance, str) and _YAML_FLOAT_TEXT.fullmatch(instance):
+        return path, (
+            f"{instance!r} is text, not a number: YAML needs a dot in exponent notation "
+            f"(write {float(instance)!r})"
+        )
+    if kind == "type" and isinstance(instance, float) and not math.isfinite(instance):
+        return path, f"{instance} is not a finite number"
+    if kind == "type" and (instance is None or isinstance(instance, bool)):
+        # Say it as the YAML was written: `null`/`true`, not Python's None/True.
+        hint = " (write {} for an empty mapping)" if instance is None and value == "object" else ""
+        return path, f"{json.dumps(instance)} is not of type {value!r}{hint}"
+    return path, error.message
+
+
+def _load_schema(schema_path: Path | str) -> dict[str, Any]:
+    path = Path(schema_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config schema not found: {path}")
+    return yaml.safe_load(path.read_text())
+
+
+def _schema_errors(config: Any, schema: Mapping[str, Any]) -> None:
+    errors = list(_Validator(schema).iter_errors(config))
+    if not errors:
+        return
+    error = best_match(errors)
+    path, problem = _describe(error, schema)
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    raise ConfigError(f"{format_key_path(path)}: {problem}{more}")
+
+
+def _check_method(label: str, entry: Mapping[str, Any]) -> None:
+    family = entry.get("kind", label)
+    if label in RESERVED_METHOD_LABELS:
+        raise ConfigError(f"methods.{label}: '{label}' is reserved for the untrained base")
+    if family not in METHOD_FAMILIES:
+        hint = _suggest(family, METHOD_FAMILIES)
+        raise ConfigError(
+            f"methods.{label}: unknown method '{family}' ({hint}known: "
+            f"{', '.join(METHOD_FAMILIES)}; set 'kind' for a variant label)"
+        )
+    if family in NO_STRENGTH and entry.get("strength") is not None:
+        raise ConfigError(f"methods.{label}.strength: method '{family}' takes no strength")
+    allowed = METHOD_OPTIONS[family]
+    for key, value in (entry.get("options") or {}).items():
+        where = f"methods.{label}.options.{key}"
+        if key not in allowed:
+            known = ", ".join(allowed) or "none"
+            raise ConfigError(f"{where}: unknown option of method '{family}' (known: {known})")
+        rule = allowed[key]
+        if isinstance(rule, tuple) and value not in rule:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(rule)}")
+        if rule is bool and not isinstance(value, bool):
+            raise ConfigError(f"{where}: {value!r} is not true or false")
+        if rule is float and not (_is_number(None, value) and value >= 0):
+            raise ConfigError(f"{where}: {value!r} is not a finite number >= 0")
+
+
+def _check_lengths(config: Mapping[str, Any]) -> None:
+    """A sequence longer than the position table fails deep inside a training job."""
+    models = config["models"]
+    checks = [
+        (name, f"models.{name}.pretrain.max_length", (spec.get("pretrain") or {}).get("max_length"))
+        for name, spec in models.items()
+    ]
+    # Post-training settings are shared by every model; check them against the one table 1
+    # trains (a paper-scale config still carries the tiny entries, with short position tables).
+    model = config["table1"]["model"]
+    checks.append((model, "posttrain.max_length", config["posttrain"].get("max_length")))
+    for name, where, length in checks:
+        limit = (models[name].get("architecture") or {}).get("max_position_embeddings")
+        if limit is not None and length is not None and length > limit:
             raise ConfigError(
-                f"methods.{label}: unknown method '{family}' "
-                f"(known: {', '.join(METHOD_FAMILIES)}; set 'kind' for a variant label)"
+                f"{where}: {length} exceeds models.{name}.architecture"
+                f".max_position_embeddings ({limit})"
             )
+
+
+def _cross_key_errors(config: Mapping[str, Any]) -> None:
+    for name in config["models"]:
+        if not MODEL_NAME.fullmatch(str(name)):
+            raise ConfigError(f"models.{name}: model names may use only letters, digits and _")
+    for label, entry in config["methods"].items():
+        _check_method(label, entry or {})
+    for key in ("in_domain", "ood"):
+        dup = _duplicate(config["evaluation"][key])
+        if dup is not None:
+            raise ConfigError(f"evaluation.{key}: '{dup}' is listed twice")
+    probe = (config.get("analysis") or {}).get("probe_tasks") or []
+    if _duplicate(probe) is not None:
+        raise ConfigError(f"analysis.probe_tasks: '{_duplicate(probe)}' is listed twice")
     table1 = config["table1"]
     if table1["model"] not in config["models"]:
+        hint = _suggest(table1["model"], config["models"])
         raise ConfigError(
             f"table1.model: '{table1['model']}' is not a key of models "
-            f"({', '.join(config['models'])})"
+            f"({hint}models: {', '.join(config['models'])})"
         )
     for name in table1["methods"]:
-        if name not in methods:
-            raise ConfigError(f"table1.methods: '{name}' is not a key of methods")
-    if table1["corpus"] not in config["evaluation"]["in_domain"]:
+        if name not in config["methods"]:
+            raise ConfigError(
+                f"table1.methods: '{name}' is not a key of methods "
+                f"({_suggest(name, config['methods'])}methods: {', '.join(config['methods'])})"
+            )
+    dup = _duplicate(table1["methods"])
+    if dup is not None:
+        raise ConfigError(f"table1.methods: '{dup}' is listed twice")
+    # Hub corpora (paper scale) are named under data.corpora; the synthetic ones double as the
+    # in-domain eval task of the same name, which table 1 reads.
+    corpora = config["data"].get("corpora")
+    known, where = (
+        (list(corpora), "a key of data.corpora")
+        if corpora
+        else (list(config["evaluation"]["in_domain"]), "one of evaluation.in_domain")
+    )
+    if table1["corpus"] not in known:
         raise ConfigError(
-            f"table1.corpus: '{table1['corpus']}' must be one of evaluation.in_domain"
+            f"table1.corpus: '{table1['corpus']}' must be {where} ({', '.join(known)})"
         )
+    _check_lengths(config)
+
+
+def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> None:
+    """Validate `config` against the schema at `schema_path`, fill its defaults in place, and
+    check cross-key consistency; raise ConfigError (one line, key path first) on the first
+    problem."""
+    schema = _load_schema(schema_path)
+    _schema_errors(config, schema)
+    _cross_key_errors(config)

@@ -24,17 +24,27 @@ type batched once) and returns a compact dict, per task:
 - multiple_choice (standard paper-scale tasks): `metric="acc"`, per-doc 0/1.
 
 plus lm-eval's raw aggregate metrics, task configs and package versions for provenance.
+
+Standard lm-eval tasks (paper scale: gsm8k, minerva_math500, mmlu, ...) are run the same way, with
+the settings of an `LMEvalSuite` (written by the pipeline as `{eval_dir}/lm_eval_suite.json`):
+per task its few-shot count and the one `metric,filter` that is its score, plus backend (`hf`,
+`vllm`, or `auto` = vLLM where installed), dtype and extra model arguments. A group or tag (e.g.
+`mmlu`) is scored over the items of all its leaf tasks (a micro average, which equals lm-eval's own
+aggregate for size-weighted groups such as mmlu). `prefetch_tasks` downloads their datasets into
+the Hugging Face cache once, with network, so that evaluation jobs run offline.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +58,97 @@ TASK_PREFIX = "rpb_"
 # One token for the eos plus one spare, so a model that runs on past the target is still cut short.
 GEN_MARGIN = 2
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_]*$")
+# The standard-task settings file the pipeline writes beside the local eval sets.
+SUITE_FILE = "lm_eval_suite.json"
+BACKENDS = ("hf", "vllm", "auto")
+
+
+@dataclass(frozen=True)
+class TaskSetting:
+    """How one standard lm-eval task (or group) is run and scored."""
+
+    num_fewshot: int
+    metric: str  # lm-eval's "<metric>,<filter>" key, e.g. "exact_match,flexible-extract"
+
+    @property
+    def metric_name(self) -> str:
+        return self.metric.split(",", 1)[0]
+
+    @property
+    def filter_name(self) -> str:
+        return self.metric.split(",", 1)[1]
+
+
+@dataclass(frozen=True)
+class LMEvalSuite:
+    """Settings for standard lm-eval tasks: per-task few-shot and score, and how to run the model.
+
+    `model_args` are passed to the lm-eval model as is (e.g. `parallelize: true` for the hf
+    backend, `tensor_parallel_size: 8` for vLLM).
+    """
+
+    tasks: dict[str, TaskSetting]
+    backend: str = "hf"
+    dtype: str = "bfloat16"
+    model_args: dict[str, Any] = field(default_factory=dict)
+    apply_chat_template: bool = False
+    fewshot_as_multiturn: bool = False
+    gen_kwargs: dict[str, Any] | None = None
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str = "lm_eval suite") -> LMEvalSuite:
+        """Validate a suite mapping; errors are one line naming the offending key."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: must be a mapping, got {type(raw).__name__}")
+        known = {f for f in cls.__dataclass_fields__}
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown} (known: {sorted(known)})")
+        tasks_raw = raw.get("tasks")
+        if not isinstance(tasks_raw, Mapping) or not tasks_raw:
+            raise ValueError(f"{where}.tasks: must be a non-empty mapping of task -> settings")
+        tasks = {}
+        for name, entry in tasks_raw.items():
+            key = f"{where}.tasks.{name}"
+            if not isinstance(entry, Mapping) or set(entry) != {"num_fewshot", "metric"}:
+                raise ValueError(f"{key}: needs exactly num_fewshot and metric")
+            shots, metric = entry["num_fewshot"], entry["metric"]
+            if isinstance(shots, bool) or not isinstance(shots, int) or shots < 0:
+                raise ValueError(f"{key}.num_fewshot: {shots!r} is not an integer >= 0")
+            if not isinstance(metric, str) or metric.count(",") != 1 or "" in metric.split(","):
+                raise ValueError(f"{key}.metric: {metric!r} is not '<metric>,<filter>'")
+            tasks[str(name)] = TaskSetting(shots, metric)
+        backend = raw.get("backend", cls.backend)
+        if backend not in BACKENDS:
+            raise ValueError(f"{where}.backend: {backend!r} is not one of {list(BACKENDS)}")
+        for key in ("apply_chat_template", "fewshot_as_multiturn"):
+            if not isinstance(raw.get(key, False), bool):
+                raise ValueError(f"{where}.{key}: must be true or false")
+        for key in ("model_args", "gen_kwargs"):
+            if raw.get(key) is not None and not isinstance(raw[key], Mapping):
+                raise ValueError(f"{where}.{key}: must be a mapping")
+        return cls(
+            tasks=tasks,
+            backend=backend,
+            dtype=str(raw.get("dtype", cls.dtype)),
+            model_args=dict(raw.get("model_args") or {}),
+            apply_chat_template=raw.get("apply_chat_template", False),
+            fewshot_as_multiturn=raw.get("fewshot_as_multiturn", False),
+            gen_kwargs=dict(raw["gen_kwargs"]) if raw.get("gen_kwargs") else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def save(self, path: Path) -> None:
+        save_results(self.to_dict(), path)
+
+    @classmethod
+    def load(cls, path: Path) -> LMEvalSuite:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"lm-eval suite not found: {path}")
+        return cls.from_dict(json.loads(path.read_text()), where=str(path))
 
 
 def task_names(name: str) -> tuple[str, str]:
@@ -246,22 +347,115 @@ def _jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=handle_non_serializable))
 
 
+def _load_tasks(
+    tm: Any, tasks: Sequence[str], settings: Mapping[str, TaskSetting]
+) -> tuple[list[Any], dict[str, list[str]]]:
+    """Task/Group objects for `tasks` with each setting's few-shot applied, and each name's leaves.
+
+    lm-eval's `simple_evaluate` takes one num_fewshot for all tasks; building the objects here
+    lets every task (and every leaf of a group) get its own.
+    """
+    objects: list[Any] = []
+    leaves: dict[str, list[str]] = {}
+    for name in tasks:
+        loaded = tm.load([name])
+        leaves[name] = sorted(loaded["tasks"])
+        if name in settings:
+            for task in loaded["tasks"].values():
+                task.set_config(key="num_fewshot", value=settings[name].num_fewshot)
+        if name in loaded["groups"]:
+            objects.append(loaded["groups"][name])
+        else:  # a task, or a tag (a plain list of tasks)
+            objects.extend(loaded["tasks"].values())
+    return objects, leaves
+
+
+def _compact_standard(
+    name: str, leaves: Sequence[str], setting: TaskSetting, raw: dict[str, Any]
+) -> dict[str, Any]:
+    """Score of a standard task or group: its configured metric/filter over all leaf items."""
+    items: list[float] = []
+    per_leaf: dict[str, dict[str, float]] = {}
+    outputs: list[Any] = []
+    out_types = set()
+    for leaf in leaves:
+        samples = raw["samples"].get(leaf) or []
+        if not samples:
+            raise ValueError(f"run_lm_eval: task {name!r}: lm-eval logged no samples for {leaf!r}")
+        filters = sorted({s["filter"] for s in samples})
+        if setting.filter_name not in filters:
+            raise ValueError(
+                f"run_lm_eval: task {name!r} ({leaf}) has no filter {setting.filter_name!r} "
+                f"(has: {', '.join(filters)})"
+            )
+        rows = sorted(
+            (s for s in samples if s["filter"] == setting.filter_name), key=lambda s: s["doc_id"]
+        )
+        if setting.metric_name not in rows[0]:
+            has = [k for k in rows[0].get("metrics", []) if isinstance(k, str)]
+            raise ValueError(
+                f"run_lm_eval: task {name!r} ({leaf}) has no metric {setting.metric_name!r} "
+                f"(has: {', '.join(has) or 'none'})"
+            )
+        values = [float(s[setting.metric_name]) for s in rows]
+        per_leaf[leaf] = {"n": len(values), "score": sum(values) / len(values)}
+        items += values
+        out_type = raw["configs"][leaf]["output_type"]
+        out_types.add(out_type)
+        if out_type == "generate_until":
+            outputs += [s["filtered_resps"][0] for s in rows]
+    entry: dict[str, Any] = {
+        "metric": setting.metric_name,
+        "score": sum(items) / len(items),
+        "n": len(items),
+        "output_type": ",".join(sorted(out_types)),
+        "filter": setting.filter_name,
+        "num_fewshot": setting.num_fewshot,
+        "items": items,
+        "leaves": per_leaf,
+        # lm-eval's own number for the same key (groups: its aggregate), for cross-checking.
+        "lm_eval_score": raw["results"].get(name, {}).get(setting.metric),
+    }
+    if outputs:
+        entry["outputs"] = outputs
+    return entry
+
+
+def _resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+    return backend
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def run_lm_eval(
     model_dir: Path,
     task_dir: Path | None,
     tasks: Sequence[str],
     *,
-    batch_size: int = 64,
-    device: str = "cpu",
+    batch_size: int | str = 64,
+    device: str | None = None,
     limit: int | None = None,
     include_defaults: bool | None = None,
     bootstrap_iters: int = 0,
+    suite: LMEvalSuite | None = None,
+    dtype: str | None = None,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
     """Evaluate a saved model on lm-eval `tasks` in one in-process `simple_evaluate` call.
 
     `include_defaults=None` indexes lm-eval's built-in tasks only if `task_dir` lacks one of
     `tasks`. `bootstrap_iters=0` skips lm-eval's stderr bootstrap (100k resamples by default,
-    seconds per task); per-doc `items` are returned for paired statistics instead.
+    seconds per task); per-doc `items` are returned for paired statistics instead. Tasks listed in
+    `suite.tasks` get their few-shot count and are scored by their configured metric (groups over
+    all leaves); the suite also picks backend, dtype (default float32 without a suite) and extra
+    model args. `device=None` means cuda when available. `trust_remote_code` applies to the
+    tokenizer only (hf backend): the model itself always loads with transformers' own classes.
     """
     if not tasks:
         raise ValueError("run_lm_eval: no tasks given")
@@ -273,35 +467,70 @@ def run_lm_eval(
     import lm_eval
     import lm_eval.api.registry
 
+    settings = dict(suite.tasks) if suite else {}
+    device = device or _default_device()
+    dtype = dtype or (suite.dtype if suite else "float32")
+    backend = _resolve_backend(suite.backend if suite else "hf")
     tm = _task_manager(Path(task_dir).resolve() if task_dir else None, tasks, include_defaults)
-    model_args = {"pretrained": str(model_dir), "dtype": "float32"}
-    # Built the way simple_evaluate builds it from ("hf", model_args, device=...), but kept so the
+    objects, leaves = _load_tasks(tm, tasks, settings)
+    for name in tasks:
+        if name not in settings and leaves[name] != [name]:
+            raise ValueError(f"run_lm_eval: {name!r} is a group or tag; give it a suite setting")
+    model_args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype}
+    model_args.update(suite.model_args if suite else {})
+    logged_args = dict(model_args)
+    if trust_remote_code and backend == "hf":
+        # A preloaded tokenizer keeps remote code away from the model class (Moonlight ships an
+        # auto_map to inference-only remote modelling code; transformers' own class is used).
+        from transformers import AutoTokenizer
+
+        model_args["tokenizer"] = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=True)
+        logged_args["tokenizer"] = "preloaded (trust_remote_code)"
+    elif trust_remote_code:
+        model_args["trust_remote_code"] = logged_args["trust_remote_code"] = True
+    # Built the way simple_evaluate builds it from (name, model_args, device=...), but kept so the
     # scored continuation tokens can be counted with lm-eval's own split (_encode_pair).
-    lm = lm_eval.api.registry.get_model("hf").create_from_arg_obj(
+    lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(
         model_args, {"batch_size": batch_size, "device": device}
     )
     t_load = time.perf_counter()
-    logger.info("lm-eval: %d tasks on %s (%s)", len(tasks), model_dir, device)
+    logger.info("lm-eval: %d tasks on %s (%s, %s)", len(tasks), model_dir, backend, device)
+    extra: dict[str, Any] = {}
+    if suite is not None:
+        extra = {
+            "apply_chat_template": suite.apply_chat_template,
+            "fewshot_as_multiturn": suite.fewshot_as_multiturn,
+            "gen_kwargs": suite.gen_kwargs,
+        }
     raw = lm_eval.simple_evaluate(
         model=lm,
-        tasks=list(tasks),
+        tasks=objects,
         task_manager=tm,
         batch_size=batch_size,
         device=device,
         limit=limit,
         log_samples=True,
         bootstrap_iters=bootstrap_iters,
+        **extra,
     )
     if raw is None:  # only non-zero ranks get None; we run single-process
         raise RuntimeError("run_lm_eval: lm_eval.simple_evaluate returned no results")
     t_eval = time.perf_counter()
-    compact = {t: _compact_task(lm, t, raw["configs"][t], raw["samples"][t]) for t in tasks}
+    compact = {
+        t: (
+            _compact_standard(t, leaves[t], settings[t], raw)
+            if t in settings
+            else _compact_task(lm, t, raw["configs"][t], raw["samples"][t])
+        )
+        for t in tasks
+    }
     for t, r in compact.items():
         logger.info("lm-eval: %-28s %s=%.4f (n=%d)", t, r["metric"], r["score"], r["n"])
-    config = dict(raw["config"], model="hf", model_args=model_args)
+    config = dict(raw["config"], model=backend, model_args=logged_args)
     return {
         "model_dir": str(model_dir),
         "tasks": compact,
+        "suite": suite.to_dict() if suite else None,
         "lm_eval": _jsonable(
             {
                 "results": raw["results"],
@@ -324,6 +553,21 @@ def run_lm_eval(
             "total": round(time.perf_counter() - t0, 3),
         },
     }
+
+
+def prefetch_tasks(names: Sequence[str]) -> dict[str, list[str]]:
+    """Build the standard lm-eval tasks `names` once, with network, so that their datasets land
+    in the Hugging Face datasets cache and evaluation jobs can run offline; return their leaves."""
+    if not names:
+        raise ValueError("prefetch_tasks: no tasks given")
+    from lm_eval.tasks import TaskManager
+
+    tm = TaskManager()
+    unknown = [n for n in names if n not in tm.all_tasks]
+    if unknown:
+        raise ValueError(f"prefetch_tasks: unknown lm-eval task(s) {unknown}")
+    # Building a task downloads its dataset (and few-shot split).
+    return {name: sorted(tm.load([name])["tasks"]) for name in names}
 
 
 def _torch_version() -> str:
@@ -351,28 +595,58 @@ def evaluate_model(
     out_json: Path,
     work_dir: Path,
     *,
-    batch_size: int = 64,
-    device: str = "cpu",
+    batch_size: int | str = 64,
+    device: str | None = None,
     limit: int | None = None,
     loglikelihood: bool = True,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """Write the tasks for `names` under `work_dir/tasks`, evaluate `model_dir`, write `out_json`.
+    """Evaluate `model_dir` on `names` and write `out_json`.
 
-    `loglikelihood=False` runs only the exact-match tasks.
+    A name with an eval set `{eval_dir}/{name}.jsonl` becomes the `rpb_{name}` (and, unless
+    `loglikelihood=False`, `rpb_{name}_ll`) tasks written under `work_dir/tasks`; any other name
+    is a standard lm-eval task run with its settings from `{eval_dir}/lm_eval_suite.json`.
     """
     t0 = time.perf_counter()
-    tasks = write_tasks(eval_dir, Path(work_dir) / "tasks", names, limit=limit)
+    eval_dir = Path(eval_dir)
+    local = [n for n in names if (eval_dir / f"{n}.jsonl").is_file()]
+    standard = [n for n in names if n not in local]
+    suite = None
+    if standard:
+        suite_path = eval_dir / SUITE_FILE
+        if not suite_path.is_file():
+            raise FileNotFoundError(
+                f"evaluate_model: no eval set {eval_dir}/{standard[0]}.jsonl and no lm-eval suite "
+                f"{suite_path} for the standard task(s) {standard}"
+            )
+        suite = LMEvalSuite.load(suite_path)
+        missing = [n for n in standard if n not in suite.tasks]
+        if missing:
+            raise ValueError(
+                f"evaluate_model: task(s) {missing} are neither eval sets in {eval_dir} nor "
+                f"listed in {suite_path} (listed: {', '.join(suite.tasks)})"
+            )
+    task_dir = Path(work_dir) / "tasks"
+    tasks = write_tasks(eval_dir, task_dir, local, limit=limit) if local else []
     if not loglikelihood:
         tasks = [t for t in tasks if not t.endswith(LL_SUFFIX)]
     result = run_lm_eval(
-        model_dir, Path(work_dir) / "tasks", tasks, batch_size=batch_size, device=device
+        model_dir,
+        task_dir if local else None,
+        tasks + standard,
+        batch_size=batch_size,
+        device=device,
+        # Local sets are already cut to `limit`; standard tasks are cut by lm-eval.
+        limit=limit if standard else None,
+        suite=suite,
+        trust_remote_code=trust_remote_code,
     )
-    result["eval_sets"] = {n: str(Path(eval_dir).resolve() / f"{n}.jsonl") for n in names}
+    result["eval_sets"] = {n: str(eval_dir.resolve() / f"{n}.jsonl") for n in local}
     save_results(result, out_json)
     logger.info(
         "evaluated %s on %d tasks in %.1f s -> %s",
         model_dir,
-        len(tasks),
+        len(tasks) + len(standard),
         time.perf_counter() - t0,
         out_json,
     )

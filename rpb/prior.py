@@ -63,6 +63,7 @@ class RouterPrior:
     hidden_size: int
     kind: str
     decoder_layers: list[int] = field(default_factory=list)
+    source: str | None = field(default=None, compare=False, repr=False)  # file it was loaded from
 
     def __post_init__(self) -> None:
         L, E, H = self.num_layers, self.num_experts, self.hidden_size
@@ -158,6 +159,7 @@ class RouterPrior:
                 usage=tensors["usage"],
                 coactivation=tensors["coactivation"],
                 **{k: meta[k] for k in _META_FIELDS},
+                source=str(path),
             )
         except (KeyError, ValueError, TypeError) as e:
             raise ValueError(f"corrupt router prior file {path}: {e}") from e
@@ -182,7 +184,8 @@ class RouterPrior:
         ]
         if bad:
             raise ValueError(
-                f"router prior of {self.model_id} does not match the model: " + "; ".join(bad)
+                f"router prior {self.source or ''} of {self.model_id} does not match the model: "
+                + "; ".join(bad)
             )
 
 

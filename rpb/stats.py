@@ -26,7 +26,6 @@ def two_way_bootstrap_ci(
     n_seeds, n_items = scores.shape
     rng = np.random.default_rng(seed)
     means = np.empty(n_resamples)
-    # Row/column sums of the resampled index sets give the mean without building each replicate.
     for r in range(n_resamples):
         rows = rng.integers(0, n_seeds, n_seeds)
         cols = rng.integers(0, n_items, n_items)

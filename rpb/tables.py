@@ -108,4 +108,21 @@ def build_table1(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     out_csv.with_suffix(".md").write_text(
         header + table.to_markdown(index=False, floatfmt=".2f") + "\n"
     )
+    plot_table1_coactivation(results, spec, out_csv.parent / "figures" / "table1_coactivation")
     return table
+
+
+def plot_table1_coactivation(results: Path, spec: dict[str, Any], path_stem: Path) -> list[Path]:
+    """Co-activation heatmaps of the base and each method (first seed) on the same probe set."""
+    from safetensors.torch import load_file
+
+    from rpb.figures import plot_coactivation_heatmaps
+
+    model, corpus, seed = spec["model"], spec["corpus"], spec["seeds"][0]
+    analysis = Path(results) / "analysis" / model / corpus
+    named = {"base": load_file(analysis / "base" / "seed0.safetensors")["counts"].numpy()}
+    for label in spec["methods"]:
+        path = analysis / label / f"seed{seed}.safetensors"
+        named[f"{label} (seed {seed})"] = load_file(path)["counts"].numpy()
+    path_stem.parent.mkdir(parents=True, exist_ok=True)
+    return plot_coactivation_heatmaps(named, path_stem, base="base")

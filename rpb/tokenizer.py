@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from rpb.data import EOS_TOKEN, PAD_TOKEN, TOKEN_PATTERN, vocabulary
 
@@ -49,3 +49,12 @@ def build_tokenizer(out_dir: Path | None = None) -> PreTrainedTokenizerFast:
     if out_dir is not None:
         tokenizer.save_pretrained(str(out_dir))
     return tokenizer
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, text: str, where: str) -> list[int]:
+    """Token ids of `text` (no special tokens); an untokenizable text raises naming `where`
+    (e.g. "corpus.jsonl:12"), since the fast tokenizer's own error names neither."""
+    try:
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+    except Exception as err:  # tokenizers raises its own exception types
+        raise ValueError(f"{where}: cannot tokenize {text[:60]!r} ({err})") from None

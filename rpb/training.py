@@ -34,6 +34,7 @@ from rpb.architectures import build_config
 from rpb.data import load_jsonl
 from rpb.methods import RouterMethod, make_method
 from rpb.prior import RouterPrior
+from rpb.tokenizer import encode
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +113,9 @@ def tokenize_prompt_completion(
     rows = load_jsonl(path, required_keys=("prompt", "completion"))
     eos = tokenizer.eos_token_id
     examples = []
-    for row in rows:
-        prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
-        answer = tokenizer(row["completion"], add_special_tokens=False)["input_ids"] + [eos]
+    for line, row in enumerate(rows, start=1):
+        prompt = encode(tokenizer, row["prompt"], f"{path}:{line}")
+        answer = [*encode(tokenizer, row["completion"], f"{path}:{line}"), eos]
         ids = (prompt + answer)[:max_length]
         labels = ([IGNORE_INDEX] * len(prompt) + answer)[:max_length]
         examples.append({"input_ids": ids, "labels": labels})

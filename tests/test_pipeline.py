@@ -78,6 +78,7 @@ def test_table1_shape_and_finite(smoke_results: Path) -> None:
     paper = dict(zip(table["method"], table["paper_in_domain"], strict=True))
     assert paper["rpb"] == 45.77 and paper["lbl"] == 31.91 and paper["none"] == 29.44
     assert math.isnan(paper["base"])
+    assert (smoke_results / "figures" / "table1_coactivation.png").stat().st_size > 0
     # The base compared with itself retains its co-activation structure exactly.
     assert table.loc[0, "coact_cosine"] == pytest.approx(1.0)
 

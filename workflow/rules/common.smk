@@ -2,13 +2,17 @@
 
 import json
 import os
+import shlex
+import sys
 
-from snakemake.utils import validate
+from rpb.config_check import ConfigError, check_config
 
-from rpb.config_check import check_config
-
-validate(config, schema="../schemas/config.schema.yaml")
-check_config(config)
+# Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
+# (Snakemake prints sys.exit's message to stderr as is and exits 1).
+try:
+    check_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+except ConfigError as err:
+    sys.exit(f"config error: {err}")
 
 RESULTS = config.get("results_dir", "results")
 SEEDS = config["seeds"]
@@ -40,7 +44,7 @@ wildcard_constraints:
 
 def as_json(value):
     """Quote a params value for a shell command line."""
-    return "'" + json.dumps(value, sort_keys=True).replace("'", "'\\''") + "'"
+    return shlex.quote(json.dumps(value, sort_keys=True))
 
 
 def model_dir(model, method, corpus, seed):
@@ -48,6 +52,17 @@ def model_dir(model, method, corpus, seed):
     if method == "base":
         return f"{RESULTS}/models/{model}/base/model"
     return f"{RESULTS}/runs/{model}/{corpus}/{method}/seed{seed}/model"
+
+
+def evaluated_model(wildcards):
+    return model_dir(
+        wildcards.model, wildcards.method, wildcards.corpus, wildcards.seed
+    )
+
+
+def parent_dir(path):
+    """A params function: the folder of an output (a job's run folder)."""
+    return lambda wildcards, output: os.path.dirname(output[path])
 
 
 def method_entry(method):

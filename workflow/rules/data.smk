@@ -8,8 +8,10 @@ rule tracking_init:
         f"{RESULTS}/logs/tracking_init.log",
     conda:
         CONDA_ENV
+    params:
+        track=TRACK,
     shell:
-        "rpb init-tracking {TRACK} > {log} 2>&1"
+        "rpb init-tracking {params.track} > {log} 2>&1"
 
 
 rule corpora:
@@ -23,9 +25,10 @@ rule corpora:
     conda:
         CONDA_ENV
     params:
-        out=f"{RESULTS}/data",
+        track=TRACK,
+        out=parent_dir("manifest"),
         seed=config["data"]["seed"],
         preset=config["data"]["preset"],
     shell:
-        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset} {TRACK}"
+        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset} {params.track}"
         " > {log} 2>&1"

@@ -1,10 +1,6 @@
 # lm-evaluation-harness evaluation and co-activation analysis of every model the tables need.
 
 
-def evaluated_model(wc):
-    return model_dir(wc.model, wc.method, wc.corpus, wc.seed)
-
-
 rule evaluate:
     input:
         TRACKING_READY,
@@ -20,6 +16,7 @@ rule evaluate:
     resources:
         mem_mb=4000,
     params:
+        track=TRACK,
         eval_dir=f"{RESULTS}/data/eval",
         tasks=",".join(eval_tasks()),
         limit=config["evaluation"].get("limit") or 0,
@@ -29,7 +26,7 @@ rule evaluate:
         "rpb eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
         " --tasks {params.tasks} --limit {params.limit} --batch-size {params.batch_size}"
-        " --work {params.work} --out {output} {TRACK} > {log} 2>&1"
+        " --work {params.work} --out {output} {params.track} > {log} 2>&1"
 
 
 rule analyze:
@@ -50,6 +47,7 @@ rule analyze:
     resources:
         mem_mb=4000,
     params:
+        track=TRACK,
         eval_dir=f"{RESULTS}/data/eval",
         tasks=",".join(config.get("analysis", {}).get("probe_tasks", eval_tasks())),
         limit=config.get("analysis", {}).get("probe_limit", 200),
@@ -57,4 +55,4 @@ rule analyze:
         "rpb analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"
         " --prior {input.prior} --eval-dir {params.eval_dir} --tasks {params.tasks}"
-        " --limit {params.limit} --out {output.summary} {TRACK} > {log} 2>&1"
+        " --limit {params.limit} --out {output.summary} {params.track} > {log} 2>&1"

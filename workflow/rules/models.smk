@@ -19,8 +19,9 @@ rule pretrain_base:
     resources:
         mem_mb=4000,
     params:
+        track=TRACK,
         corpus=f"{RESULTS}/data/pretrain.jsonl",
-        out=f"{RESULTS}/models/{{model}}/base",
+        out=parent_dir("history"),
         model_type=lambda wc: config["models"][wc.model]["model_type"],
         architecture=lambda wc: as_json(config["models"][wc.model]["architecture"]),
         spec=lambda wc: as_json(pretrain_spec(wc.model)),
@@ -28,7 +29,7 @@ rule pretrain_base:
     shell:
         "rpb pretrain --name {wildcards.model} --model-type {params.model_type}"
         " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
-        " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out} {TRACK}"
+        " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out} {params.track}"
         " > {log} 2>&1"
 
 
@@ -47,7 +48,8 @@ rule extract_prior:
     resources:
         mem_mb=4000,
     params:
+        track=TRACK,
         corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
     shell:
         "rpb prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
-        " --out {output.prior} {TRACK} > {log} 2>&1"
+        " --out {output.prior} {params.track} > {log} 2>&1"

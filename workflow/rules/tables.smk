@@ -7,14 +7,21 @@ rule table1:
     output:
         csv=f"{RESULTS}/table1.csv",
         md=f"{RESULTS}/table1.md",
+        heatmaps=report(
+            f"{RESULTS}/figures/table1_coactivation.png",
+            caption="../report/coactivation.rst",
+            category="Table 1",
+        ),
     log:
         f"{RESULTS}/logs/table1.log",
     conda:
         CONDA_ENV
     params:
+        track=TRACK,
         spec=lambda wc: as_json(
             {
                 "model": config["table1"]["model"],
+                "family": config["models"][config["table1"]["model"]]["family"],
                 "corpus": config["table1"]["corpus"],
                 "methods": config["table1"]["methods"],
                 "seeds": SEEDS,
@@ -23,10 +30,10 @@ rule table1:
                 "scale": config["scale"],
             }
         ),
-        results=RESULTS,
+        results=parent_dir(0),
     shell:
         "rpb table1 --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {TRACK} > {log} 2>&1"
+        " {params.track} > {log} 2>&1"
 
 
 rule testbed_report:
@@ -40,6 +47,7 @@ rule testbed_report:
     conda:
         CONDA_ENV
     params:
+        track=TRACK,
         spec=lambda wc: as_json(
             {
                 "models": PRETRAINED_MODELS,
@@ -48,7 +56,7 @@ rule testbed_report:
                 "tasks": eval_tasks(),
             }
         ),
-        results=RESULTS,
+        results=parent_dir(0),
     shell:
         "rpb testbed --results {params.results} --spec {params.spec} --out {output.md}"
-        " {TRACK} > {log} 2>&1"
+        " {params.track} > {log} 2>&1"

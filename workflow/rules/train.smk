@@ -19,12 +19,14 @@ rule posttrain:
     resources:
         mem_mb=4000,
     params:
+        track=TRACK,
+        launcher=TRAIN_LAUNCHER,
         corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
-        out=f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}",
+        out=parent_dir("history"),
         method=lambda wc: as_json(method_entry(wc.method)),
         spec=lambda wc: as_json(posttrain_spec(wc.seed)),
     shell:
-        "{TRAIN_LAUNCHER} train --name {wildcards.model} --label {wildcards.method}"
+        "{params.launcher} train --name {wildcards.model} --label {wildcards.method}"
         " --base {input.base} --prior {input.prior}"
         " --corpus {params.corpus} --corpus-name {wildcards.corpus} --method {params.method}"
-        " --spec {params.spec} --out {params.out} {TRACK} > {log} 2>&1"
+        " --spec {params.spec} --out {params.out} {params.track} > {log} 2>&1"

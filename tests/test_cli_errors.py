@@ -1,0 +1,233 @@
+"""Bad job inputs end the `rpb` CLI with exit code 2, one stderr line naming the file (and line),
+and a FAILED MLflow run, instead of a traceback.
+
+Everything runs in-process on two tiny random qwen3_moe bases (8 and 4 experts) saved with the
+testbed tokenizer; one MLflow sqlite store is shared by the module (creating one costs seconds)
+and each test logs to its own experiment, so its run is the only one there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rpb.architectures import random_model
+from rpb.cli import main
+from rpb.tokenizer import build_tokenizer
+
+CORPUS_LINES = [{"prompt": f"SumOf{a}And{a + 1}?", "completion": str(2 * a + 1)} for a in (10, 20)]
+SPEC = json.dumps({"steps": 1, "batch_size": 2, "lr": 1e-3, "max_length": 16})
+
+
+def _write_jsonl(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """Two saved bases, a valid corpus, a tracking store and a real prior of the 4-expert base."""
+    import mlflow
+    from transformers.utils import logging as hf_logging
+
+    root = tmp_path_factory.mktemp("cli_errors")
+    tok = build_tokenizer()
+    bases = {}
+    for name, experts in (("tiny8", 8), ("tiny4", 4)):
+        model = random_model(
+            "qwen3_moe",
+            seed=0,
+            num_experts=experts,
+            vocab_size=len(tok),
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            bos_token_id=None,
+        )
+        bases[name] = root / "models" / name / "base" / "model"
+        model.save_pretrained(bases[name])
+        tok.save_pretrained(bases[name])
+    # Progress bars would be extra stderr lines; the pipeline's logs keep them, this test doesn't.
+    hf_logging.disable_progress_bar()
+    previous_uri = mlflow.get_tracking_uri()
+    world = {
+        "root": root,
+        "bases": bases,
+        "corpus": _write_jsonl(root / "math.jsonl", CORPUS_LINES),
+        "uri": f"sqlite:///{root / 'm.db'}",
+    }
+    world["prior4"] = root / "priors" / "tiny4" / "math.safetensors"
+    world["prior_rc"] = main(
+        [
+            "prior",
+            *("--tracking-uri", world["uri"], "--experiment", "valid_prior"),
+            *("--name", "tiny4", "--model", str(bases["tiny4"])),
+            *("--corpus", str(world["corpus"]), "--out", str(world["prior4"])),
+        ]
+    )
+    yield world
+    hf_logging.enable_progress_bar()
+    mlflow.set_tracking_uri(previous_uri)
+
+
+def _new_experiment(world: dict, name: str) -> None:
+    """Create the job's experiment first, as `rpb init-tracking` does before the pipeline's jobs
+    (else MLflow's own logger reports creating it on stderr)."""
+    from mlflow.tracking import MlflowClient
+
+    MlflowClient(tracking_uri=world["uri"]).create_experiment(name)
+
+
+def _prior(world: dict, corpus: Path, experiment: str) -> int:
+    _new_experiment(world, experiment)
+    out = world["root"] / "priors" / experiment / "math.safetensors"
+    return main(
+        [
+            "prior",
+            *("--tracking-uri", world["uri"], "--experiment", experiment),
+            *("--name", "tiny8", "--model", str(world["bases"]["tiny8"])),
+            *("--corpus", str(corpus), "--out", str(out)),
+        ]
+    )
+
+
+def _train(
+    world: dict, corpus: Path, experiment: str, prior: Path | None = None, method: str = "none"
+) -> int:
+    _new_experiment(world, experiment)
+    args = [
+        "train",
+        *("--tracking-uri", world["uri"], "--experiment", experiment),
+        *("--name", "tiny8", "--label", method, "--base", str(world["bases"]["tiny8"])),
+        *("--corpus", str(corpus), "--corpus-name", "math"),
+        *("--method", json.dumps({"name": method}), "--spec", SPEC),
+        *("--out", str(world["root"] / "runs" / experiment)),
+    ]
+    if prior is not None:
+        args += ["--prior", str(prior)]
+    return main(args)
+
+
+def _run_status(world: dict, experiment: str) -> str:
+    """Status of the only run in `experiment`."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=world["uri"])
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, f"no MLflow experiment {experiment}"
+    runs = client.search_runs([found.experiment_id])
+    assert len(runs) == 1, [r.info.run_name for r in runs]
+    return runs[0].info.status
+
+
+def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"rpb {command}: error: "), lines[0]
+    assert "Traceback" not in err
+    return lines[0]
+
+
+def _run(world: dict, command: str, corpus: Path, experiment: str) -> int:
+    return (
+        _prior(world, corpus, experiment)
+        if command == "prior"
+        else _train(world, corpus, experiment)
+    )
+
+
+def test_valid_prior_run_finishes(world: dict) -> None:
+    """The fixture's own `rpb prior` worked: the FAILED checks below are not vacuous."""
+    assert world["prior_rc"] == 0
+    assert world["prior4"].is_file()
+    assert _run_status(world, "valid_prior") == "FINISHED"
+
+
+BAD_LINES = {
+    "malformed_json": ('{"prompt": "SumOf1And2?", "completion": ', ":2: malformed JSON line"),
+    "not_an_object": ('["SumOf1And2?", "3"]', ":2: expected a JSON object"),
+    "missing_key": ({"prompt": "SumOf1And2?"}, ":2: missing key(s) ['completion']"),
+}
+
+
+@pytest.mark.parametrize("command", ["prior", "train"])
+@pytest.mark.parametrize("case", list(BAD_LINES))
+def test_bad_corpus_line_names_file_and_line(
+    world: dict, capsys: pytest.CaptureFixture[str], command: str, case: str
+) -> None:
+    bad_line, problem = BAD_LINES[case]
+    corpus = _write_jsonl(world["root"] / f"{case}_{command}.jsonl", [CORPUS_LINES[0], bad_line])
+    experiment = f"{case}_{command}"
+    assert _run(world, command, corpus, experiment) == 2
+    assert f"{corpus}{problem}" in _one_error_line(capsys, command)
+    assert _run_status(world, experiment) == "FAILED"
+
+
+@pytest.mark.parametrize("command", ["prior", "train"])
+def test_empty_corpus_names_file(
+    world: dict, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    corpus = world["root"] / f"empty_{command}.jsonl"
+    corpus.write_text("")
+    assert _run(world, command, corpus, f"empty_{command}") == 2
+    assert f"{corpus}: empty file" in _one_error_line(capsys, command)
+    assert _run_status(world, f"empty_{command}") == "FAILED"
+
+
+def test_missing_corpus_names_file(world: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    corpus = world["root"] / "no_such_corpus.jsonl"
+    assert _train(world, corpus, "missing_corpus") == 2
+    assert str(corpus) in _one_error_line(capsys, "train")
+    assert _run_status(world, "missing_corpus") == "FAILED"
+
+
+def _corrupt_prior(world: dict, how: str) -> Path:
+    path = world["root"] / f"{how}.safetensors"
+    if how == "garbage":
+        path.write_bytes(b"\x00\x01 not a safetensors file " * 8)
+    else:  # a real prior cut short, as a killed copy would leave it
+        data = world["prior4"].read_bytes()
+        path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+@pytest.mark.parametrize("how", ["garbage", "truncated"])
+def test_corrupt_prior_names_file(
+    world: dict, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    prior = _corrupt_prior(world, how)
+    assert _train(world, world["corpus"], f"corrupt_{how}", prior=prior, method="rpb") == 2
+    line = _one_error_line(capsys, "train")
+    assert str(prior) in line and "corrupt" in line
+    assert _run_status(world, f"corrupt_{how}") == "FAILED"
+
+
+def test_prior_of_another_model_is_rejected(
+    world: dict, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc = _train(world, world["corpus"], "mismatch", prior=world["prior4"], method="rpb")
+    assert rc == 2
+    line = _one_error_line(capsys, "train")
+    assert "experts 4 (prior) vs 8 (model)" in line
+    assert _run_status(world, "mismatch") == "FAILED"
+
+
+def test_prior_of_another_model_names_file(world: dict, capsys: pytest.CaptureFixture[str]) -> None:
+    _train(world, world["corpus"], "mismatch_file", prior=world["prior4"], method="rpb")
+    assert str(world["prior4"]) in _one_error_line(capsys, "train")
+
+
+@pytest.mark.parametrize("command", ["prior", "train"])
+def test_out_of_vocabulary_symbol_names_file_and_line(
+    world: dict, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    corpus = _write_jsonl(
+        world["root"] / f"oov_{command}.jsonl",
+        [CORPUS_LINES[0], {"prompt": "SumOf1And2\u20ac?", "completion": "3"}],
+    )
+    assert _run(world, command, corpus, f"oov_{command}") == 2
+    assert f"{corpus}:2:" in _one_error_line(capsys, command)

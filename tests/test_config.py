@@ -1,0 +1,378 @@
+"""Config validation: every bad config is rejected before any job runs, in one line naming its key.
+
+Most cases call `check_config` in-process (fast); three run `snakemake -n` on a bad configfile to
+check what a user actually sees: one stderr line, no traceback, a non-zero exit.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rpb.config_check import (
+    METHOD_FAMILIES,
+    METHOD_OPTIONS,
+    NO_STRENGTH,
+    ConfigError,
+    check_config,
+    format_key_path,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+DELETE = object()
+
+
+def _load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "config" / name).read_text())
+
+
+BASE = _load("config.yaml")
+
+
+def _set(*path: Any, value: Any) -> Callable[[dict], None]:
+    """A mutation that sets (or, with DELETE, removes) the key at `path`."""
+
+    def apply(config: dict) -> None:
+        node = config
+        for key in path[:-1]:
+            node = node[key]
+        if value is DELETE:
+            del node[path[-1]]
+        else:
+            node[path[-1]] = value
+
+    where = format_key_path(path)
+    apply.__doc__ = f"delete {where}" if value is DELETE else f"{where}: {json.dumps(value)}"
+    return apply
+
+
+HUB_MODEL = {
+    "family": "A",
+    "source": "hub",
+    "model_type": "deepseek_v3",
+    "hf_id": "moonshotai/Moonlight-16B-A3B",
+}
+
+# id -> (mutation of config/config.yaml, expected message start, expected fragment).
+BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
+    "unknown_method": (_set("methods", "foo", value={}), "methods.foo:", "unknown method 'foo'"),
+    "misspelled_method": (
+        _set("methods", "rbp", value={"strength": 1.0}),
+        "methods.rbp:",
+        "did you mean 'rpb'",
+    ),
+    "unknown_kind": (
+        _set("methods", "rpb_half", value={"kind": "rpb_half"}),
+        "methods.rpb_half.kind:",
+        "is not one of",
+    ),
+    "negative_strength": (
+        _set("methods", "rpb", "strength", value=-1),
+        "methods.rpb.strength:",
+        "-1 is less than the minimum of 0",
+    ),
+    "text_strength": (
+        _set("methods", "rpb", "strength", value="high"),
+        "methods.rpb.strength:",
+        "'high' is not of type 'number'",
+    ),
+    "yaml_exponent_strength": (
+        _set("methods", "lbl", "strength", value="1e-3"),
+        "methods.lbl.strength:",
+        "write 0.001",
+    ),
+    "nan_strength": (
+        _set("methods", "rpb", "strength", value=float("nan")),
+        "methods.rpb.strength:",
+        "not a finite number",
+    ),
+    "bool_strength": (
+        _set("methods", "rpb", "strength", value=True),
+        "methods.rpb.strength:",
+        "true is not of type 'number'",
+    ),
+    "strength_on_none": (
+        _set("methods", "none", "strength", value=0.5),
+        "methods.none.strength:",
+        "takes no strength",
+    ),
+    "unknown_option": (
+        _set("methods", "rpb", "options", value={"bias_at": "logits"}),
+        "methods.rpb.options.bias_at:",
+        "unknown option of method 'rpb'",
+    ),
+    "bad_option_value": (
+        _set("methods", "rpb", "options", value={"bias_on": "gates"}),
+        "methods.rpb.options.bias_on:",
+        "'gates' is not one of ['selection', 'logits']",
+    ),
+    "reserved_label": (
+        _set("methods", "base", value={"kind": "none"}),
+        "methods.base:",
+        "reserved",
+    ),
+    "uppercase_label": (_set("methods", "RPB", value={}), "methods.RPB:", "name must match"),
+    "no_methods": (_set("methods", value={}), "methods:", "non-empty"),
+    "method_null": (
+        _set("methods", "none", value=None),
+        "methods.none:",
+        "null is not of type 'object' (write {}",
+    ),
+    "table1_misspelled_model": (
+        _set("table1", "model", value="tinya"),
+        "table1.model:",
+        "did you mean 'tinyA'",
+    ),
+    "table1_missing_model": (
+        _set("table1", "model", value=DELETE),
+        "table1.model:",
+        "missing required key",
+    ),
+    "table1_unknown_method": (
+        _set("table1", "methods", value=["none", "lbl", "rbp"]),
+        "table1.methods:",
+        "'rbp' is not a key of methods (did you mean 'rpb'?",
+    ),
+    "table1_duplicate_method": (
+        _set("table1", "methods", value=["none", "rpb", "rpb"]),
+        "table1.methods:",
+        "'rpb' is listed twice",
+    ),
+    "table1_corpus_not_evaluated": (
+        _set("table1", "corpus", value="math2"),
+        "table1.corpus:",
+        "must be one of evaluation.in_domain",
+    ),
+    "unknown_corpus": (_set("table1", "corpus", value="gsm8k"), "table1.corpus:", "not one of"),
+    "unknown_top_level_key": (_set("sedes", value=[0]), "sedes:", "did you mean 'seeds'"),
+    "unknown_nested_key": (
+        _set("posttrain", "stepz", value=3),
+        "posttrain.stepz:",
+        "did you mean 'steps'",
+    ),
+    "unknown_deep_key": (
+        _set("models", "tinyA", "pretrain", "learning_rate", value=0.1),
+        "models.tinyA.pretrain.learning_rate:",
+        "unknown key",
+    ),
+    "missing_top_level_section": (
+        _set("posttrain", value=DELETE),
+        "posttrain:",
+        "missing required key",
+    ),
+    "seed_fraction": (_set("seeds", value=[0, 1.5]), "seeds[1]:", "not of type 'integer'"),
+    "seed_float_integral": (_set("seeds", value=[0, 1.0]), "seeds[1]:", "not of type 'integer'"),
+    "seed_negative": (_set("seeds", value=[-1, 0]), "seeds[0]:", "less than the minimum of 0"),
+    "seed_duplicate": (_set("seeds", value=[0, 1, 0]), "seeds:", "duplicate value 0"),
+    "seed_text": (_set("seeds", value="0,1,2"), "seeds:", "not of type 'array'"),
+    "seeds_empty": (_set("seeds", value=[]), "seeds:", "non-empty"),
+    "ood_empty": (_set("evaluation", "ood", value=[]), "evaluation.ood:", "non-empty"),
+    "in_domain_empty": (
+        _set("evaluation", "in_domain", value=[]),
+        "evaluation.in_domain:",
+        "non-empty",
+    ),
+    "unknown_eval_task": (
+        _set("evaluation", "ood", value=["addition", "arc_challenge"]),
+        "evaluation.ood[1]:",
+        "'arc_challenge' is not one of",
+    ),
+    "duplicate_eval_task": (
+        _set("evaluation", "ood", value=["facts", "sort", "facts"]),
+        "evaluation.ood:",
+        "'facts' is listed twice",
+    ),
+    "eval_limit_zero": (_set("evaluation", "limit", value=0), "evaluation.limit:", "minimum of 1"),
+    "unknown_probe_task": (
+        _set("analysis", "probe_tasks", value=["math", "mmlu"]),
+        "analysis.probe_tasks[1]:",
+        "not one of",
+    ),
+    "bad_model_type": (
+        _set("models", "tinyB", "model_type", value="qwen3"),
+        "models.tinyB.model_type:",
+        "'qwen3' is not one of",
+    ),
+    "bad_family": (_set("models", "tinyB", "family", value="C"), "models.tinyB.family:", "not one"),
+    "hub_without_revision": (
+        _set("models", "moonlight", value=HUB_MODEL),
+        "models.moonlight.revision:",
+        "required when source is 'hub'",
+    ),
+    "pretrain_without_architecture": (
+        _set("models", "tinyA", "architecture", value=DELETE),
+        "models.tinyA.architecture:",
+        "required when source is 'pretrain'",
+    ),
+    "model_name_not_a_wildcard": (
+        _set("models", "tiny-A", value=copy.deepcopy(BASE["models"]["tinyA"])),
+        "models.tiny-A:",
+        "letters, digits and _",
+    ),
+    "trust_remote_code_text": (
+        _set("models", "tinyA", "trust_remote_code", value="yes"),
+        "models.tinyA.trust_remote_code:",
+        "not of type 'boolean'",
+    ),
+    "section_wrong_type": (_set("tracking", value="mlflow"), "tracking:", "not of type 'object'"),
+    "zero_lr": (_set("posttrain", "lr", value=0), "posttrain.lr:", "less than or equal to"),
+    "zero_steps": (_set("posttrain", "steps", value=0), "posttrain.steps:", "minimum of 1"),
+    "max_length_over_positions": (
+        _set("posttrain", "max_length", value=200),
+        "posttrain.max_length:",
+        "exceeds models.tinyA.architecture.max_position_embeddings (128)",
+    ),
+    "threads_text": (_set("threads_per_job", value="2"), "threads_per_job:", "not of type"),
+    "unknown_scale": (_set("scale", value="huge"), "scale:", "not one of"),
+    "unknown_preset": (_set("data", "preset", value="large"), "data.preset:", "not one of"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_config_is_one_line_naming_the_key(case: str) -> None:
+    mutate, where, fragment = BAD[case]
+    config = copy.deepcopy(BASE)
+    mutate(config)
+    with pytest.raises(ConfigError) as info:
+        check_config(config, SCHEMA)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(where + " "), message
+    assert fragment in message, message
+
+
+def test_not_a_mapping_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"^\(top level\): null is not of type 'object'"):
+        check_config(None, SCHEMA)  # type: ignore[arg-type]
+
+
+def test_several_errors_report_the_first_and_count_the_rest() -> None:
+    config = copy.deepcopy(BASE)
+    config["seeds"] = [-1, 0]
+    config["posttrain"]["steps"] = 0
+    with pytest.raises(ConfigError, match=r"\(\+1 more\)$"):
+        check_config(config, SCHEMA)
+
+
+def test_missing_schema_names_it(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
+        check_config(copy.deepcopy(BASE), tmp_path / "nope.yaml")
+
+
+def _merged(*names: str) -> dict[str, Any]:
+    """Configfiles merged the way Snakemake merges `--configfile` over the Snakefile's one."""
+    from snakemake.utils import update_config
+
+    config: dict[str, Any] = {}
+    for name in names:
+        update_config(config, _load(name))
+    return config
+
+
+@pytest.mark.parametrize("names", [("config.yaml",), ("config.yaml", "smoke.yaml")])
+def test_shipped_configs_pass_and_get_snakemakes_defaults(names: tuple[str, ...]) -> None:
+    from snakemake.utils import validate
+
+    ours, theirs = _merged(*names), _merged(*names)
+    check_config(ours, SCHEMA)
+    validate(theirs, str(SCHEMA))  # what the Snakefile used to call: same defaults, same order
+    assert ours == theirs
+    assert ours["models"]["tinyA"]["trust_remote_code"] is False
+    assert ours["evaluation"]["batch_size"] in (32, 64)
+
+
+def test_valid_variants_pass() -> None:
+    config = copy.deepcopy(BASE)
+    config["models"]["moonlight"] = {**HUB_MODEL, "revision": "0" * 40}
+    config["methods"]["rpb_logits"] = {
+        "kind": "rpb",
+        "strength": 0.5,
+        "options": {"bias_on": "logits", "keep_bias_at_eval": True},
+    }
+    config["methods"]["adaptive"] = {"kind": "rpb_adaptive", "options": {"update_rate": 0.01}}
+    config["methods"]["hard"] = {"options": {"gate_from": "base"}}
+    config["table1"]["methods"] = ["none", "rpb", "rpb_logits", "hard"]
+    check_config(config, SCHEMA)
+    assert config["tracking"]["experiment"] == "rpb"
+
+
+def test_posttrain_length_is_checked_against_the_trained_model_only() -> None:
+    """Paper-scale configs keep the inert tiny entries: their short position tables must not
+    reject a long post-training length meant for the hub model."""
+    config = copy.deepcopy(BASE)
+    config["models"]["tinyB"]["architecture"]["max_position_embeddings"] = 16
+    check_config(config, SCHEMA)  # table 1 trains tinyA (128 positions), max_length 48
+    config["table1"]["model"] = "tinyB"
+    with pytest.raises(ConfigError, match=r"^posttrain\.max_length: 48 exceeds models\.tinyB"):
+        check_config(config, SCHEMA)
+
+
+def test_format_key_path() -> None:
+    assert format_key_path(["methods", "rpb", "strength"]) == "methods.rpb.strength"
+    assert format_key_path(["evaluation", "ood", 1]) == "evaluation.ood[1]"
+    assert format_key_path([]) == "(top level)"
+
+
+def test_method_tables_match_the_library() -> None:
+    """config_check keeps its own copy of the method registry (importing it is slow): in sync?"""
+    from rpb.methods import _CHOICES, METHODS
+
+    assert set(METHOD_FAMILIES) == set(METHODS)
+    assert set(NO_STRENGTH) == {name for name, cls in METHODS.items() if not cls.uses_strength}
+    for name, cls in METHODS.items():
+        assert set(METHOD_OPTIONS[name]) == set(cls.option_defaults), name
+        for key, default in cls.option_defaults.items():
+            rule = METHOD_OPTIONS[name][key]
+            if key in _CHOICES:
+                assert rule == tuple(_CHOICES[key]), (name, key)
+            else:
+                assert rule is type(default), (name, key)
+
+
+# --- what a user sees from snakemake ----------------------------------------------------------
+
+SNAKEMAKE_CASES = {
+    "nested_value": (
+        "methods:\n  rpb: {strength: -1}\n",
+        "config error: methods.rpb.strength: -1 is less than the minimum of 0",
+    ),
+    "unknown_top_level_key": (
+        "sedes: [0, 1]\n",
+        "config error: sedes: unknown key (did you mean 'seeds'?)",
+    ),
+    "cross_key": (
+        "table1: {model: tinyC, corpus: math, methods: [none]}\n",
+        "config error: table1.model: 'tinyC' is not a key of models",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SNAKEMAKE_CASES))
+def test_snakemake_dry_run_prints_one_line(case: str, tmp_path: Path) -> None:
+    text, expected = SNAKEMAKE_CASES[case]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(bad)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(expected), lines[0]
+    assert "Traceback" not in proc.stdout + proc.stderr
