@@ -58,6 +58,11 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "hard": {"gate_from": ("live", "base"), "keep_bias_at_eval": bool},
 }
 RESERVED_METHOD_LABELS = ("base",)
+# The tiny testbed's eval sets (rpb.data); any other evaluation name is a standard lm-eval task.
+TINY_EVAL_SETS = {
+    "in_domain": ("math", "math2"),
+    "ood": ("addition", "facts", "reverse", "sort", "grammar"),
+}
 # Must match the `model` wildcard constraint in workflow/rules/common.smk, or no rule would match.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_]+")
 # PyYAML (YAML 1.1, which Snakemake uses) reads `1e-3` as a string; it needs `1.0e-3`.
@@ -265,10 +270,17 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
             raise ConfigError(f"models.{name}: model names may use only letters, digits and _")
     for label, entry in config["methods"].items():
         _check_method(label, entry or {})
+    standard = (config["evaluation"].get("lm_eval") or {}).get("tasks") or {}
     for key in ("in_domain", "ood"):
         dup = _duplicate(config["evaluation"][key])
         if dup is not None:
             raise ConfigError(f"evaluation.{key}: '{dup}' is listed twice")
+        for i, name in enumerate(config["evaluation"][key]):
+            if name not in TINY_EVAL_SETS[key] and name not in standard:
+                raise ConfigError(
+                    f"evaluation.{key}[{i}]: '{name}' is neither an eval set "
+                    f"({', '.join(TINY_EVAL_SETS[key])}) nor a task of evaluation.lm_eval.tasks"
+                )
     probe = (config.get("analysis") or {}).get("probe_tasks") or []
     if _duplicate(probe) is not None:
         raise ConfigError(f"analysis.probe_tasks: '{_duplicate(probe)}' is listed twice")

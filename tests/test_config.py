@@ -185,7 +185,7 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "unknown_eval_task": (
         _set("evaluation", "ood", value=["addition", "arc_challenge"]),
         "evaluation.ood[1]:",
-        "'arc_challenge' is not one of",
+        "'arc_challenge' is neither an eval set",
     ),
     "duplicate_eval_task": (
         _set("evaluation", "ood", value=["facts", "sort", "facts"]),

@@ -5,7 +5,7 @@ rule evaluate:
     input:
         TRACKING_READY,
         model=evaluated_model,
-        manifest=f"{RESULTS}/data/manifest.json",
+        data=EVAL_INPUTS,
     output:
         f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
     log:
@@ -35,7 +35,7 @@ rule analyze:
         model=evaluated_model,
         base=f"{RESULTS}/models/{{model}}/base/model",
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
-        manifest=f"{RESULTS}/data/manifest.json",
+        data=PROBE_INPUTS,
     output:
         summary=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
         counts=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.safetensors",

@@ -37,7 +37,7 @@ rule extract_prior:
     input:
         TRACKING_READY,
         model=f"{RESULTS}/models/{{model}}/base/model",
-        manifest=f"{RESULTS}/data/manifest.json",
+        data=CORPUS_INPUTS,
     output:
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
     log:

@@ -6,6 +6,7 @@ rule posttrain:
         TRACKING_READY,
         base=f"{RESULTS}/models/{{model}}/base/model",
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+        data=CORPUS_INPUTS,
     output:
         model=directory(
             f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/model"

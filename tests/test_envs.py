@@ -1,0 +1,104 @@
+"""envs/*.yaml agree with pyproject.toml: every project dependency with the same name and version
+specifier, torch pinned to the Makefile's version, extras only as pyproject declares them, and a
+post-deploy script that installs the project. conda is not installed on the development machines,
+so the files are checked, not built."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+
+ROOT = Path(__file__).resolve().parents[1]
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+ENVS = sorted((ROOT / "envs").glob("*.yaml"))
+# Paper-scale packages no pyproject group declares yet; once pyproject gets them (e.g. a `paper`
+# extra), the extras check below holds them to pyproject's specifier instead.
+ENV_ONLY = {"paper.yaml": {"tiktoken"}}
+
+
+def _requirements(specs: list[str]) -> dict[str, Requirement]:
+    reqs = [Requirement(s) for s in specs]
+    names = [canonicalize_name(r.name) for r in reqs]
+    dup = {n for n in names if names.count(n) > 1}
+    assert not dup, f"listed twice: {dup}"
+    return dict(zip(names, reqs, strict=True))
+
+
+PROJECT = _requirements(PYPROJECT["dependencies"])
+OPTIONAL = _requirements(
+    [s for group in PYPROJECT.get("optional-dependencies", {}).values() for s in group]
+)
+
+
+def _torch_pin() -> str:
+    match = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
+    assert match, "Makefile: no `TORCH_SPEC ?= torch==<version>`"
+    return match.group(1)
+
+
+def _env(path: Path) -> tuple[list, dict[str, Requirement]]:
+    env = yaml.safe_load(path.read_text())
+    conda = [d for d in env["dependencies"] if isinstance(d, str)]
+    pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict) and "pip" in d)
+    return conda, _requirements(pip)
+
+
+def test_there_are_envs():
+    assert {p.name for p in ENVS} >= {"rpb.yaml", "paper.yaml"}
+
+
+@pytest.mark.parametrize("path", ENVS, ids=lambda p: p.name)
+def test_env_matches_pyproject(path: Path):
+    conda, pip = _env(path)
+    python = next(d for d in conda if d.startswith("python="))
+    assert SpecifierSet(PYPROJECT["requires-python"]).contains(python.split("=", 1)[1])
+    assert "pip" in conda
+    missing = sorted(set(PROJECT) - set(pip))
+    assert not missing, f"{path.name} lacks project dependencies {missing}"
+    for name, req in PROJECT.items():
+        got = pip[name].specifier
+        if name == "torch":
+            # The envs pin what the Makefile installs, inside pyproject's range.
+            assert str(got) == f"=={_torch_pin()}", path.name
+            assert req.specifier.contains(_torch_pin()), "Makefile torch outside pyproject range"
+        else:
+            assert got == req.specifier, f"{path.name}: {name} {got} != pyproject {req.specifier}"
+    for name, req in pip.items():
+        if name in PROJECT:
+            continue
+        if name in OPTIONAL:
+            assert req.specifier == OPTIONAL[name].specifier, f"{path.name}: {name}"
+        else:
+            assert name in ENV_ONLY.get(path.name, set()), f"{path.name}: {name} not in pyproject"
+            assert str(req.specifier), f"{path.name}: {name} needs a version specifier"
+
+
+@pytest.mark.parametrize("path", ENVS, ids=lambda p: p.name)
+def test_env_installs_the_project_after_creation(path: Path):
+    """Snakemake copies env files to .snakemake/conda/, so a relative `-e` path would point
+    elsewhere; the post-deploy script installs the checkout instead."""
+    _, pip = _env(path)
+    assert "rpb" not in pip
+    script = path.with_suffix(".post-deploy.sh")
+    assert script.is_file(), f"{script.name} missing"
+    assert re.search(r"pip install --no-deps -e \.$", script.read_text(), re.M)
+
+
+@pytest.mark.parametrize("path", ENVS, ids=lambda p: p.name)
+def test_dev_environment_satisfies_env(path: Path):
+    """The versions this suite runs on satisfy every env specifier (so the envs are not stale)."""
+    _, pip = _env(path)
+    for name, req in pip.items():
+        try:
+            installed = version(name)
+        except PackageNotFoundError:
+            continue  # e.g. tiktoken: paper scale only
+        assert req.specifier.contains(installed, prereleases=True), (path.name, name, installed)
