@@ -9,8 +9,12 @@ min_version("9.0")
 configfile: "config/config.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
+include: "workflow/rules/download.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
@@ -21,3 +25,4 @@ rule all:
     default_target: True
     input:
         f"{RESULTS}/table1.csv",
+        report_targets(),

@@ -293,6 +293,75 @@ def cmd_testbed(args: argparse.Namespace) -> None:
         mlflow.log_artifact(str(args.out))
 
 
+def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any]) -> None:
+    """One tables/claims/sweep job: build its outputs inside one MLflow run and log them (every
+    file beside `--out` whose name starts with its stem, and the figures folder)."""
+    import mlflow
+
+    from rpb.tracking import tracked_run
+
+    spec = args.spec
+    models = spec.get("models") or [spec.get("model") or spec.get("table1", {}).get("model", "-")]
+    corpus = spec.get("corpus") or ",".join(spec.get("corpora", [])) or "-"
+    with tracked_run(
+        stage=stage,
+        model=",".join(models),
+        corpus=corpus,
+        params=spec,
+        run_dir=args.out.parent / f"{args.out.stem}.run",
+        **_track_kwargs(args),
+    ):
+        build(args.results, spec, args.out)
+        for path in sorted(args.out.parent.glob(f"{args.out.stem}*")):
+            if path.is_file():
+                mlflow.log_artifact(str(path))
+        figures = args.out.parent / "figures"
+        if figures.is_dir():
+            mlflow.log_artifacts(str(figures), artifact_path="figures")
+
+
+def cmd_table2(args: argparse.Namespace) -> None:
+    from rpb.tables import build_table2
+
+    _report_job(args, "table2", build_table2)
+
+
+def cmd_table3(args: argparse.Namespace) -> None:
+    from rpb.tables import build_table3
+
+    _report_job(args, "table3", build_table3)
+
+
+def cmd_table4(args: argparse.Namespace) -> None:
+    from rpb.tables import build_table4
+
+    _report_job(args, "table4", build_table4)
+
+
+def cmd_table5(args: argparse.Namespace) -> None:
+    from rpb.tables import build_table5
+
+    _report_job(args, "table5", build_table5)
+
+
+def cmd_sweep(args: argparse.Namespace) -> None:
+    from rpb.tables import build_sweep
+
+    _report_job(args, "sweep", build_sweep)
+
+
+def cmd_drift(args: argparse.Namespace) -> None:
+    from rpb.tables import build_drift
+
+    _report_job(args, "drift", build_drift)
+
+
+def cmd_claims(args: argparse.Namespace) -> None:
+    from rpb.claims import build_claims
+
+    _report_job(args, "claims", build_claims)
+
+
 # --- parser ----------------------------------------------------------------------------------
 
 
@@ -384,6 +453,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
+
+    for name, func, help_ in (
+        ("table2", cmd_table2, "table 2: table 1's rows for the family-B model"),
+        ("table3", cmd_table3, "table 3: method vs reference on the independent corpus"),
+        ("table4", cmd_table4, "table 4: anchors and RPB, ranks and ordering consistency"),
+        ("table5", cmd_table5, "table 5: structure retention vs accuracy, hard routing"),
+        ("sweep", cmd_sweep, "softness sweep: accuracy and retention against strength"),
+        ("drift", cmd_drift, "training-time routing drift curves"),
+        ("claims", cmd_claims, "claims audit C1-C6 (results/claims.csv)"),
+    ):
+        p = add(name, func, help_)
+        p.add_argument("--results", type=Path, required=True)
+        p.add_argument("--spec", type=_json_arg, required=True)
+        p.add_argument("--out", type=Path, required=True)
     return parser
 
 

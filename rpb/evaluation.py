@@ -490,9 +490,9 @@ def run_lm_eval(
         model_args["trust_remote_code"] = logged_args["trust_remote_code"] = True
     # Built the way simple_evaluate builds it from (name, model_args, device=...), but kept so the
     # scored continuation tokens can be counted with lm-eval's own split (_encode_pair).
-    lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(
-        model_args, {"batch_size": batch_size, "device": device}
-    )
+    # vLLM places the model itself (tensor_parallel_size) and forwards unknown keywords to vllm.
+    run_cfg = {"batch_size": batch_size} | ({} if backend == "vllm" else {"device": device})
+    lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(model_args, run_cfg)
     t_load = time.perf_counter()
     logger.info("lm-eval: %d tasks on %s (%s, %s)", len(tasks), model_dir, backend, device)
     extra: dict[str, Any] = {}

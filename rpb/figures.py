@@ -16,7 +16,12 @@ from matplotlib.figure import Figure
 
 from rpb.coactivation import communities
 
-__all__ = ["plot_coactivation_heatmaps", "plot_curves", "plot_retention_vs_accuracy"]
+__all__ = [
+    "plot_coactivation_heatmaps",
+    "plot_curves",
+    "plot_retention_vs_accuracy",
+    "plot_sweep",
+]
 
 
 def _save(fig: Figure, path_stem: str | Path) -> list[Path]:
@@ -164,4 +169,60 @@ def plot_curves(
         ax.set_title(metric.replace("_", " "))
         ax.grid(alpha=0.3)
     axes[-1].legend(title=hue, fontsize=8)
+    return _save(fig, path_stem)
+
+
+def plot_sweep(
+    df: pd.DataFrame,
+    path_stem: str | Path,
+    ys: Sequence[str],
+    curve: str = "curve",
+    x: str = "strength",
+) -> list[Path]:
+    """Softness sweep: one row per ``curve`` (a method family), one column per metric in ``ys``,
+    the metric against the method's strength (mean over rows sharing a strength, e.g. seeds, with
+    a ±1 std band). Strength 0 (plain fine-tuning) and ``inf`` (the hard limit) sit at the two
+    ends of a symmetric-log axis; each row has its own axis, since strengths of different
+    families are not on one scale."""
+    ys = [ys] if isinstance(ys, str) else list(ys)
+    if not ys:
+        raise ValueError("ys is empty")
+    _require_columns(df, [x, curve, *ys])
+    if df.empty:
+        raise ValueError("dataframe is empty")
+    strengths = pd.to_numeric(df[x], errors="raise").astype(float)
+    if (strengths < 0).any() or strengths.isna().any():
+        raise ValueError(f"column {x!r} must hold strengths >= 0 (inf for the hard limit)")
+    names = list(dict.fromkeys(df[curve]))
+    fig = Figure(figsize=(3.6 * len(ys), 2.8 * len(names)), layout="constrained")
+    axes = fig.subplots(len(names), len(ys), squeeze=False)
+    for r, name in enumerate(names):
+        group = df[df[curve] == name].assign(**{x: strengths[df[curve] == name]})
+        finite = group.loc[np.isfinite(group[x]), x]
+        positive = finite[finite > 0]
+        lin = float(positive.min()) if len(positive) else 1.0
+        top = float(finite.max()) if len(finite) and finite.max() > 0 else lin
+        # The hard limit is drawn one decade past the largest finite strength.
+        at_inf = top * 10.0
+        pos = group[x].where(np.isfinite(group[x]), at_inf)
+        ticks = sorted(set(pos))
+        labels = [
+            "hard (∞)" if t == at_inf and np.isinf(group[x]).any() else f"{t:g}" for t in ticks
+        ]
+        for c, metric in enumerate(ys):
+            ax = axes[r, c]
+            stats = group.assign(_pos=pos).groupby("_pos", sort=True)[metric].agg(["mean", "std"])
+            ax.plot(stats.index, stats["mean"], marker="o", ms=3)
+            std = stats["std"].fillna(0.0)
+            if (std > 0).any():
+                ax.fill_between(stats.index, stats["mean"] - std, stats["mean"] + std, alpha=0.2)
+            ax.set_xscale("symlog", linthresh=lin)
+            ax.set_xticks(ticks)
+            ax.set_xticklabels(labels, rotation=45, fontsize=7)
+            ax.minorticks_off()
+            ax.grid(alpha=0.3)
+            ax.set_title(f"{name}: {metric.replace('_', ' ')}", fontsize=9)
+            if r == len(names) - 1:
+                ax.set_xlabel(f"{x} (0 = none)")
+    fig.suptitle("Softness sweep (mean ± std over seeds)")
     return _save(fig, path_stem)

@@ -2,19 +2,40 @@
 
 Every number in a table is read from an evaluation or analysis output of this run; the only
 constants are the paper's own reported scores (`PAPER_TABLE1`), shown in their own column.
+
+- Tables 1 and 2 (`build_table1`, `build_table2`): one row per method on one model and corpus.
+- Table 3 (`build_table3`): method vs reference on the independent corpus, per model, as a paired
+  difference with a bootstrap CI and p-value over seeds x items.
+- Table 4 (`build_table4`): anchors and RPB per corpus and seed, with ranks and a check of whether
+  any ordering is consistent across blocks.
+- Table 5 (`build_table5`): community retention, accuracy, their rank correlation across the
+  soft methods, hard routing against the soft methods, and the base's non-uniformity.
+- Sweep (`build_sweep`): accuracy and retention against each method's strength.
+- Drift (`build_drift`): training-time routing drift curves from the training histories.
+
+Scores are percentages; retention metrics (NMI, ARI, cosine) and modularity are fractions.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from rpb.stats import two_way_bootstrap_ci
+from rpb.stats import (
+    DEFAULT_RESAMPLES,
+    block_ranks,
+    paired_difference,
+    rank_consistency,
+    spearman_ci,
+    two_way_bootstrap_ci,
+)
 
 # Moonlight-16B-A3B math post-training, in-domain accuracy (%), as the paper's abstract reports.
 PAPER_TABLE1 = {"rpb": 45.77, "lbl": 31.91, "none": 29.44}
@@ -29,12 +50,29 @@ TABLE1_COLUMNS_HEAD = [
     "in_domain_ci_high",
 ]
 TABLE1_COLUMNS_TAIL = ["ood_mean", "modularity", "community_nmi", "coact_cosine", "paper_in_domain"]
+# Structure metrics of an analysis output ("mean" over MoE layers) that tables 5 and the sweep use.
+RETENTION = ["community_nmi", "community_ari", "coact_cosine"]
+DRIFT = ["kl_to_base", "topk_overlap_with_base"]
+ACCURACY = ["in_domain", "ood_mean"]
+
+
+# --- reading this run's outputs ---------------------------------------------------------------
 
 
 def _read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"missing input for the table: {path}")
     return json.loads(path.read_text())
+
+
+def eval_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where the evaluation output of one trained model lies (`base`: the base, seed 0)."""
+    return Path(results) / "eval" / model / corpus / label / f"seed{seed}.json"
+
+
+def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
+    return Path(results) / "analysis" / model / corpus / label / f"seed{seed}.json"
 
 
 def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.ndarray:
@@ -47,18 +85,89 @@ def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.
     return np.asarray(entry["items"], dtype=float)
 
 
+def task_items(
+    results: Path, model: str, corpus: str, label: str, seeds: Sequence[int], tasks: Sequence[str]
+) -> np.ndarray:
+    """Seeds x items matrix of exact match for `label`: the items of `tasks` side by side.
+
+    Items keep their order, so two labels' matrices are paired cell by cell (same seed, same item);
+    a seed whose item count differs from the first seed's is an error naming its file.
+    """
+    rows = []
+    for seed in seeds:
+        path = eval_path(results, model, corpus, label, seed)
+        result = _read_json(path)
+        row = np.concatenate([exact_match_items(result, task, path) for task in tasks])
+        if rows and row.shape != rows[0].shape:
+            raise ValueError(f"{path}: {row.size} items, but seed {seeds[0]} has {rows[0].size}")
+        rows.append(row)
+    return np.stack(rows)
+
+
+def analysis_mean(results: Path, model: str, corpus: str, label: str, seed: int) -> dict:
+    """The layer-mean structure and drift metrics of one analysis output."""
+    path = analysis_path(results, model, corpus, label, seed)
+    summary = _read_json(path)
+    if "mean" not in summary:
+        raise ValueError(f"{path}: no 'mean' entry in the analysis output")
+    return {k: float(v) for k, v in summary["mean"].items()}
+
+
+def _pct(x: float) -> float:
+    return 100.0 * float(x)
+
+
+def _stat_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "confidence": float(spec.get("confidence", 0.95)),
+        "n_resamples": int(spec.get("n_resamples", DEFAULT_RESAMPLES)),
+    }
+
+
+def _run_record(
+    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
+) -> dict[str, Any]:
+    """One trained model: in-domain and mean OOD accuracy (%) and its analysis metrics."""
+    path = eval_path(results, model, corpus, label, seed)
+    result = _read_json(path)
+    record: dict[str, Any] = {"model": model, "corpus": corpus, "method": label, "seed": seed}
+    record["in_domain"] = _pct(exact_match_items(result, corpus, path).mean())
+    ood = [_pct(exact_match_items(result, task, path).mean()) for task in spec["ood"]]
+    record["ood_mean"] = float(np.mean(ood))
+    mean = analysis_mean(results, model, corpus, label, seed)
+    for key in ("modularity", *RETENTION, *DRIFT):
+        record[key] = mean.get(key, math.nan)
+    return record
+
+
+def _write_md(path: Path, title: str, note: str, sections: list[tuple[str, pd.DataFrame]]) -> None:
+    text = f"{title}. {note}\n"
+    for heading, frame in sections:
+        body = frame.to_markdown(index=False, floatfmt=".3g") if len(frame) else "(no rows)"
+        text += f"\n{heading}\n\n{body}\n" if heading else f"\n{body}\n"
+    path.write_text(text)
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, float_format="%.4f")
+
+
+# --- tables 1 and 2: one row per method --------------------------------------------------------
+
+
 def _row(results: Path, spec: dict[str, Any], label: str, seeds: list[int]) -> dict[str, Any]:
     model, corpus = spec["model"], spec["corpus"]
     per_seed_items = []
     ood: dict[str, list[float]] = {task: [] for task in spec["ood"]}
     analysis: dict[str, list[float]] = {"modularity": [], "community_nmi": [], "coact_cosine": []}
     for seed in seeds:
-        eval_path = results / "eval" / model / corpus / label / f"seed{seed}.json"
-        result = _read_json(eval_path)
-        per_seed_items.append(exact_match_items(result, corpus, eval_path))
+        path = eval_path(results, model, corpus, label, seed)
+        result = _read_json(path)
+        per_seed_items.append(exact_match_items(result, corpus, path))
         for task in spec["ood"]:
-            ood[task].append(exact_match_items(result, task, eval_path).mean())
-        summary = _read_json(results / "analysis" / model / corpus / label / f"seed{seed}.json")
+            ood[task].append(exact_match_items(result, task, path).mean())
+        summary = _read_json(analysis_path(results, model, corpus, label, seed))
         for key in analysis:
             analysis[key].append(float(summary["mean"][key]))
     mean, low, high = two_way_bootstrap_ci(np.stack(per_seed_items))
@@ -80,8 +189,11 @@ def _row(results: Path, spec: dict[str, Any], label: str, seeds: list[int]) -> d
     return row
 
 
-def build_table1(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
-    """Write table1 (CSV, Markdown, and a provenance side file) from this run's outputs."""
+def build_method_table(
+    results: Path, spec: dict[str, Any], out_csv: Path, title: str = "Table 1"
+) -> pd.DataFrame:
+    """One row per method (base first) on one model and corpus: CSV, Markdown, provenance side
+    file and the co-activation heatmaps `figures/<csv stem>_coactivation.{png,pdf}`."""
     results = Path(results)
     rows = [_row(results, spec, "base", [0])]
     rows += [_row(results, spec, label, list(spec["seeds"])) for label in spec["methods"]]
@@ -102,27 +214,536 @@ def build_table1(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     }
     out_csv.with_suffix(".meta.json").write_text(json.dumps(provenance, indent=2) + "\n")
     header = (
-        f"Table 1 ({spec.get('scale')} scale, model {spec['model']}, corpus {spec['corpus']}, "
+        f"{title} ({spec.get('scale')} scale, model {spec['model']}, corpus {spec['corpus']}, "
         f"seeds {spec['seeds']}). {provenance['note']}\n\n"
     )
     out_csv.with_suffix(".md").write_text(
         header + table.to_markdown(index=False, floatfmt=".2f") + "\n"
     )
-    plot_table1_coactivation(results, spec, out_csv.parent / "figures" / "table1_coactivation")
+    stem = out_csv.parent / "figures" / f"{out_csv.stem}_coactivation"
+    plot_method_coactivation(results, spec["model"], spec["corpus"], spec["methods"], spec, stem)
     return table
+
+
+def build_table1(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Write table1 (CSV, Markdown, and a provenance side file) from this run's outputs."""
+    return build_method_table(results, spec, out_csv, "Table 1")
+
+
+def build_table2(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Table 2: table 1's rows for the family-B model (the paper reports no numbers for it)."""
+    return build_method_table(results, spec, out_csv, "Table 2")
 
 
 def plot_table1_coactivation(results: Path, spec: dict[str, Any], path_stem: Path) -> list[Path]:
     """Co-activation heatmaps of the base and each method (first seed) on the same probe set."""
+    return plot_method_coactivation(
+        results, spec["model"], spec["corpus"], spec["methods"], spec, path_stem
+    )
+
+
+def plot_method_coactivation(
+    results: Path,
+    model: str,
+    corpus: str,
+    methods: Sequence[str],
+    spec: dict[str, Any],
+    path_stem: Path,
+) -> list[Path]:
+    """Heatmaps of the base and each method (first seed) of one model and corpus."""
     from safetensors.torch import load_file
 
     from rpb.figures import plot_coactivation_heatmaps
 
-    model, corpus, seed = spec["model"], spec["corpus"], spec["seeds"][0]
+    seed = spec["seeds"][0]
     analysis = Path(results) / "analysis" / model / corpus
-    named = {"base": load_file(analysis / "base" / "seed0.safetensors")["counts"].numpy()}
-    for label in spec["methods"]:
+    # The base analysis is per (model, corpus); a corpus without one (math2) uses the base counts
+    # that every analysis stores beside its own (the same base, the same probe set).
+    base_file = analysis / "base" / "seed0.safetensors"
+    if base_file.is_file():
+        base = load_file(base_file)["counts"].numpy()
+    else:
+        base = load_file(analysis / methods[0] / f"seed{seed}.safetensors")["base_counts"].numpy()
+    named = {"base": base}
+    for label in methods:
         path = analysis / label / f"seed{seed}.safetensors"
+        if not path.is_file():
+            raise FileNotFoundError(f"missing input for the figure: {path}")
         named[f"{label} (seed {seed})"] = load_file(path)["counts"].numpy()
     path_stem.parent.mkdir(parents=True, exist_ok=True)
     return plot_coactivation_heatmaps(named, path_stem, base="base")
+
+
+# --- paired comparisons --------------------------------------------------------------------------
+
+
+def compare(
+    results: Path,
+    spec: dict[str, Any],
+    model: str,
+    corpora: Sequence[str],
+    method: str,
+    other: str,
+    metric: str,
+    seeds: Sequence[int],
+) -> tuple[float, float, Any]:
+    """`method` - `other` (percent), paired by seed and item, over the items of every corpus side
+    by side. `metric` "in_domain": each corpus's own held-out set; "ood": the items of every OOD
+    task pooled. Returns (method's score, other's score, `rpb.stats.Difference`)."""
+    if metric not in ("in_domain", "ood"):
+        raise ValueError(f"unknown comparison metric {metric!r} (in_domain or ood)")
+
+    def items(label: str) -> np.ndarray:
+        blocks = [
+            task_items(
+                results, model, c, label, seeds, [c] if metric == "in_domain" else spec["ood"]
+            )
+            for c in corpora
+        ]
+        return 100 * np.hstack(blocks)
+
+    a, b = items(method), items(other)
+    return float(a.mean()), float(b.mean()), paired_difference(a, b, **_stat_kwargs(spec))
+
+
+# --- table 3: method vs reference on the independent corpus -----------------------------------
+
+
+def table3_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
+    """Per model and metric: method - reference on `spec['corpus']` (see `compare`)."""
+    corpus, method, reference = spec["corpus"], spec["method"], spec["reference"]
+    rows = []
+    for model in spec["models"]:
+        for metric in ("in_domain", "ood"):
+            a, b, diff = compare(
+                Path(results), spec, model, [corpus], method, reference, metric, spec["seeds"]
+            )
+            rows.append(
+                {
+                    "model": model,
+                    "family": spec.get("families", {}).get(model, ""),
+                    "corpus": corpus,
+                    "metric": metric,
+                    "method": method,
+                    "reference": reference,
+                    "method_score": a,
+                    "reference_score": b,
+                    **diff.as_dict("diff"),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Table 3 (CSV and Markdown): method vs reference per model on the independent corpus,
+    paired by seed and item, with a two-way bootstrap CI and p-value (scores in percent)."""
+    table = table3_frame(results, spec)
+    out_csv = Path(out_csv)
+    _write_csv(table, out_csv)
+    note = (
+        f"{spec['method']} minus {spec['reference']} after post-training on the independently "
+        f"generated corpus `{spec['corpus']}` ({spec.get('scale')} scale, seeds "
+        f"{list(spec['seeds'])}). Scores in percent; diff: mean paired difference over seeds x "
+        "items (in_domain: the corpus's held-out set; ood: the items of every OOD task pooled), "
+        f"{_level(spec)} CI and two-sided p-value from one bootstrap that resamples seeds and "
+        "items, so p < 1 - level exactly when the CI excludes zero."
+    )
+    _write_md(out_csv.with_suffix(".md"), "Table 3", note, [("", table)])
+    return table
+
+
+def _level(spec: dict[str, Any]) -> str:
+    return f"{100 * float(spec.get('confidence', 0.95)):g}%"
+
+
+# --- table 4: anchors and RPB, ranks per corpus and seed ---------------------------------------
+
+
+def table4_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """`runs` (per corpus, seed and method: scores and ranks within the block), `summary` (mean
+    score and rank per method), `consistency` (per metric: is any ordering consistent across
+    blocks?) and `pairs` (every pair's paired difference over seeds x items of all corpora)."""
+    results = Path(results)
+    model, methods = spec["model"], list(spec["methods"])
+    corpora, seeds = list(spec["corpora"]), list(spec["seeds"])
+    alpha = 1.0 - float(spec.get("confidence", 0.95))
+    runs = pd.DataFrame(
+        [
+            _run_record(results, spec, model, corpus, label, seed)
+            for corpus in corpora
+            for seed in seeds
+            for label in methods
+        ]
+    )
+    summary, consistency = [], []
+    for metric in ACCURACY:
+        scores = runs.pivot(index=["corpus", "seed"], columns="method", values=metric)[methods]
+        ranks = pd.DataFrame(block_ranks(scores.to_numpy()), index=scores.index, columns=methods)
+        runs = runs.join(ranks.stack().rename(f"rank_{metric}"), on=["corpus", "seed", "method"])
+        check = rank_consistency(scores.to_numpy(), methods)
+        consistency.append(
+            {
+                "metric": metric,
+                "n_blocks": check.n_blocks,
+                "kendall_w": check.kendall_w,
+                "friedman_p": check.friedman_p,
+                "consistent_ordering": bool(check.friedman_p < alpha),
+                "identical_ranking": check.identical_ranking,
+                "same_best": check.same_best or "",
+                "mean_rank_order": _rank_order(check.mean_rank),
+            }
+        )
+        summary += [
+            {
+                "metric": metric,
+                "method": label,
+                "score": float(scores[label].mean()),
+                "mean_rank": check.mean_rank[label],
+            }
+            for label in methods
+        ]
+    pairs = []
+    for i, first in enumerate(methods):
+        for second in methods[i + 1 :]:
+            for metric in ("in_domain", "ood"):
+                a, b, diff = compare(results, spec, model, corpora, first, second, metric, seeds)
+                pairs.append(
+                    {
+                        "metric": metric,
+                        "method": first,
+                        "other": second,
+                        "method_score": a,
+                        "other_score": b,
+                        **diff.as_dict("diff"),
+                    }
+                )
+    columns = ["model", "corpus", "seed", "method", *ACCURACY, "rank_in_domain", "rank_ood_mean"]
+    runs = runs[columns].sort_values(["corpus", "seed", "rank_in_domain"], kind="stable")
+    return {
+        "runs": runs.reset_index(drop=True),
+        "summary": pd.DataFrame(summary),
+        "consistency": pd.DataFrame(consistency),
+        "pairs": pd.DataFrame(pairs),
+    }
+
+
+def _rank_order(mean_rank: dict[str, float]) -> str:
+    """`a > b = c`: methods by mean rank (1 = best), equal mean ranks joined by `=`."""
+    ordered = sorted(mean_rank, key=mean_rank.get)
+    text = ordered[0]
+    for prev, name in itertools.pairwise(ordered):
+        text += (" = " if math.isclose(mean_rank[prev], mean_rank[name]) else " > ") + name
+    return text
+
+
+def _side_csv(out_csv: Path, part: str) -> Path:
+    return out_csv.with_name(f"{out_csv.stem}_{part}.csv")
+
+
+def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Table 4: per (corpus, seed) each method's in-domain and OOD accuracy and rank (the CSV),
+    side tables `_summary`, `_consistency`, `_pairs`, Markdown of all, and heatmaps."""
+    frames = table4_frames(results, spec)
+    out_csv = Path(out_csv)
+    _write_csv(frames["runs"], out_csv)
+    for part in ("summary", "consistency", "pairs"):
+        _write_csv(frames[part], _side_csv(out_csv, part))
+    alpha = 1.0 - float(spec.get("confidence", 0.95))
+    note = (
+        f"Model {spec['model']}, corpora {list(spec['corpora'])}, seeds {list(spec['seeds'])} "
+        f"({spec.get('scale')} scale). Scores in percent; rank 1 = best within a (corpus, seed) "
+        "block, ties averaged. Consistency: Kendall's W across blocks and the Friedman test "
+        f"(consistent_ordering: p < {alpha:.2g}); identical_ranking: the same strict order in "
+        "every block; same_best: one method first in every block. Pairs: mean paired difference "
+        f"over seeds x items (the items of all corpora side by side), {_level(spec)} bootstrap "
+        "CI and p-value."
+    )
+    _write_md(
+        out_csv.with_suffix(".md"),
+        "Table 4",
+        note,
+        [
+            ("Per corpus and seed", frames["runs"]),
+            ("Mean score and rank", frames["summary"]),
+            ("Is any ordering consistent?", frames["consistency"]),
+            ("Pairwise differences", frames["pairs"]),
+        ],
+    )
+    plot_method_coactivation(
+        results,
+        spec["model"],
+        spec["corpora"][0],
+        spec["methods"],
+        spec,
+        out_csv.parent / "figures" / f"{out_csv.stem}_coactivation",
+    )
+    return frames["runs"]
+
+
+# --- table 5: structure retention vs accuracy --------------------------------------------------
+
+
+def base_nonuniformity(results: Path, model: str, corpus: str, seed: int = 0) -> pd.DataFrame:
+    """Per MoE layer and their mean: the base's usage entropy and modularity on the probe set
+    beside uniformly random top-k routing with the same experts, k and token count (chance)."""
+    from safetensors.torch import load_file
+
+    from rpb.coactivation import uniform_baseline
+
+    path = analysis_path(results, model, corpus, "base", 0)
+    summary = _read_json(path)
+    counts = load_file(path.with_suffix(".safetensors"))["counts"].numpy()
+    tokens = int(summary["probe"]["tokens"])
+    n_experts = counts.shape[1]
+    # Each token adds k to the diagonal (usage counts) of every layer.
+    k = round(float(np.trace(counts[0])) / tokens)
+    uniform = uniform_baseline(n_experts, k, tokens, seed=seed)
+    frame = pd.DataFrame(
+        [
+            {
+                "layer": str(layer["layer"]),
+                "usage_entropy": float(layer["usage_entropy"]),
+                "uniform_usage_entropy": uniform["usage_entropy"],
+                "modularity": float(layer["modularity"]),
+                "uniform_modularity": uniform["modularity"],
+                "n_communities": float(layer["n_communities"]),
+            }
+            for layer in summary["layers"]
+        ]
+    )
+    mean = {"layer": "mean", **frame.drop(columns="layer").mean().to_dict()}
+    frame = pd.concat([frame, pd.DataFrame([mean])], ignore_index=True)
+    frame.insert(0, "model", model)
+    frame["experts"], frame["top_k"], frame["tokens"] = n_experts, k, tokens
+    return frame
+
+
+def hard_labels(spec: dict[str, Any]) -> list[str]:
+    """The labels among `spec['methods']` whose kind is `hard` (`spec['kinds']`: label -> kind)."""
+    kinds = spec.get("kinds", {})
+    return [m for m in spec["methods"] if kinds.get(m, m) == "hard"]
+
+
+def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
+    """`table` (retention, modularity, accuracy and drift per method, base first), `runs` (every
+    run of the methods and the correlated soft methods), `correlation` (Spearman of each
+    retention metric with each accuracy across the soft runs), `hard` (each hard method minus
+    each other method, paired) and `base` (the base's non-uniformity)."""
+    results = Path(results)
+    model, corpus = spec["model"], spec["corpus"]
+    methods, seeds, soft = list(spec["methods"]), list(spec["seeds"]), list(spec["correlate"])
+    stat = _stat_kwargs(spec)
+    labels = list(dict.fromkeys([*methods, *soft]))
+    runs = pd.DataFrame(
+        [_run_record(results, spec, model, corpus, m, s) for m in labels for s in seeds]
+    )
+    rows = []
+    for label, label_seeds in [("base", [0]), *((m, seeds) for m in methods)]:
+        records = pd.DataFrame(
+            [_run_record(results, spec, model, corpus, label, s) for s in label_seeds]
+        )
+        items = task_items(results, model, corpus, label, label_seeds, [corpus])
+        mean, low, high = two_way_bootstrap_ci(100 * items, **stat)
+        row = {"model": model, "method": label, "n_seeds": len(label_seeds)}
+        row |= {"in_domain": mean, "in_domain_ci_low": low, "in_domain_ci_high": high}
+        for key in ("ood_mean", "modularity", *RETENTION, *DRIFT):
+            row[key] = float(records[key].mean())
+        rows.append(row)
+    columns = ["model", "method", "n_seeds", *RETENTION, "modularity", "in_domain"]
+    columns += ["in_domain_ci_low", "in_domain_ci_high", "ood_mean", *DRIFT]
+    table = pd.DataFrame(rows).reindex(columns=columns)
+    soft_runs = runs[runs["method"].isin(soft)]
+    correlation = []
+    for retention in RETENTION:
+        for accuracy in ACCURACY:
+            pts = soft_runs[[retention, accuracy]].dropna()
+            corr = spearman_ci(pts[retention].to_numpy(), pts[accuracy].to_numpy(), **stat)
+            correlation.append(
+                {
+                    "retention": retention,
+                    "accuracy": accuracy,
+                    "spearman_rho": corr.rho,
+                    "rho_ci_low": corr.low,
+                    "rho_ci_high": corr.high,
+                    "p_value": corr.p_value,
+                    "n_runs": corr.n,
+                    "methods": " ".join(soft),
+                }
+            )
+    hard = hard_labels(spec)
+    hard_rows = []
+    for h in hard:
+        for other in [m for m in methods if m not in hard]:
+            for metric in ("in_domain", "ood", "community_nmi"):
+                if metric == "community_nmi":
+                    per_seed = runs.set_index(["method", "seed"])[metric]
+                    a = np.array([[per_seed[(h, s)]] for s in seeds])
+                    b = np.array([[per_seed[(other, s)]] for s in seeds])
+                    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+                        continue  # NMI is undefined where the base has a single community
+                    diff = paired_difference(a, b, **stat)
+                    sa, sb = float(a.mean()), float(b.mean())
+                else:
+                    sa, sb, diff = compare(results, spec, model, [corpus], h, other, metric, seeds)
+                hard_rows.append(
+                    {
+                        "metric": metric,
+                        "method": h,
+                        "other": other,
+                        "method_score": sa,
+                        "other_score": sb,
+                        **diff.as_dict("diff"),
+                    }
+                )
+    return {
+        "table": table,
+        "runs": runs,
+        "correlation": pd.DataFrame(correlation),
+        "hard": pd.DataFrame(hard_rows),
+        "base": base_nonuniformity(results, model, corpus),
+    }
+
+
+def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Table 5 (per method) with side tables `_correlation`, `_hard`, `_base`, `_runs`,
+    Markdown of all, retention-vs-accuracy scatter plots and co-activation heatmaps."""
+    from rpb.figures import plot_retention_vs_accuracy
+
+    frames = table5_frames(results, spec)
+    out_csv = Path(out_csv)
+    _write_csv(frames["table"], out_csv)
+    for part in ("correlation", "hard", "base", "runs"):
+        _write_csv(frames[part], _side_csv(out_csv, part))
+    note = (
+        f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
+        f"({spec.get('scale')} scale). Retention: the live model's co-activation structure "
+        "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
+        "cosine of the co-activation matrices), mean over MoE layers; accuracy in percent. "
+        f"Correlation: Spearman's rho over the runs (method x seed) of {list(spec['correlate'])}"
+        f", {_level(spec)} bootstrap CI over runs, scipy's p-value. Hard: paired difference "
+        "hard - other (accuracy over seeds x items, NMI over seeds). Base: non-uniformity of the "
+        "base router against uniformly random top-k routing with the same experts, k and tokens."
+    )
+    _write_md(
+        out_csv.with_suffix(".md"),
+        "Table 5",
+        note,
+        [
+            ("Per method", frames["table"]),
+            ("Does retention track accuracy?", frames["correlation"]),
+            ("Hard routing vs the other methods", frames["hard"]),
+            ("How non-uniform is the base router?", frames["base"]),
+        ],
+    )
+    figures = out_csv.parent / "figures"
+    runs = frames["runs"]
+    # NMI is undefined where the base has a single community (a barely trained smoke base);
+    # the partition-free cosine then stands in for it.
+    x = "community_nmi" if runs["community_nmi"].notna().any() else "coact_cosine"
+    for accuracy in ACCURACY:
+        plot_retention_vs_accuracy(
+            runs.dropna(subset=[x]), figures / f"retention_vs_{accuracy}", x=x, y=accuracy
+        )
+    plot_method_coactivation(
+        results,
+        spec["model"],
+        spec["corpus"],
+        spec["methods"],
+        spec,
+        figures / f"{out_csv.stem}_coactivation",
+    )
+    return frames["table"]
+
+
+# --- softness sweep ----------------------------------------------------------------------------
+
+
+def method_strength(entry: dict[str, Any]) -> float:
+    """The x position of a method on a softness axis: 0 for plain fine-tuning (`none`), infinity
+    for hard routing (the strength -> infinity limit), else the configured or default strength."""
+    from rpb.methods import METHODS
+
+    kind = entry.get("kind") or entry.get("name")
+    if kind == "none":
+        return 0.0
+    if kind == "hard":
+        return math.inf
+    if kind not in METHODS:
+        raise ValueError(f"unknown method kind {kind!r} in the sweep")
+    strength = entry.get("strength")
+    return float(METHODS[kind].default_strength if strength is None else strength)
+
+
+def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Per curve and point: mean in-domain, OOD, retention and drift over the sweep's seeds
+    (`sweep.csv`), every run (`sweep_runs.csv`), and the curves figure `figures/sweep`."""
+    results = Path(results)
+    model, corpus, seeds = spec["model"], spec["corpus"], list(spec["seeds"])
+    records = []
+    for curve, labels in spec["curves"].items():
+        for label in labels:
+            entry = spec["methods"].get(label)
+            if entry is None:
+                raise ValueError(f"sweep curve {curve!r}: label {label!r} is not a method")
+            strength = method_strength(entry)
+            for seed in seeds:
+                rec = _run_record(results, spec, model, corpus, label, seed)
+                records.append({"curve": curve, "label": label, "strength": strength, **rec})
+    runs = pd.DataFrame(records)
+    metrics = [*ACCURACY, *RETENTION, *DRIFT]
+    table = (
+        runs.groupby(["curve", "label", "strength"], sort=False)[metrics]
+        .mean()
+        .reset_index()
+        .sort_values(["curve", "strength"], kind="stable")
+    )
+    table.insert(3, "n_seeds", len(seeds))
+    out_csv = Path(out_csv)
+    _write_csv(table, out_csv)
+    stem = out_csv.with_suffix("")
+    _write_csv(runs, stem.with_name(stem.name + "_runs.csv"))
+    note = (
+        f"Model {model}, corpus {corpus}, seeds {seeds} ({spec.get('scale')} scale); means over "
+        "seeds. strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
+        "at mu = 0 are exactly it); inf is `hard`, the lambda -> infinity limit of rpb (and the "
+        "limit of an anchor that pins the router to the base)."
+    )
+    _write_md(out_csv.with_suffix(".md"), "Softness sweep", note, [("", table)])
+    from rpb.figures import plot_sweep
+
+    plot_sweep(
+        runs, out_csv.parent / "figures" / "sweep", ["in_domain", "ood_mean", "community_nmi"]
+    )
+    return table
+
+
+# --- training-time routing drift ----------------------------------------------------------------
+
+
+def build_drift(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """Training histories of each method and seed as one long table (`step`, losses and the
+    layer-mean drift metrics) and the curves figure `figures/drift`."""
+    results = Path(results)
+    model, corpus = spec["model"], spec["corpus"]
+    rows = []
+    for label in spec["methods"]:
+        for seed in spec["seeds"]:
+            path = results / "runs" / model / corpus / label / f"seed{seed}" / "train_history.json"
+            history = _read_json(path).get("history")
+            if not history:
+                raise ValueError(f"{path}: no 'history' entries")
+            for entry in history:
+                row = {"method": label, "seed": seed, "step": entry["step"]}
+                for key in ("task_loss", "router_loss"):
+                    row[key] = entry.get(key, math.nan)
+                for key in (*DRIFT, "usage_entropy"):
+                    row[key] = entry.get(f"mean/{key}", math.nan)
+                rows.append(row)
+    table = pd.DataFrame(rows)
+    out_csv = Path(out_csv)
+    _write_csv(table, out_csv)
+    from rpb.figures import plot_curves
+
+    ys = [y for y in ("task_loss", *DRIFT, "usage_entropy") if table[y].notna().any()]
+    plot_curves(table, "step", ys, "method", out_csv.parent / "figures" / "drift")
+    return table

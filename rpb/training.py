@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
-from transformers.trainer_utils import get_last_checkpoint
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
 from rpb.data import load_jsonl
@@ -39,6 +41,9 @@ from rpb.tokenizer import encode
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+# Written into each Trainer checkpoint by `CheckpointStateCallback`, after everything the Trainer
+# writes there: its presence marks the checkpoint complete (see `last_complete_checkpoint`).
+CHECKPOINT_STATE = "rpb_state.pt"
 
 
 @dataclass
@@ -160,6 +165,22 @@ class RouterMethodTrainer(Trainer):
         }
         return (loss, outputs) if return_outputs else loss
 
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        # transformers 5.x resumes with a plain load_state_dict of the checkpoint, which is in the
+        # hub format save_pretrained writes (one tensor per expert), so fused MoE experts are
+        # skipped with a warning and keep their pre-resume values (huggingface/transformers
+        # #48805). from_pretrained applies the conversion; the tensors are then copied over.
+        model = self.model if model is None else model
+        if (
+            self.is_fsdp_enabled
+            or self.is_deepspeed_enabled
+            or not isinstance(model, PreTrainedModel)
+        ):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            return
+        saved = type(model).from_pretrained(resume_from_checkpoint, dtype=model.dtype)
+        model.load_state_dict(saved.state_dict(), strict=True)
+
 
 class RoutingDriftCallback(TrainerCallback):
     """Steps the router method's state and logs losses and routing drift to MLflow."""
@@ -186,6 +207,78 @@ class RoutingDriftCallback(TrainerCallback):
             _log_to_active_run(metrics, step)
 
 
+class CheckpointStateCallback(TrainerCallback):
+    """Completes each Trainer checkpoint with what the Trainer does not save, then rotates.
+
+    The Trainer saves model, optimizer, scheduler, RNG and data position, but not the router
+    method's own state (rpb_adaptive's bias) nor our metric history. They are written last, and
+    atomically, so a job killed mid-save leaves a checkpoint without them, which resume skips.
+    Only after that is the previous checkpoint removed; the Trainer's own `save_total_limit`
+    rotation would remove it before this callback runs, leaving no complete checkpoint at all if
+    the job died in between.
+    """
+
+    def __init__(self, method: RouterMethod, history: list[dict[str, float]]):
+        self.method = method
+        self.history = history
+
+    def on_step_end(self, args, state, control, **kwargs):
+        # No checkpoint at the last step: the job saves the final model right after, and the
+        # Trainer resuming from a checkpoint at max_steps would train one step too many.
+        if state.global_step >= state.max_steps:
+            control.should_save = False
+
+    def on_save(self, args, state, control, **kwargs):
+        if not args.should_save:  # not the main process of a multi-process launch
+            return
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        payload = {"method": self.method.state_dict(), "history": list(self.history)}
+        tmp = folder / f"{CHECKPOINT_STATE}.tmp"
+        torch.save(payload, tmp)
+        os.replace(tmp, folder / CHECKPOINT_STATE)
+        for old in _checkpoints(Path(args.output_dir)):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+
+
+def _checkpoints(checkpoint_dir: Path) -> list[Path]:
+    """Trainer checkpoint folders (`checkpoint-<step>`) under `checkpoint_dir`, oldest first."""
+    if not checkpoint_dir.is_dir():
+        return []
+    found = [p for p in checkpoint_dir.iterdir() if p.is_dir() and _checkpoint_step(p) is not None]
+    return sorted(found, key=_checkpoint_step)
+
+
+def _checkpoint_step(path: Path) -> int | None:
+    prefix = f"{PREFIX_CHECKPOINT_DIR}-"
+    tail = path.name.removeprefix(prefix)
+    return int(tail) if path.name.startswith(prefix) and tail.isdigit() else None
+
+
+def last_complete_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest checkpoint that has our state file. Incomplete ones (the job died while saving)
+    are deleted: the Trainer would resume from the newest folder, or rotate the new ones away."""
+    complete = None
+    for path in _checkpoints(checkpoint_dir):
+        if (path / CHECKPOINT_STATE).is_file():
+            complete = path
+        else:
+            log.warning("removing incomplete checkpoint %s (the job died while saving it)", path)
+            shutil.rmtree(path, ignore_errors=True)
+    return complete
+
+
+def remove_checkpoints(checkpoint_dir: Path) -> None:
+    """Delete a finished job's checkpoints (at paper scale each holds the optimizer state too).
+
+    Completion marks go first: a removal cut short leaves only incomplete checkpoints, which a
+    rerun ignores, never a complete-looking one with files missing.
+    """
+    for path in _checkpoints(checkpoint_dir):
+        (path / CHECKPOINT_STATE).unlink(missing_ok=True)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
 def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
     import mlflow
 
@@ -193,6 +286,17 @@ def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
         return
     finite = {k.replace("/", "."): v for k, v in metrics.items() if math.isfinite(v)}
     mlflow.log_metrics(finite, step=step)
+
+
+def _resumed_to_active_run(checkpoint: Path, history: list[dict[str, float]]) -> None:
+    """Tag the job's new MLflow run as resumed and give it the metrics logged before the kill."""
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return
+    mlflow.set_tag("resumed_from", checkpoint.name)
+    for entry in history:
+        _log_to_active_run({k: v for k, v in entry.items() if k != "step"}, int(entry["step"]))
 
 
 def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
@@ -209,7 +313,8 @@ def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
         logging_steps=spec.log_every,
         save_strategy="steps" if spec.save_every > 0 else "no",
         save_steps=spec.save_every if spec.save_every > 0 else 500,
-        save_total_limit=1,
+        # One checkpoint is kept, by CheckpointStateCallback once the new one is complete.
+        save_total_limit=None,
         report_to="none",
         use_cpu=not torch.cuda.is_available(),
         bf16=spec.bf16,
@@ -239,15 +344,23 @@ def run_training(
         train_dataset=dataset,
         data_collator=RightPadCollator(tokenizer.pad_token_id),
         router_method=method,
-        callbacks=[RoutingDriftCallback(trainer_ref, spec.log_every, history)],
+        callbacks=[
+            RoutingDriftCallback(trainer_ref, spec.log_every, history),
+            CheckpointStateCallback(method, history),
+        ],
     )
     trainer_ref.append(trainer)
-    checkpoint_dir = out_dir / "checkpoints"
-    last = get_last_checkpoint(str(checkpoint_dir)) if checkpoint_dir.is_dir() else None
+    last = last_complete_checkpoint(out_dir / "checkpoints")
     if last:
-        log.info("resuming from %s", last)
+        # The Trainer restores model, optimizer, scheduler, RNG and data position; the router
+        # method's state and the history logged so far come from our file in the checkpoint.
+        saved = torch.load(last / CHECKPOINT_STATE, weights_only=True)
+        method.load_state_dict(saved["method"])
+        history.extend(saved["history"])
+        log.info("resuming from %s (%d history entries restored)", last, len(history))
+        _resumed_to_active_run(last, history)
     with method:
-        trainer.train(resume_from_checkpoint=last)
+        trainer.train(resume_from_checkpoint=str(last) if last else None)
     return history
 
 
@@ -290,6 +403,7 @@ def pretrain(
     _save_model(model, tokenizer, out_dir / "model")
     summary = {"final": history[-1] if history else {}, "spec": asdict(spec)}
     _write_json(out_dir / "train_history.json", {"history": history, **summary})
+    remove_checkpoints(out_dir / "checkpoints")
     return summary
 
 
@@ -321,6 +435,7 @@ def posttrain(
         "method": asdict(method_spec),
     }
     _write_json(out_dir / "train_history.json", {"history": history, **summary})
+    remove_checkpoints(out_dir / "checkpoints")
     return summary
 
 

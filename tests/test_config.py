@@ -149,7 +149,7 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
         "'rpb' is listed twice",
     ),
     "table1_corpus_not_evaluated": (
-        _set("table1", "corpus", value="math2"),
+        _set("evaluation", "in_domain", value=["math2"]),
         "table1.corpus:",
         "must be one of evaluation.in_domain",
     ),

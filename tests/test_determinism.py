@@ -1,0 +1,215 @@
+"""Two independent runs of the smoke pipeline give byte-identical results, and one of them survives
+a SIGKILLed training job.
+
+Cost is the constraint: a full smoke run is about 2 minutes on the 2-core machine (4 under load)
+and tests/test_pipeline.py already spends one. So both runs here use the smoke config narrowed to
+one seed (16 jobs instead of 25; every rule of table 1 still runs, for the base and each method),
+with checkpoints every 3 of the 10 post-training steps:
+
+- run A is clean;
+- run B starts from an empty folder too, so every job is recomputed, but its `rpb` training job
+  is SIGKILLed in the middle of its second checkpoint (stopped there by a launcher that patches
+  the Trainer, then killed from here). Snakemake (`--keep-going`) finishes the other jobs, deletes
+  the failed job's declared outputs and keeps its `checkpoints/` (not an output); a second
+  invocation reruns that job, which resumes from the complete checkpoint.
+
+A == B byte for byte (table1.csv, every model, prior and co-activation tensor, every training
+history) therefore shows both determinism and an exact resume; when it fails, the list of
+differing files tells which: only the killed job's chain, or everything. Both runs run under
+the offline guard (tests/offline_guard.py) with a fake HF_TOKEN in the environment, which must
+appear in no file they write.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from offline_guard import guarded_env, unshare_prefix
+
+ROOT = Path(__file__).resolve().parents[1]
+NARROW = {"seeds": [0], "posttrain": {"save_every": 3}}
+FAKE_TOKEN = "hf_" + "Xy9" * 12
+KILLED = Path("runs/tinyA/math/rpb/seed0")
+# `train_launcher`: checks that the offline guard reached the job, then runs `rpb` like the console
+# script; with RPB_TEST_STOP set, the `rpb` job writes its pid there and stops (SIGSTOP) inside
+# its second checkpoint, once.
+LAUNCHER = """
+import os, signal, socket, sys
+from pathlib import Path
+if socket.socket.connect.__name__ != "_connect":
+    sys.exit("the offline guard is not installed in this job")
+argv = sys.argv[1:]
+flag = os.environ.get("RPB_TEST_STOP")
+if flag and not Path(flag).exists() and argv[argv.index("--label") + 1] == "rpb":
+    from transformers import Trainer
+    save_rng, calls = Trainer._save_rng_state, []
+    def stop_in_second_save(self, output_dir):
+        calls.append(output_dir)
+        if len(calls) == 2:
+            Path(flag).write_text(str(os.getpid()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+        save_rng(self, output_dir)
+    Trainer._save_rng_state = stop_in_second_save
+from rpb.cli import main
+sys.exit(main(argv))
+"""
+
+
+def _snakemake(results: Path, site: Path, *extra: str) -> tuple[list[str], dict[str, str]]:
+    config = results.parent / f"{results.name}.yaml"
+    launcher = results.parent / "launcher.py"
+    launcher.write_text(LAUNCHER)
+    config.write_text(yaml.safe_dump({**NARROW, "train_launcher": f"{sys.executable} {launcher}"}))
+    env = guarded_env(dict(os.environ), site)
+    for name in ("MLFLOW_TRACKING_URI", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "RPB_TEST_STOP"):
+        env.pop(name, None)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_TOKEN=FAKE_TOKEN)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    cmd = [
+        *unshare_prefix(),
+        *(sys.executable, "-m", "snakemake", str(results / "table1.csv"), "--cores", "2"),
+        *("--configfile", "config/smoke.yaml", str(config)),
+        *("--config", f"results_dir={results}", *extra),
+    ]
+    return cmd, env
+
+
+def _run(cmd: list[str], env: dict[str, str], results: Path) -> None:
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        logs = "\n".join(f"--- {p}\n{p.read_text()[-2000:]}" for p in results.glob("logs/**/*.log"))
+        pytest.fail(f"smoke pipeline failed:\n{proc.stderr[-3000:]}\n{logs}")
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+
+def _mlflow_runs(results: Path, name: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rpb")
+    return client.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"attributes.run_name = '{name}'",
+        order_by=["attributes.start_time ASC"],
+    )
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    root = tmp_path_factory.mktemp("determinism")
+    a, b = root / "a", root / "b"
+    _run(*_snakemake(a, root / "site"), a)
+
+    # Run B, with the fault.
+    cmd, env = _snakemake(b, root / "site", "--keep-going")
+    flag = root / "stopped.pid"
+    env["RPB_TEST_STOP"] = str(flag)
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 600
+    while not (flag.exists() and flag.read_text() and _stopped(int(flag.read_text()))):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the rpb training job never stopped:\n{proc.communicate()[1][-3000:]}")
+        time.sleep(0.1)
+    os.kill(int(flag.read_text()), signal.SIGKILL)
+    _, err = proc.communicate(timeout=900)
+    job = b / KILLED
+    after_kill = {
+        "returncode": proc.returncode,
+        "stderr": err.decode(errors="replace"),
+        "outputs": sorted(p.name for p in job.iterdir()),
+        "checkpoints": {
+            p.name: sorted(f.name for f in p.iterdir()) for p in (job / "checkpoints").iterdir()
+        },
+        "statuses": [r.info.status for r in _mlflow_runs(b, "train/tinyA/rpb/seed0")],
+        "table1": (b / "table1.csv").exists(),
+    }
+    env.pop("RPB_TEST_STOP")
+    _run(cmd[: cmd.index("--keep-going")], env, b)  # the same command, without the fault
+    return {"a": a, "b": b, "after_kill": after_kill}
+
+
+# Compared outputs (JSON files with timings or absolute paths are left out).
+COMPARED = ("table1.csv", "table1.md", "**/*.safetensors", "**/train_history.json")
+
+
+def _outputs(results: Path) -> list[Path]:
+    found = {p.relative_to(results) for pattern in COMPARED for p in results.glob(pattern)}
+    return sorted(f for f in found if "checkpoints" not in f.parts)
+
+
+def _same(a: Path, b: Path, name: Path) -> bool:
+    """Byte-identical; for safetensors, identical tensors and identical metadata up to the
+    results folder (a prior records the path of the base it was taken from)."""
+    if name.suffix != ".safetensors":
+        return (a / name).read_bytes() == (b / name).read_bytes()
+    from safetensors import safe_open
+
+    with safe_open(a / name, "pt") as fa, safe_open(b / name, "pt") as fb:
+        meta = [
+            json.dumps(f.metadata(), sort_keys=True).replace(str(root), "<results>")
+            for f, root in ((fa, a), (fb, b))
+        ]
+        names = fa.keys()
+        return (
+            meta[0] == meta[1]
+            and names == fb.keys()
+            and all(fa.get_tensor(k).equal(fb.get_tensor(k)) for k in names)
+        )
+
+
+@pytest.mark.slow
+def test_two_runs_are_byte_identical(runs: dict[str, Any]) -> None:
+    a, b = runs["a"], runs["b"]
+    files = _outputs(a)
+    assert Path("table1.csv") in files and len(files) >= 10, files
+    assert files == _outputs(b)
+    differ = [str(f) for f in files if not _same(a, b, f)]
+    assert not differ, f"runs A and B differ in {differ}"
+    assert (a / "table1.csv").read_bytes() == (b / "table1.csv").read_bytes()
+
+
+@pytest.mark.slow
+def test_killed_training_job_resumes_in_the_pipeline(runs: dict[str, Any]) -> None:
+    after = runs["after_kill"]
+    # The failed job: Snakemake reported it, deleted its outputs, kept its checkpoints.
+    assert after["returncode"] != 0 and "posttrain" in after["stderr"]
+    assert not after["table1"]
+    assert "model" not in after["outputs"] and "train_history.json" not in after["outputs"]
+    assert "mlflow_run.json" not in after["outputs"] and "checkpoints" in after["outputs"]
+    assert "rpb_state.pt" in after["checkpoints"]["checkpoint-3"]
+    assert "rpb_state.pt" not in after["checkpoints"]["checkpoint-6"]
+    assert after["statuses"] == ["RUNNING"]
+    # The rerun resumed from the complete checkpoint and ended the dead run.
+    log = (runs["b"] / "logs" / "posttrain" / "tinyA_math_rpb_seed0.log").read_text()
+    assert "removing incomplete checkpoint" in log
+    assert f"resuming from {runs['b'] / KILLED / 'checkpoints' / 'checkpoint-3'}" in log
+    old, new = _mlflow_runs(runs["b"], "train/tinyA/rpb/seed0")
+    assert (old.info.status, new.info.status) == ("KILLED", "FINISHED")
+    assert new.data.tags["resumed_from"] == "checkpoint-3"
+    # Finished jobs delete their checkpoints.
+    assert not [*runs["a"].glob("**/checkpoints"), *runs["b"].glob("**/checkpoints")]
+
+
+@pytest.mark.slow
+def test_no_secret_in_any_output(runs: dict[str, Any]) -> None:
+    """HF_TOKEN was set for every job; it appears in no log, MLflow store or artifact."""
+    for results in (runs["a"], runs["b"]):
+        leaks = [
+            str(p)
+            for p in results.rglob("*")
+            if p.is_file() and FAKE_TOKEN.encode() in p.read_bytes()
+        ]
+        assert not leaks, leaks

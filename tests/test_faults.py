@@ -1,0 +1,268 @@
+"""Faults in a training job: SIGKILL mid-checkpoint, SIGTERM, incomplete checkpoints, and the
+MLflow runs such jobs leave behind.
+
+The central test kills a real `rpb train` process (SIGKILL, no chance to clean up) while it is
+writing its third checkpoint, reruns the same command, and requires the result to be
+bit-identical to an uninterrupted run: weights, training history and the router method's state
+(`rpb_adaptive`, whose per-expert bias is state outside the model). The pipeline-level version
+(Snakemake deletes the failed job's outputs but not its checkpoints) is in test_determinism.py,
+which shares its two smoke runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rpb.analysis import extract_prior_from_corpus
+from rpb.architectures import random_model
+from rpb.cli import main
+from rpb.tokenizer import build_tokenizer
+from rpb.tracking import END_REASON_TAG, JobTerminated, end_stale_runs, init_store, tracked_run
+from rpb.training import CHECKPOINT_STATE, last_complete_checkpoint
+
+# 20 examples, batch 4, 12 steps: 2.4 epochs, so the resumed run crosses an epoch boundary.
+CORPUS = [{"prompt": f"SumOf{a}And{a + 3}?", "completion": str(2 * a + 3)} for a in range(10, 30)]
+SPEC = {"steps": 12, "batch_size": 4, "lr": 3e-3, "max_length": 16, "save_every": 3}
+SPEC["log_every"] = 1
+# rpb_adaptive keeps a bias outside the model; a large update rate makes losing it visible.
+METHOD = {"name": "rpb_adaptive", "strength": 1.0, "options": {"update_rate": 0.05}}
+# Runs `rpb` as the console script does, but stops itself (SIGSTOP) in the middle of its third
+# checkpoint: the model and optimizer are written, RNG, trainer state and our state are not.
+STOP_IN_THIRD_SAVE = """
+import os, signal, sys
+from transformers import Trainer
+save_rng, calls = Trainer._save_rng_state, []
+def stop_in_third_save(self, output_dir):
+    calls.append(output_dir)
+    if len(calls) == 3:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    save_rng(self, output_dir)
+Trainer._save_rng_state = stop_in_third_save
+from rpb.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One tracking store for the module (creating one costs seconds); tests use own experiments."""
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    uri = f"sqlite:///{tmp_path_factory.mktemp('faults_store') / 'mlflow.db'}"
+    init_store(uri, "faults")
+    yield uri
+    mlflow.set_tracking_uri(previous)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory, store: str) -> dict[str, Any]:
+    """A saved tiny qwen3_moe base, a corpus and its router prior."""
+    root = tmp_path_factory.mktemp("faults")
+    tok = build_tokenizer()
+    model = random_model(
+        "qwen3_moe",
+        seed=0,
+        num_experts=8,
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
+    base = root / "base" / "model"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    corpus = root / "math.jsonl"
+    corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
+    prior = root / "prior.safetensors"
+    extract_prior_from_corpus(base, corpus, prior, model_id="tiny8")
+    return {"root": root, "base": base, "corpus": corpus, "prior": prior, "uri": store}
+
+
+def _train_args(world: dict, out: Path, experiment: str = "faults") -> list[str]:
+    return [
+        "train",
+        *("--tracking-uri", world["uri"], "--experiment", experiment),
+        *("--name", "tiny8", "--label", "rpb_adaptive", "--base", str(world["base"])),
+        *("--prior", str(world["prior"]), "--corpus", str(world["corpus"])),
+        *("--corpus-name", "math", "--method", json.dumps(METHOD)),
+        *("--spec", json.dumps(SPEC), "--out", str(out)),
+    ]
+
+
+def _runs(uri: str, experiment: str) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    return client.search_runs([found.experiment_id], order_by=["attributes.start_time ASC"])
+
+
+def _wait_stopped(proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    """Wait until `proc` has stopped itself (state T in /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            pytest.fail(f"the job ended (rc {proc.returncode}) before it could be killed:\n{out}")
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        if fields[0] == "T":
+            return
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("the job never reached its third checkpoint")
+
+
+@pytest.mark.slow
+def test_sigkilled_training_resumes_bit_identical(world: dict) -> None:
+    from mlflow.tracking import MlflowClient
+    from safetensors.torch import load_file
+
+    ref = world["root"] / "uninterrupted"
+    assert main(_train_args(world, ref, "faults_reference")) == 0
+
+    out = world["root"] / "killed"
+    cmd = [sys.executable, "-c", STOP_IN_THIRD_SAVE, *_train_args(world, out)]
+    proc = subprocess.Popen(
+        cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    _wait_stopped(proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+
+    # What the killed job left: one complete checkpoint, one half-written, no outputs.
+    checkpoints = out / "checkpoints"
+    assert (checkpoints / "checkpoint-6" / CHECKPOINT_STATE).is_file()
+    assert (checkpoints / "checkpoint-9" / "model.safetensors").is_file()
+    assert not (checkpoints / "checkpoint-9" / CHECKPOINT_STATE).exists()
+    assert not (out / "model").exists() and not (out / "train_history.json").exists()
+    assert not (out / "mlflow_run.json").exists()
+    (killed,) = _runs(world["uri"], "faults")
+    assert killed.info.status == "RUNNING"  # nothing could end it
+
+    rerun = subprocess.run(
+        ["rpb", *_train_args(world, out)], env=_env(), capture_output=True, text=True
+    )
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    assert "removing incomplete checkpoint" in rerun.stderr and "checkpoint-9" in rerun.stderr
+    assert f"resuming from {checkpoints / 'checkpoint-6'}" in rerun.stderr
+    assert not checkpoints.exists() and not (ref / "checkpoints").exists(), "left after success"
+
+    # Bit-identical: every weight tensor and the full history (losses, drift, lr per step).
+    want, got = (
+        load_file(ref / "model" / "model.safetensors"),
+        load_file(out / "model" / "model.safetensors"),
+    )
+    assert want.keys() == got.keys()
+    differ = [k for k in want if not want[k].equal(got[k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run: {differ[:5]}"
+    assert (ref / "train_history.json").read_bytes() == (out / "train_history.json").read_bytes()
+
+    # MLflow: the killed run is marked KILLED with the reason; the rerun has the whole history.
+    old, new = _runs(world["uri"], "faults")
+    assert old.info.run_id == killed.info.run_id
+    assert old.info.status == "KILLED" and "SIGKILL" in old.data.tags[END_REASON_TAG]
+    assert new.info.status == "FINISHED" and new.data.tags["resumed_from"] == "checkpoint-6"
+    client = MlflowClient(tracking_uri=world["uri"])
+    (ref_run,) = _runs(world["uri"], "faults_reference")
+    steps = [m.step for m in client.get_metric_history(new.info.run_id, "task_loss")]
+    ref_steps = [m.step for m in client.get_metric_history(ref_run.info.run_id, "task_loss")]
+    assert sorted(steps) == sorted(ref_steps) == list(range(1, SPEC["steps"] + 1))
+
+
+def test_incomplete_checkpoints_are_skipped_and_removed(tmp_path: Path) -> None:
+    for step, complete in ((3, True), (6, True), (9, False)):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+        if complete:
+            (folder / CHECKPOINT_STATE).write_bytes(b"x")
+    (tmp_path / "checkpoint-12.tmp").mkdir()  # not a checkpoint name: left alone
+    assert last_complete_checkpoint(tmp_path) == tmp_path / "checkpoint-6"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "checkpoint-12.tmp",
+        "checkpoint-3",
+        "checkpoint-6",
+    ]
+    assert last_complete_checkpoint(tmp_path / "absent") is None
+
+
+def test_sigterm_ends_the_run_killed(store: str) -> None:
+    uri = store
+    init_store(uri, "term")
+    before = signal.getsignal(signal.SIGTERM)
+    with (
+        pytest.raises(JobTerminated) as caught,
+        tracked_run(stage="train", model="m", tracking_uri=uri, experiment="term"),
+    ):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler interrupts this
+    assert caught.value.code == 128 + signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) == before, "the SIGTERM handler was not restored"
+    (run,) = _runs(uri, "term")
+    assert run.info.status == "KILLED" and run.data.tags[END_REASON_TAG] == "SIGTERM"
+
+
+def test_only_dead_runs_of_the_same_job_are_marked_stale(store: str) -> None:
+    """A RUNNING run is stale only if it is this job's (name, job dir) and its process is gone."""
+    from mlflow.tracking import MlflowClient
+
+    experiment_id = init_store(store, "stale")
+    client = MlflowClient(tracking_uri=store)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    host = socket.gethostname()
+
+    def running(name: str, job_dir: str, pid: int) -> str:
+        tags = {"rpb.host": host, "rpb.pid": str(pid), "rpb.job_dir": job_dir}
+        return client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+
+    stale = running("train/m/rpb/seed0", "/r/a", dead.pid)
+    alive = running("train/m/rpb/seed0", "/r/a", os.getpid())
+    other_dir = running("train/m/rpb/seed0", "/r/b", dead.pid)
+    other_name = running("train/m/rpb/seed1", "/r/a", dead.pid)
+    assert end_stale_runs(client, experiment_id, "train/m/rpb/seed0", "/r/a") == [stale]
+    status = {rid: client.get_run(rid).info.status for rid in (stale, alive, other_dir, other_name)}
+    assert status == {
+        stale: "KILLED",
+        alive: "RUNNING",
+        other_dir: "RUNNING",
+        other_name: "RUNNING",
+    }
+
+
+def test_no_checkpoint_at_the_last_step(world: dict, tmp_path: Path) -> None:
+    """The final weights are saved as the model; a checkpoint at max_steps would make a resumed
+    Trainer train one step too many."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rpb.methods import make_method
+    from rpb.training import TrainSpec, run_training, tokenize_prompt_completion
+
+    tok = AutoTokenizer.from_pretrained(world["base"])
+    model = AutoModelForCausalLM.from_pretrained(world["base"])
+    data = tokenize_prompt_completion(world["corpus"], tok, 16)
+    method = make_method("none").attach(model)
+    run_training(
+        model, tok, data, method, TrainSpec(steps=4, batch_size=4, lr=1e-3, save_every=2), tmp_path
+    )
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2"]

@@ -1,0 +1,131 @@
+"""The softness sweep (strength axis, table, figure) and the training-drift curves."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from matplotlib.image import imread
+from test_tables import OOD_ALL, PAPER_WORLD, write_run
+
+from rpb.figures import plot_sweep
+from rpb.tables import build_drift, build_sweep, method_strength
+
+METHODS = {
+    "none": {"kind": "none"},
+    "rpb_l0p5": {"kind": "rpb", "strength": 0.5},
+    "rpb": {"kind": "rpb", "strength": 1.0},
+    "rpb_l4": {"kind": "rpb", "strength": 4.0},
+    "hard": {"kind": "hard"},
+    "anchor_kl": {"kind": "anchor_kl"},  # the library's default strength
+    "anchor_kl_s10": {"kind": "anchor_kl", "strength": 10.0},
+}
+
+
+def test_strength_axis() -> None:
+    assert method_strength({"kind": "none"}) == 0.0
+    assert method_strength({"kind": "hard"}) == math.inf
+    assert method_strength({"kind": "rpb", "strength": 0.5}) == 0.5
+    from rpb.methods import METHODS as LIBRARY
+
+    assert method_strength({"kind": "anchor_kl"}) == LIBRARY["anchor_kl"].default_strength
+    with pytest.raises(ValueError, match="unknown method kind 'rbp'"):
+        method_strength({"kind": "rbp"})
+
+
+def _sweep_world(root: Path) -> None:
+    # Accuracy rises with lambda up to 1 and falls at the hard limit; retention rises throughout.
+    levels = {
+        "none": (0.3, 0.4, 0.2),
+        "rpb_l0p5": (0.5, 0.5, 0.4),
+        "rpb": (0.8, 0.6, 0.6),
+        "rpb_l4": (0.6, 0.6, 0.8),
+        "hard": (0.1, 0.4, 0.95),
+        "anchor_kl": (0.7, 0.7, 0.5),
+        "anchor_kl_s10": (0.6, 0.8, 0.7),
+    }
+    write_run(root, "tinyA", "math", "base", 0, PAPER_WORLD["base"])
+    for label, lv in levels.items():
+        for seed in (0, 1):
+            write_run(root, "tinyA", "math", label, seed, lv)
+
+
+def test_sweep_table_and_figure(tmp_path: Path) -> None:
+    _sweep_world(tmp_path)
+    spec = {
+        "model": "tinyA",
+        "corpus": "math",
+        "seeds": [0, 1],
+        "ood": OOD_ALL,
+        "methods": METHODS,
+        "curves": {
+            "rpb": ["none", "rpb_l0p5", "rpb", "rpb_l4", "hard"],
+            "anchor_kl": ["none", "anchor_kl", "anchor_kl_s10", "hard"],
+        },
+    }
+    df = build_sweep(tmp_path, spec, tmp_path / "sweep.csv")
+    rpb = df[df["curve"] == "rpb"]
+    assert list(rpb["strength"]) == [0.0, 0.5, 1.0, 4.0, math.inf]
+    assert list(rpb["label"]) == ["none", "rpb_l0p5", "rpb", "rpb_l4", "hard"]
+    # Means over the two seeds (NMI carries a +0.01 * seed jitter).
+    assert rpb.set_index("label").loc["rpb_l4", "community_nmi"] == pytest.approx(0.805)
+    anchor = df[df["curve"] == "anchor_kl"].set_index("label")
+    assert anchor.loc["anchor_kl", "strength"] == 1.0
+    assert (df["n_seeds"] == 2).all()
+    runs = pd.read_csv(tmp_path / "sweep_runs.csv")
+    assert len(runs) == (5 + 4) * 2
+    assert np.isinf(pd.read_csv(tmp_path / "sweep.csv")["strength"]).sum() == 2
+    png = imread(tmp_path / "figures" / "sweep.png")
+    assert png.shape[0] > 300 and png.std() > 0.01
+    assert (tmp_path / "figures" / "sweep.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_sweep_names_a_label_that_is_not_a_method(tmp_path: Path) -> None:
+    _sweep_world(tmp_path)
+    spec = {"model": "tinyA", "corpus": "math", "seeds": [0], "ood": OOD_ALL}
+    spec |= {"methods": METHODS, "curves": {"rpb": ["none", "rpb_l9"]}}
+    with pytest.raises(ValueError, match="label 'rpb_l9' is not a method"):
+        build_sweep(tmp_path, spec, tmp_path / "sweep.csv")
+
+
+def test_plot_sweep_rejects_bad_strengths(tmp_path: Path) -> None:
+    df = pd.DataFrame({"curve": ["a", "a"], "strength": [-1.0, 1.0], "in_domain": [1.0, 2.0]})
+    with pytest.raises(ValueError, match="strengths >= 0"):
+        plot_sweep(df, tmp_path / "s", ["in_domain"])
+    with pytest.raises(ValueError, match="lacks column"):
+        plot_sweep(df, tmp_path / "s", ["ood_mean"])
+
+
+def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
+    for label, drift in (("none", 0.3), ("rpb", 0.1)):
+        for seed in (0, 1):
+            history = [
+                {
+                    "step": step,
+                    "task_loss": 2.0 - step / 100,
+                    "router_loss": 0.0,
+                    "mean/kl_to_base": drift * step / 10,
+                    "mean/topk_overlap_with_base": 1.0 - drift * step / 20,
+                    "mean/usage_entropy": 0.9,
+                    "layer1/kl_to_base": 9.0,
+                }
+                for step in (10, 20)
+            ]
+            path = tmp_path / "runs" / "tinyA" / "math" / label / f"seed{seed}"
+            path.mkdir(parents=True)
+            (path / "train_history.json").write_text(json.dumps({"history": history}))
+    spec = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"], "seeds": [0, 1]}
+    df = build_drift(tmp_path, spec, tmp_path / "drift.csv")
+    assert len(df) == 2 * 2 * 2
+    last = df[(df["method"] == "none") & (df["step"] == 20)]
+    assert list(last["kl_to_base"]) == pytest.approx([0.6, 0.6])
+    assert (tmp_path / "figures" / "drift.png").is_file()
+    (tmp_path / "runs" / "tinyA" / "math" / "rpb" / "seed1" / "train_history.json").write_text(
+        json.dumps({"history": []})
+    )
+    with pytest.raises(ValueError, match=r"rpb/seed1/train_history.json: no 'history'"):
+        build_drift(tmp_path, spec, tmp_path / "drift.csv")
