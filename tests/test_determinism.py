@@ -147,7 +147,8 @@ COMPARED = ("table1.csv", "table1.md", "**/*.safetensors", "**/train_history.jso
 
 def _outputs(results: Path) -> list[Path]:
     found = {p.relative_to(results) for pattern in COMPARED for p in results.glob(pattern)}
-    return sorted(f for f in found if "checkpoints" not in f.parts)
+    # MLflow's artifact copies sit under random run ids; the files they copy are compared directly.
+    return sorted(f for f in found if not {"checkpoints", "mlartifacts"} & set(f.parts))
 
 
 def _same(a: Path, b: Path, name: Path) -> bool:

@@ -33,9 +33,11 @@ def _requirements(specs: list[str]) -> dict[str, Requirement]:
 
 
 PROJECT = _requirements(PYPROJECT["dependencies"])
-OPTIONAL = _requirements(
-    [s for group in PYPROJECT.get("optional-dependencies", {}).values() for s in group]
-)
+OPTIONAL: dict[str, Requirement] = {}
+for _group in PYPROJECT.get("optional-dependencies", {}).values():
+    for _name, _req in _requirements(_group).items():
+        # A package may sit in two extras (slurm and dev), but with one specifier.
+        assert OPTIONAL.setdefault(_name, _req).specifier == _req.specifier, _name
 
 
 def _torch_pin() -> str:
