@@ -320,46 +320,26 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
             mlflow.log_artifacts(str(figures), artifact_path="figures")
 
 
-def cmd_table2(args: argparse.Namespace) -> None:
-    from rpb.tables import build_table2
-
-    _report_job(args, "table2", build_table2)
-
-
-def cmd_table3(args: argparse.Namespace) -> None:
-    from rpb.tables import build_table3
-
-    _report_job(args, "table3", build_table3)
-
-
-def cmd_table4(args: argparse.Namespace) -> None:
-    from rpb.tables import build_table4
-
-    _report_job(args, "table4", build_table4)
+# Report jobs: stage -> (builder "module:function", help). Imported lazily: `rpb --help` stays fast.
+REPORT_JOBS: dict[str, tuple[str, str]] = {
+    "table2": ("rpb.tables:build_table2", "table 2: table 1's rows for the family-B model"),
+    "table3": ("rpb.tables:build_table3", "table 3: method vs reference on the independent corpus"),
+    "table4": (
+        "rpb.tables:build_table4",
+        "table 4: anchors and RPB, ranks and ordering consistency",
+    ),
+    "table5": ("rpb.tables:build_table5", "table 5: structure retention vs accuracy, hard routing"),
+    "sweep": ("rpb.tables:build_sweep", "softness sweep: accuracy and retention against strength"),
+    "drift": ("rpb.tables:build_drift", "training-time routing drift curves"),
+    "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
+}
 
 
-def cmd_table5(args: argparse.Namespace) -> None:
-    from rpb.tables import build_table5
+def cmd_report(args: argparse.Namespace) -> None:
+    import importlib
 
-    _report_job(args, "table5", build_table5)
-
-
-def cmd_sweep(args: argparse.Namespace) -> None:
-    from rpb.tables import build_sweep
-
-    _report_job(args, "sweep", build_sweep)
-
-
-def cmd_drift(args: argparse.Namespace) -> None:
-    from rpb.tables import build_drift
-
-    _report_job(args, "drift", build_drift)
-
-
-def cmd_claims(args: argparse.Namespace) -> None:
-    from rpb.claims import build_claims
-
-    _report_job(args, "claims", build_claims)
+    module, function = REPORT_JOBS[args.command][0].split(":")
+    _report_job(args, args.command, getattr(importlib.import_module(module), function))
 
 
 # --- parser ----------------------------------------------------------------------------------
@@ -454,16 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
 
-    for name, func, help_ in (
-        ("table2", cmd_table2, "table 2: table 1's rows for the family-B model"),
-        ("table3", cmd_table3, "table 3: method vs reference on the independent corpus"),
-        ("table4", cmd_table4, "table 4: anchors and RPB, ranks and ordering consistency"),
-        ("table5", cmd_table5, "table 5: structure retention vs accuracy, hard routing"),
-        ("sweep", cmd_sweep, "softness sweep: accuracy and retention against strength"),
-        ("drift", cmd_drift, "training-time routing drift curves"),
-        ("claims", cmd_claims, "claims audit C1-C6 (results/claims.csv)"),
-    ):
-        p = add(name, func, help_)
+    for name, (_, help_) in REPORT_JOBS.items():
+        p = add(name, cmd_report, help_)
         p.add_argument("--results", type=Path, required=True)
         p.add_argument("--spec", type=_json_arg, required=True)
         p.add_argument("--out", type=Path, required=True)
