@@ -28,7 +28,7 @@ table1: install
 	snakemake --cores $(CORES) results/table1.csv
 
 smoke: install
-	snakemake --cores $(CORES) --configfile config/smoke.yaml results/table1.csv
+	snakemake --cores $(CORES) --configfile config/smoke.yaml -- results/smoke/table1.csv
 
 test: install
 	pytest

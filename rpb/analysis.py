@@ -19,10 +19,16 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, topk_overlap
 from rpb.data import load_jsonl
+from rpb.eval_routing import attach_eval_routing, eval_routing_spec
 from rpb.prior import RouterPrior, extract_prior
 from rpb.routing import RouterControl, routing_probs
 from rpb.tokenizer import encode
@@ -73,12 +79,36 @@ def _sha256(path: Path) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
+def load_for_inference(
+    model_dir: Path, *, trust_remote_code: bool = False
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and eval-mode model of `model_dir`: fp32 on the CPU, or bf16 spread over the
+    visible GPUs (`device_map="auto"`) when CUDA is available, as a 16-30B model needs.
+
+    `trust_remote_code` applies to the tokenizer only (Moonlight's needs it); the model always
+    loads with transformers' own class.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    if torch.cuda.is_available():
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=torch.bfloat16, device_map="auto"
+        )
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return tokenizer, model.eval()
+
+
 def extract_prior_from_corpus(
-    model_dir: Path, corpus: Path, out: Path, *, model_id: str, batch_size: int = 128
+    model_dir: Path,
+    corpus: Path,
+    out: Path,
+    *,
+    model_id: str,
+    batch_size: int = 128,
+    trust_remote_code: bool = False,
 ) -> RouterPrior:
     """Run the base over a post-training corpus once and write its router prior to `out`."""
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    tokenizer, model = load_for_inference(model_dir, trust_remote_code=trust_remote_code)
     batches = text_batches(tokenizer, corpus_texts(corpus), batch_size, source=str(corpus))
     prior = extract_prior(
         model,
@@ -114,11 +144,12 @@ def routing_pass(
     kl = torch.zeros(n_layers, dtype=torch.float64)
     tokens = 0
     model.eval()
+    device = model.get_input_embeddings().weight.device
     with control, torch.no_grad():
         for batch in tqdm(batches, desc=desc, leave=False):
             control.clear_records()
-            model(**batch)
-            mask = batch["attention_mask"].reshape(-1).bool()
+            model(**{k: v.to(device) for k, v in batch.items()})
+            mask = batch["attention_mask"].reshape(-1).bool().to(device)
             n = int(mask.sum())
             tokens += n
             for i, rec in enumerate(control.records):
@@ -148,19 +179,30 @@ def analyze_model(
     tasks: Sequence[str],
     limit: int,
     out_json: Path,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """Per-layer co-activation structure of a model, retention against its base, and drift."""
+    """Per-layer co-activation structure of a model, retention against its base, and drift.
+
+    A model saved with evaluation-time routing (`hard`, `keep_bias_at_eval`; see
+    rpb.eval_routing) is analysed with that routing attached, as lm-eval scores it: counts and
+    drift describe the experts the model actually uses.
+    """
     prior = RouterPrior.load(prior_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer, model = load_for_inference(model_dir, trust_remote_code=trust_remote_code)
     batches = text_batches(tokenizer, probe_texts(eval_dir, tasks, limit), batch_size=64)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     prior.check_compatible(model)
-    live = routing_pass(model, batches, prior, desc="model")
+    steering = attach_eval_routing(model, model_dir)
+    try:
+        live = routing_pass(model, batches, prior, desc="model")
+    finally:
+        if steering is not None:
+            steering.detach()
     if Path(model_dir).resolve() == Path(base_dir).resolve():
         reference = live["counter"]
     else:
-        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+        _, base = load_for_inference(base_dir, trust_remote_code=trust_remote_code)
         reference = routing_pass(base, batches, None, desc="base")["counter"]
+        del base
     rows = summarize_layers(live["counter"].counts.numpy(), reference.counts.numpy(), seed=0)
     layers = rows[:-1] if rows and rows[-1].get("layer") == "mean" else rows
     mean = dict(rows[-1]) if rows and rows[-1].get("layer") == "mean" else {}
@@ -172,6 +214,7 @@ def analyze_model(
     summary = {
         "model_dir": str(model_dir),
         "base_dir": str(base_dir),
+        "eval_routing": eval_routing_spec(model_dir),
         "probe": {"tasks": list(tasks), "limit": limit, "tokens": live["tokens"]},
         "layers": layers,
         "mean": mean,

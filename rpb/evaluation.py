@@ -492,7 +492,17 @@ def run_lm_eval(
     # scored continuation tokens can be counted with lm-eval's own split (_encode_pair).
     # vLLM places the model itself (tensor_parallel_size) and forwards unknown keywords to vllm.
     run_cfg = {"batch_size": batch_size} | ({} if backend == "vllm" else {"device": device})
+    from rpb.eval_routing import attach_eval_routing, eval_routing_spec
+
+    routing_spec = eval_routing_spec(model_dir)
+    if routing_spec is not None and backend != "hf":
+        raise ValueError(
+            f"run_lm_eval: {model_dir} keeps method {routing_spec['method']!r} routing at "
+            f"evaluation (router hooks), which only the hf backend can apply, not {backend!r}"
+        )
     lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(model_args, run_cfg)
+    # hard / keep_bias_at_eval: put the method's router hooks back on the loaded model.
+    steering = attach_eval_routing(lm.model, model_dir) if routing_spec is not None else None
     t_load = time.perf_counter()
     logger.info("lm-eval: %d tasks on %s (%s, %s)", len(tasks), model_dir, backend, device)
     extra: dict[str, Any] = {}
@@ -502,17 +512,21 @@ def run_lm_eval(
             "fewshot_as_multiturn": suite.fewshot_as_multiturn,
             "gen_kwargs": suite.gen_kwargs,
         }
-    raw = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=objects,
-        task_manager=tm,
-        batch_size=batch_size,
-        device=device,
-        limit=limit,
-        log_samples=True,
-        bootstrap_iters=bootstrap_iters,
-        **extra,
-    )
+    try:
+        raw = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=objects,
+            task_manager=tm,
+            batch_size=batch_size,
+            device=device,
+            limit=limit,
+            log_samples=True,
+            bootstrap_iters=bootstrap_iters,
+            **extra,
+        )
+    finally:
+        if steering is not None:
+            steering.detach()
     if raw is None:  # only non-zero ranks get None; we run single-process
         raise RuntimeError("run_lm_eval: lm_eval.simple_evaluate returned no results")
     t_eval = time.perf_counter()
@@ -529,6 +543,7 @@ def run_lm_eval(
     config = dict(raw["config"], model=backend, model_args=logged_args)
     return {
         "model_dir": str(model_dir),
+        "eval_routing": routing_spec,
         "tasks": compact,
         "suite": suite.to_dict() if suite else None,
         "lm_eval": _jsonable(

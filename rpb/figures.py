@@ -105,6 +105,7 @@ def plot_retention_vs_accuracy(
     x: str = "community_nmi",
     y: str = "accuracy",
     label: str = "method",
+    title: str = "Community retention vs accuracy",
 ) -> list[Path]:
     """Scatter of community retention (``x``) vs accuracy (``y``), one labelled point per row
     (method/seed; the seed joins the label when there is a ``seed`` column), one colour per
@@ -130,7 +131,7 @@ def plot_retention_vs_accuracy(
             )
     ax.set_xlabel(x.replace("_", " "))
     ax.set_ylabel(y.replace("_", " "))
-    ax.set_title("Community retention vs accuracy")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(title=label, fontsize=8)
     return _save(fig, path_stem)

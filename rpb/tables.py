@@ -747,3 +747,94 @@ def build_drift(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     ys = [y for y in ("task_loss", *DRIFT, "usage_entropy") if table[y].notna().any()]
     plot_curves(table, "step", ys, "method", out_csv.parent / "figures" / "drift")
     return table
+
+
+# --- which RPB reading anchors (docs/methods.md, "Choosing the default RPB reading") -------------
+
+ANCHOR_METRICS = ["topk_overlap_with_base", "community_nmi"]
+
+
+def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
+    """The RPB readings side by side with their bounds `lower` (unanchored, `none`) and `upper`
+    (`hard`), scored by the mechanistic rule fixed in docs/methods.md before any result: a reading
+    anchors when, for every metric in ANCHOR_METRICS (seed means of the routing used at
+    evaluation), it covers at least `min_gain` of the gap from `lower` to `upper`. The default is
+    the first anchoring reading in the configured order. Accuracy is listed after the verdict and
+    plays no part in it. Writes the CSV, Markdown, `<stem>_runs.csv` and `figures/<stem>`."""
+    results = Path(results)
+    model, corpus, seeds = spec["model"], spec["corpus"], list(spec["seeds"])
+    lower, upper, min_gain = spec["lower"], spec["upper"], float(spec["min_gain"])
+    labels = [lower, *spec["methods"], upper]
+    runs = pd.DataFrame(
+        [
+            _run_record(results, spec, model, corpus, label, seed)
+            for label in labels
+            for seed in seeds
+        ]
+    )
+    means = runs.groupby("method", sort=False)[
+        [*ANCHOR_METRICS, *RETENTION[1:], "kl_to_base", *ACCURACY]
+    ].mean()
+    gaps = {m: means.at[upper, m] - means.at[lower, m] for m in ANCHOR_METRICS}
+    rows = []
+    for label in labels:
+        role = {lower: "lower bound", upper: "upper bound"}.get(label, "reading")
+        row: dict[str, Any] = {"method": label, "role": role, "n_seeds": len(seeds)}
+        row |= means.loc[label].to_dict()
+        for metric, gap in gaps.items():
+            # Where hard does not retain more than `none`, "between" has no meaning.
+            position = (
+                (means.at[label, metric] - means.at[lower, metric]) / gap if gap > 0 else math.nan
+            )
+            row[f"{metric}_position"] = position
+        positions = [row[f"{m}_position"] for m in ANCHOR_METRICS]
+        if row["role"] != "reading":
+            row["anchors"] = ""
+        elif any(math.isnan(p) for p in positions):
+            row["anchors"] = "undetermined"
+        else:
+            row["anchors"] = "yes" if all(p >= min_gain for p in positions) else "no"
+        rows.append(row)
+    table = pd.DataFrame(rows)
+    first = [r["method"] for r in rows if r["anchors"] == "yes"]
+    table["default_by_rule"] = table["method"].eq(first[0]) if first else False
+    columns = [
+        "method",
+        "role",
+        "n_seeds",
+        *ANCHOR_METRICS,
+        *[f"{m}_position" for m in ANCHOR_METRICS],
+        "anchors",
+        "default_by_rule",
+        *RETENTION[1:],
+        "kl_to_base",
+        *ACCURACY,
+    ]
+    table = table[columns]
+    out_csv = Path(out_csv)
+    _write_csv(table, out_csv)
+    stem = out_csv.with_suffix("")
+    _write_csv(runs, stem.with_name(stem.name + "_runs.csv"))
+    verdict = (
+        f"default by the rule: `{first[0]}`"
+        if first
+        else "no reading anchors, so the rule picks no default (the configured `rpb` stays; say so)"
+    )
+    note = (
+        f"Model {model}, corpus {corpus}, seeds {seeds} ({spec.get('scale')} scale); seed means of "
+        f"the routing each model uses at evaluation, on the analysis probe set. *_position: the "
+        f"share of the {lower} -> {upper} gap a reading covers; it anchors when every position is "
+        f">= {min_gain}. {verdict}. Accuracy columns are shown for information only: the rule "
+        "does not read them (docs/methods.md)."
+    )
+    _write_md(out_csv.with_suffix(".md"), "RPB readings", note, [("", table)])
+    from rpb.figures import plot_retention_vs_accuracy
+
+    plot_retention_vs_accuracy(
+        runs,
+        out_csv.parent / "figures" / stem.name,
+        x="topk_overlap_with_base",
+        y="community_nmi",
+        title=f"RPB readings between {lower} and {upper} (per seed)",
+    )
+    return table

@@ -166,6 +166,9 @@ def _check_report_config():
             corpus(f"tables.{key}.corpus", c)
         for field in ("methods", "correlate"):
             labels(f"tables.{key}.{field}", entry.get(field, []))
+        for field in ("lower", "upper"):
+            if field in entry:
+                labels(f"tables.{key}.{field}", [entry[field]])
     if "table3" in TABLES and CLAIMS is None:
         _report_config_error(
             "tables.table3", "compares claims.method and claims.reference: add claims"
@@ -243,6 +246,9 @@ def table_inputs(name):
         if name == "table5":
             labels = list(dict.fromkeys(t["methods"] + t["correlate"]))
             return run_outputs(t["model"], t["corpus"], labels, TABLE_SEEDS, True)
+        if name == "readings":
+            labels = [t["lower"], *t["methods"], t["upper"]]
+            return run_outputs(t["model"], t["corpus"], labels, TABLE_SEEDS)
         if name == "drift":
             return [
                 f"{RESULTS}/runs/{t['model']}/{t['corpus']}/{m}/seed{s}/train_history.json"
@@ -312,6 +318,8 @@ def report_targets():
     ]
     if "drift" in TABLES:
         targets.append(f"{RESULTS}/drift.csv")
+    if "readings" in TABLES:
+        targets.append(f"{RESULTS}/rpb_readings.csv")
     if CLAIMS is not None:
         targets.append(f"{RESULTS}/claims.csv")
     if SWEEP is not None:

@@ -289,3 +289,32 @@ rule claims:
     shell:
         "rpb claims --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
+
+
+rule readings:
+    input:
+        table_inputs("readings"),
+    output:
+        csv=report(
+            f"{RESULTS}/rpb_readings.csv",
+            caption="../report/readings.rst",
+            category="RPB readings",
+        ),
+        md=f"{RESULTS}/rpb_readings.md",
+        runs=f"{RESULTS}/rpb_readings_runs.csv",
+        figure=report(
+            f"{RESULTS}/figures/rpb_readings.png",
+            caption="../report/readings.rst",
+            category="RPB readings",
+        ),
+    log:
+        f"{RESULTS}/logs/readings.log",
+    conda:
+        CONDA_ENV
+    params:
+        track=TRACK,
+        spec=lambda wc: as_json(table_spec("readings")),
+        results=parent_dir(0),
+    shell:
+        "rpb readings --results {params.results} --spec {params.spec} --out {output.csv}"
+        " {params.track} > {log} 2>&1"

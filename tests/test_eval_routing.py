@@ -1,0 +1,170 @@
+"""Evaluation-time routing travels with a saved model: `hard` and `keep_bias_at_eval` are scored
+and analysed with the routing they were trained for, not with the saved router alone."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import make_batch, make_model, perturb_routers
+from test_evaluation import _target_ll, setup  # noqa: F401  (setup: a saved model + eval sets)
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rpb.analysis import analyze_model
+from rpb.eval_routing import (
+    EVAL_ROUTING_DIR,
+    attach_eval_routing,
+    eval_routing_spec,
+    save_eval_routing,
+)
+from rpb.evaluation import evaluate_model
+from rpb.methods import make_method
+from rpb.prior import extract_prior
+
+
+def _prior(model):
+    batches = [make_batch(seed=s) for s in range(2)]
+    return extract_prior(
+        model, batches, model_id="t", revision="r", corpus_hash="0" * 64, progress=False
+    )
+
+
+def _trained_copy(arch: str):
+    """A base, its prior, and a 'post-trained' copy whose routers moved away from the base."""
+    base = make_model(arch)
+    prior = _prior(base)
+    trained = make_model(arch)
+    perturb_routers(trained, scale=2.0)
+    return prior, trained
+
+
+@pytest.mark.parametrize(
+    ("name", "strength", "options"),
+    [
+        ("hard", None, {}),
+        ("rpb", 2.0, {"keep_bias_at_eval": True}),
+        ("rpb", 1.0, {"keep_bias_at_eval": True, "bias_on": "logits"}),
+        ("rpb_marginal", 1.0, {"keep_bias_at_eval": True}),
+    ],
+)
+def test_reloaded_model_routes_as_the_trained_method(tmp_path, name, strength, options):
+    prior, trained = _trained_copy("qwen3_moe")
+    batch = make_batch(seed=5)
+    method = make_method(name, strength=strength, **options).attach(trained, prior)
+    trained.eval()
+    with torch.no_grad():
+        steered = trained(**batch).logits
+    method.detach()
+    with torch.no_grad():
+        native = trained(**batch).logits
+    assert not torch.allclose(steered, native), "the fixture must make the steering matter"
+    trained.save_pretrained(tmp_path)
+    assert save_eval_routing(tmp_path, method, prior) == tmp_path / EVAL_ROUTING_DIR
+
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    again = attach_eval_routing(reloaded, tmp_path)
+    assert again is not None and again.name == name
+    assert again.strength == method.strength and again.options == method.options
+    with torch.no_grad():
+        assert torch.equal(reloaded(**batch).logits, steered)
+    again.detach()
+    with torch.no_grad():
+        assert torch.equal(reloaded(**batch).logits, native)
+
+
+def test_adaptive_bias_state_is_restored(tmp_path):
+    prior, trained = _trained_copy("deepseek_v3")
+    method = make_method("rpb_adaptive", keep_bias_at_eval=True).attach(trained, prior)
+    method.bias.copy_(torch.linspace(-1, 1, method.bias.numel()).reshape(method.bias.shape))
+    trained.save_pretrained(tmp_path)
+    save_eval_routing(tmp_path, method, prior)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    again = attach_eval_routing(reloaded, tmp_path)
+    assert torch.equal(again.bias, method.bias)
+
+
+@pytest.mark.parametrize(("name", "options"), [("none", {}), ("rpb", {}), ("anchor_kl", {})])
+def test_methods_that_route_natively_at_eval_save_nothing(tmp_path, name, options):
+    prior, trained = _trained_copy("qwen3_moe")
+    method = make_method(name, **options).attach(trained, prior)
+    assert save_eval_routing(tmp_path, method, prior) is None
+    assert not (tmp_path / EVAL_ROUTING_DIR).exists()
+    assert attach_eval_routing(trained, tmp_path) is None
+
+
+def test_broken_spec_is_named(tmp_path):
+    folder = tmp_path / EVAL_ROUTING_DIR
+    folder.mkdir()
+    (folder / "method.json").write_text('{"method": "hard"}')
+    with pytest.raises(ValueError, match=r"method\.json: missing key\(s\) options, strength"):
+        eval_routing_spec(tmp_path)
+    (folder / "method.json").write_text('{"method": "nope", "strength": 0, "options": {}}')
+    with pytest.raises(ValueError, match="unknown router method 'nope'"):
+        attach_eval_routing(make_model("qwen3_moe"), tmp_path)
+
+
+@pytest.fixture(scope="module")
+def hard_model(setup, tmp_path_factory):  # noqa: F811
+    """The evaluation fixture's model "post-trained" with `hard`: routers moved, prior saved."""
+    root = tmp_path_factory.mktemp("hard")
+    base = AutoModelForCausalLM.from_pretrained(setup["model_dir"], dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(setup["model_dir"])
+    texts = [x["prompt"] + x["target"] for items in setup["sets"].values() for x in items]
+    batches = [
+        {"input_ids": torch.tensor([tok(t).input_ids]), "attention_mask": None} for t in texts
+    ]
+    prior = extract_prior(
+        base, batches, model_id="t", revision="r", corpus_hash="0" * 64, progress=False
+    )
+    perturb_routers(base, scale=3.0)
+    model_dir = root / "model"
+    base.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    save_eval_routing(model_dir, make_method("hard"), prior)
+    prior_path = root / "prior.safetensors"
+    prior.save(prior_path)
+    native_dir = root / "native"
+    shutil.copytree(model_dir, native_dir, ignore=shutil.ignore_patterns(EVAL_ROUTING_DIR))
+    return {"dir": model_dir, "native": native_dir, "prior": prior, "prior_path": prior_path}
+
+
+def test_lm_eval_scores_the_hard_routed_model(setup, hard_model, tmp_path):  # noqa: F811
+    result = evaluate_model(
+        hard_model["dir"], setup["eval_dir"], ["add"], tmp_path / "e.json", tmp_path / "w"
+    )
+    assert result["eval_routing"]["method"] == "hard"
+    model = AutoModelForCausalLM.from_pretrained(hard_model["dir"], dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(hard_model["dir"])
+    items = setup["sets"]["add"]
+    native = [_target_ll(model, tok, x["prompt"], x["target"])[0] for x in items]
+    with make_method("hard").attach(model, hard_model["prior"]):
+        steered = [_target_ll(model, tok, x["prompt"], x["target"])[0] for x in items]
+    assert native != pytest.approx(steered, abs=1e-3), "fixture: hard routing must matter"
+    assert result["tasks"]["rpb_add_ll"]["ll_sum"] == pytest.approx(steered, abs=1e-4)
+    saved = json.loads((tmp_path / "e.json").read_text())
+    assert saved["eval_routing"] == {
+        "method": "hard",
+        "strength": 0.0,
+        "options": {"gate_from": "live", "keep_bias_at_eval": True},
+    }
+
+
+def test_analysis_counts_the_experts_hard_routing_uses(setup, hard_model, tmp_path):  # noqa: F811
+    def analyse(model_dir, name):
+        return analyze_model(
+            model_dir=model_dir,
+            base_dir=setup["model_dir"],
+            prior_path=hard_model["prior_path"],
+            eval_dir=setup["eval_dir"],
+            tasks=["add", "words"],
+            limit=24,
+            out_json=tmp_path / f"{name}.json",
+        )
+
+    steered, native = analyse(hard_model["dir"], "hard"), analyse(hard_model["native"], "native")
+    assert steered["eval_routing"]["method"] == "hard" and native["eval_routing"] is None
+    # Base selection on the model's own hidden states: overlap with the base router is exact.
+    assert all(row["topk_overlap_with_base"] == 1.0 for row in steered["layers"])
+    assert native["mean"]["topk_overlap_with_base"] < 0.9
