@@ -87,6 +87,13 @@ _FAMILY: dict[str, dict[str, Any]] = {
 
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILY)
 
+# Fields the modelling code reads (getattr with a fallback) that the config class does not declare.
+# Qwen3-30B-A3B sets head_dim 128 while hidden_size / num_attention_heads is 64.
+_READ_BY_MODEL: dict[str, set[str]] = {
+    "qwen3_moe": {"head_dim"},
+    "qwen2_moe": {"head_dim"},
+}
+
 
 def _known_keys(config_cls: type[PretrainedConfig]) -> set[str]:
     keys = (
@@ -106,7 +113,7 @@ def build_config(model_type: str, **overrides: Any) -> PretrainedConfig:
             f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
         )
     config_cls = CONFIG_MAPPING[model_type]
-    known = _known_keys(config_cls)
+    known = _known_keys(config_cls) | _READ_BY_MODEL.get(model_type, set())
     # transformers configs accept any keyword silently; a typo would build the wrong model.
     unknown = sorted(k for k in overrides if k not in known)
     if unknown:

@@ -1,12 +1,14 @@
 """`rpb` command line: one subcommand per pipeline stage; the Snakemake rules call these.
 
 Each job subcommand opens one MLflow run (`rpb.tracking.tracked_run`) named
-`{stage}/{model}/{method}/seed{seed}` and records its run id beside its outputs for lineage.
+`{stage}/{model}/{method}/seed{seed}` and records its run id beside its outputs for lineage
+(`train` under a multi-process launch: from the main process only).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -136,17 +138,24 @@ def cmd_prior(args: argparse.Namespace) -> None:
         **_track_kwargs(args),
     ):
         prior = extract_prior_from_corpus(
-            args.model, args.corpus, args.out, model_id=args.name, batch_size=args.batch_size
+            args.model,
+            args.corpus,
+            args.out,
+            model_id=args.name,
+            batch_size=args.batch_size,
+            trust_remote_code=args.trust_remote_code,
         )
         mlflow.log_metrics({"tokens": float(prior.meta["n_tokens"])})
         mlflow.log_artifact(str(args.out.with_suffix(".json")))
 
 
 def cmd_train(args: argparse.Namespace) -> None:
+    """Under `accelerate launch` every rank runs this; only the main process opens the MLflow run
+    (the others have none, so their metric logging is a no-op) and writes outputs."""
     import mlflow
 
     from rpb.tracking import tracked_run
-    from rpb.training import MethodSpec, TrainSpec, posttrain
+    from rpb.training import MethodSpec, TrainSpec, is_main_process, posttrain
 
     spec = TrainSpec.from_dict(args.spec)
     method = MethodSpec(**args.method)
@@ -154,17 +163,23 @@ def cmd_train(args: argparse.Namespace) -> None:
         base=_run_dir_of(args.base),
         prior=args.prior.parent / f"{args.prior.stem}.run" if args.prior else None,
     )
-    with tracked_run(
-        stage="train",
-        model=args.name,
-        method=args.label,
-        seed=spec.seed,
-        corpus=args.corpus_name,
-        params={"method": args.method, "train": args.spec},
-        parents=parents,
-        run_dir=args.out,
-        **_track_kwargs(args),
-    ):
+    main = is_main_process()
+    run = (
+        tracked_run(
+            stage="train",
+            model=args.name,
+            method=args.label,
+            seed=spec.seed,
+            corpus=args.corpus_name,
+            params={"method": args.method, "train": args.spec},
+            parents=parents,
+            run_dir=args.out,
+            **_track_kwargs(args),
+        )
+        if main
+        else contextlib.nullcontext()
+    )
+    with run:
         summary = posttrain(
             base_dir=args.base,
             prior_path=args.prior,
@@ -172,9 +187,11 @@ def cmd_train(args: argparse.Namespace) -> None:
             method_spec=method,
             spec=spec,
             out_dir=args.out,
+            trust_remote_code=args.trust_remote_code,
         )
-        mlflow.log_artifact(str(args.out / "train_history.json"))
-        log.info("post-training done: %s", summary["final"])
+        if main:
+            mlflow.log_artifact(str(args.out / "train_history.json"))
+            log.info("post-training done: %s", summary["final"])
 
 
 def cmd_eval(args: argparse.Namespace) -> None:
@@ -204,6 +221,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             args.work,
             batch_size=args.batch_size,
             limit=args.limit or None,
+            trust_remote_code=args.trust_remote_code,
         )
         scores = {
             f"{task}.{entry['metric']}": float(entry["score"])
@@ -240,6 +258,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
             tasks=args.tasks,
             limit=args.limit,
             out_json=args.out,
+            trust_remote_code=args.trust_remote_code,
         )
         mlflow.log_metrics({f"mean.{k}": float(v) for k, v in summary["mean"].items()})
         mlflow.log_artifact(str(args.out))
@@ -331,6 +350,7 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
     "table5": ("rpb.tables:build_table5", "table 5: structure retention vs accuracy, hard routing"),
     "sweep": ("rpb.tables:build_sweep", "softness sweep: accuracy and retention against strength"),
     "drift": ("rpb.tables:build_drift", "training-time routing drift curves"),
+    "readings": ("rpb.tables:build_readings", "which RPB reading anchors (the default's rule)"),
     "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
 }
 
@@ -343,6 +363,14 @@ def cmd_report(args: argparse.Namespace) -> None:
 
 
 # --- parser ----------------------------------------------------------------------------------
+
+
+def _add_trust(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the tokenizer's own code from the model folder (models.<m>.trust_remote_code)",
+    )
 
 
 def _add_tracking(p: argparse.ArgumentParser) -> None:
@@ -384,6 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batch-size", type=int, default=128)
+    _add_trust(p)
 
     p = add("train", cmd_train, "post-train a base with one router method")
     p.add_argument("--name", required=True)
@@ -397,6 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
     p.add_argument("--out", type=Path, required=True)
+    _add_trust(p)
 
     p = add("eval", cmd_eval, "evaluate a model with lm-evaluation-harness")
     p.add_argument("--name", required=True)
@@ -410,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--work", type=Path, required=True, help="lm-eval task/cache folder")
     p.add_argument("--out", type=Path, required=True)
+    _add_trust(p)
 
     p = add("analyze", cmd_analyze, "co-activation and routing-drift analysis against the base")
     p.add_argument("--name", required=True)
@@ -423,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=_csv_arg, required=True)
     p.add_argument("--limit", type=int, default=200)
     p.add_argument("--out", type=Path, required=True)
+    _add_trust(p)
 
     p = add("table1", cmd_table1, "build table 1 from evaluation and analysis outputs")
     p.add_argument("--results", type=Path, required=True)

@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
@@ -78,6 +79,8 @@ class RouterMethod:
     default_strength: ClassVar[float] = 0.0
     uses_strength: ClassVar[bool] = False
     needs_prior: ClassVar[bool] = False
+    # Whether the router hooks record ||W - W0||^2 (RouterControl's `weight_distance`).
+    needs_weight_distance: ClassVar[bool] = False
     option_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, strength: float | None = None, **options: Any) -> None:
@@ -131,6 +134,7 @@ class RouterMethod:
             base_weights=prior.base_weights if prior is not None else None,
             base_correction_bias=prior.correction_bias if prior is not None else None,
             keep_at_eval=bool(self.options.get("keep_bias_at_eval", False)),
+            weight_distance=self.needs_weight_distance,
         )
         self._install()
         return self
@@ -254,6 +258,18 @@ def _masked_mean(values: Tensor, mask: Tensor | None) -> Tensor:
     return (values * mask).sum() / mask.sum().clamp_min(1)
 
 
+def _sum_over_ranks(counts: Tensor) -> Tensor:
+    """`counts` summed over the ranks of an initialised torch.distributed group (else as is)."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return counts
+    # A NCCL-only group reduces CUDA tensors only; gloo (alone or beside NCCL) takes CPU ones.
+    on_cuda = "gloo" not in str(dist.get_backend()) and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if on_cuda else torch.device("cpu")
+    total = counts.to(device, copy=True)
+    dist.all_reduce(total)
+    return total.to(counts.device)
+
+
 def _token_mask(records: list[RouterRecord], attention_mask: Tensor | None) -> Tensor | None:
     if attention_mask is None:
         return None
@@ -368,7 +384,9 @@ class RPBAdaptive(RouterMethod):
     """`rpb_adaptive`: per-expert selection bias b_l (start 0), updated after each optimizer step
     like DeepSeek-V3's aux-loss-free bias, b += update_rate * sign(u_prior - u_live), pulling live
     expert usage toward the base's usage distribution instead of uniform. The applied bias is
-    strength * b. update_rate 0.001 is DeepSeek-V3's; softmax logits may want more."""
+    strength * b. update_rate 0.001 is DeepSeek-V3's; softmax logits may want more. Under
+    multi-process training the usage counts are summed over the ranks before each update, so every
+    rank keeps the same bias."""
 
     name = "rpb_adaptive"
     uses_strength = True
@@ -413,10 +431,14 @@ class RPBAdaptive(RouterMethod):
     def on_step_end(self) -> None:
         control = self._attached()
         usage = self._pending
-        if usage.sum() == 0:  # router_loss was not called: use the latest forward, unmasked
-            if any(r is None for r in control.records):
-                return
+        if usage.sum() == 0 and all(r is not None for r in control.records):
+            # router_loss was not called: use the latest forward, unmasked
             usage = self._usage(self._records(control), None)
+        # Every rank must apply the same update, from the usage of the whole global batch:
+        # otherwise each drifts to its own bias and the ranks route differently.
+        usage = _sum_over_ranks(usage)
+        if usage.sum() == 0:  # no routed forward yet
+            return
         live = usage / usage.sum(-1, keepdim=True).clamp_min(1)
         self.bias += self.options["update_rate"] * torch.sign(self._target - live.float())
         self._pending.zero_()
@@ -426,19 +448,23 @@ class RPBAdaptive(RouterMethod):
 class AnchorWeight(RouterMethod):
     """`anchor_weight`: strength * sum_l ||W_l - W0_l||^2 (summed over layers). Default 0.01:
     for RMS-normalised hidden states E_h||(W - W0) h||^2 ~ ||W - W0||_F^2, so this matches
-    anchor_logit's default per layer."""
+    anchor_logit's default per layer.
+
+    Each layer's term is taken by the router hook during the forward (`weight_sq_dist`), where
+    FSDP has the full weight; after the forward a sharded model holds only a shard of it.
+    """
 
     name = "anchor_weight"
     uses_strength = True
     needs_prior = True
+    needs_weight_distance = True
     default_strength = 0.01
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         total = None
-        for handle, w0 in zip(control.handles, control.base_weights, strict=True):
-            w = handle.module.weight
-            term = (w.float() - w0.to(device=w.device, dtype=torch.float32)).pow(2).sum()
-            total = term if total is None else total + term
+        for record in self._grad_records(control):
+            term = record.weight_sq_dist
+            total = term if total is None else total + term.to(total.device)
         return self.strength * total
 
 

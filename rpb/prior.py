@@ -233,8 +233,8 @@ def extract_prior(
                     if rec is None:
                         raise RuntimeError(f"router {handles[i].name} did not run in the forward")
                     probs = routing_probs(first.kind, rec.logits)
-                    if flat is not None:
-                        probs = probs[flat]
+                    if flat is not None:  # layers may sit on other GPUs (device_map="auto")
+                        probs = probs[flat.to(probs.device)]
                     prob_sums[i] += probs.sum(0).double().cpu()
                     counter.update(i, rec.indices, mask=flat)
                 n_tokens += int(flat.sum()) if flat is not None else input_ids.numel()

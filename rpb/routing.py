@@ -307,6 +307,9 @@ class RouterRecord:
     indices: Tensor  # [T, k] experts the tokens were sent to
     base_logits: Tensor | None  # [T, E] z0 = W0 h on the same input (no grad), if a base is set
     steered: bool = False  # whether a policy replaced the router's output
+    # ||W - W0||_F^2 in float32 (with grad), taken inside the forward where FSDP has the full W;
+    # only with RouterControl(weight_distance=True).
+    weight_sq_dist: Tensor | None = None
 
 
 PolicyValue = Tensor | Callable[[RouterRecord], Tensor] | None
@@ -336,6 +339,11 @@ class RouterControl:
     For DeepSeek-V3 the base correction bias defaults to the routers' biases at construction.
     Policies apply only to routers in training mode unless `keep_at_eval`; recording always runs.
     Under gradient checkpointing the hooks fire again on recompute and simply overwrite records.
+
+    `weight_distance` also records ||W - W0||^2 per router in its forward. Outside the forward a
+    sharded model's router weight is only this rank's shard (an FSDP2 DTensor, an FSDP1 flat
+    view); inside it FSDP has gathered the full weight, and the term's gradient reaches the
+    gathered parameter before FSDP reduce-scatters it.
     """
 
     def __init__(
@@ -345,9 +353,13 @@ class RouterControl:
         *,
         base_correction_bias: list[Tensor | None] | None = None,
         keep_at_eval: bool = False,
+        weight_distance: bool = False,
     ) -> None:
         self.handles = find_routers(model)
         self.keep_at_eval = keep_at_eval
+        if weight_distance and base_weights is None:
+            raise ValueError("weight_distance needs base_weights (the W0 to measure from)")
+        self.weight_distance = weight_distance
         n = len(self.handles)
         self._base: list[Tensor] | None = None
         if base_weights is not None:
@@ -374,6 +386,7 @@ class RouterControl:
         ]
         self._base_bias = [None if b is None else b.detach().clone() for b in self._base_bias]
         self._base_cache: dict[int, Tensor] = {}
+        self._base_fp32_cache: dict[int, Tensor] = {}
         self.records: list[RouterRecord | None] = [None] * n
         self.policies: list[RoutingPolicy] = [RoutingPolicy() for _ in range(n)]
         self._hooks = [
@@ -477,6 +490,14 @@ class RouterControl:
             self._base_cache[layer] = cached
         return cached
 
+    def _base_fp32(self, layer: int, device: torch.device) -> Tensor:
+        # A cache of its own: `_base_on` follows the logits' dtype (bf16 under autocast).
+        cached = self._base_fp32_cache.get(layer)
+        if cached is None or cached.device != device:
+            cached = self._base[layer].to(device=device, dtype=torch.float32)
+            self._base_fp32_cache[layer] = cached
+        return cached
+
     def _resolve(self, value: PolicyValue, record: RouterRecord) -> Tensor | None:
         return value(record) if callable(value) else value
 
@@ -498,6 +519,9 @@ class RouterControl:
                 h = hidden.reshape(-1, handle.hidden_size).to(logits.dtype)
                 base_logits = F.linear(h, self._base_on(layer, logits))
         record = RouterRecord(layer, logits, weights, indices, base_logits)
+        if self.weight_distance:
+            w = module.weight  # the full weight here, even when FSDP shards it between forwards
+            record.weight_sq_dist = (w.float() - self._base_fp32(layer, w.device)).pow(2).sum()
         self.records[layer] = record
         policy = self.policies[layer]
         if not policy.active or not (module.training or self.keep_at_eval):

@@ -76,13 +76,29 @@ def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int)
 
 
 def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.ndarray:
-    """Per-item exact match (0/1) of one generation task in an evaluation output."""
-    key = f"rpb_{task}"
-    try:
-        entry = eval_result["tasks"][key]
-    except KeyError:
-        raise ValueError(f"{path}: no task '{key}' in the evaluation output") from None
-    return np.asarray(entry["items"], dtype=float)
+    """Per-item scores (0/1) of one task in an evaluation output: our eval set's generation task
+    `rpb_<task>` (tiny scale), else the standard lm-eval task `<task>` (paper scale: gsm8k,
+    mmlu, ... scored by the suite's metric)."""
+    tasks = eval_result.get("tasks", {})
+    key = f"rpb_{task}" if f"rpb_{task}" in tasks else task
+    if key not in tasks:
+        raise ValueError(f"{path}: no task 'rpb_{task}' or '{task}' in the evaluation output")
+    return np.asarray(tasks[key]["items"], dtype=float)
+
+
+def in_domain_tasks(spec: dict[str, Any], corpus: str) -> list[str]:
+    """The tasks that score post-training on `corpus` in-domain: `spec["corpus_tasks"][corpus]`
+    (config `evaluation.corpus_tasks`; paper scale: the math benchmarks), else the corpus's own
+    held-out set (tiny scale)."""
+    return list((spec.get("corpus_tasks") or {}).get(corpus, [corpus]))
+
+
+def in_domain_items(
+    eval_result: dict[str, Any], spec: dict[str, Any], corpus: str, path: Path
+) -> np.ndarray:
+    """The in-domain items of `corpus`: every in-domain task's items, side by side."""
+    tasks = in_domain_tasks(spec, corpus)
+    return np.concatenate([exact_match_items(eval_result, t, path) for t in tasks])
 
 
 def task_items(
@@ -131,7 +147,7 @@ def _run_record(
     path = eval_path(results, model, corpus, label, seed)
     result = _read_json(path)
     record: dict[str, Any] = {"model": model, "corpus": corpus, "method": label, "seed": seed}
-    record["in_domain"] = _pct(exact_match_items(result, corpus, path).mean())
+    record["in_domain"] = _pct(in_domain_items(result, spec, corpus, path).mean())
     ood = [_pct(exact_match_items(result, task, path).mean()) for task in spec["ood"]]
     record["ood_mean"] = float(np.mean(ood))
     mean = analysis_mean(results, model, corpus, label, seed)
@@ -164,7 +180,7 @@ def _row(results: Path, spec: dict[str, Any], label: str, seeds: list[int]) -> d
     for seed in seeds:
         path = eval_path(results, model, corpus, label, seed)
         result = _read_json(path)
-        per_seed_items.append(exact_match_items(result, corpus, path))
+        per_seed_items.append(in_domain_items(result, spec, corpus, path))
         for task in spec["ood"]:
             ood[task].append(exact_match_items(result, task, path).mean())
         summary = _read_json(analysis_path(results, model, corpus, label, seed))
@@ -207,7 +223,8 @@ def build_method_table(
         "corpus": spec["corpus"],
         "seeds": spec["seeds"],
         "note": (
-            "Scores in percent. in_domain: exact match on the held-out in-domain set, 95% CI by a "
+            "Scores in percent. in_domain: items of "
+            f"{', '.join(in_domain_tasks(spec, spec['corpus']))} pooled, 95% CI by a "
             "bootstrap over seeds and items. paper_in_domain: Moonlight-16B-A3B numbers reported "
             "by arXiv:2609.08115 (family A only); all other columns measured by this run."
         ),
@@ -288,15 +305,20 @@ def compare(
     seeds: Sequence[int],
 ) -> tuple[float, float, Any]:
     """`method` - `other` (percent), paired by seed and item, over the items of every corpus side
-    by side. `metric` "in_domain": each corpus's own held-out set; "ood": the items of every OOD
-    task pooled. Returns (method's score, other's score, `rpb.stats.Difference`)."""
+    by side. `metric` "in_domain": each corpus's in-domain tasks (`in_domain_tasks`); "ood": the
+    items of every OOD task pooled. Returns (method's score, other's score, its Difference)."""
     if metric not in ("in_domain", "ood"):
         raise ValueError(f"unknown comparison metric {metric!r} (in_domain or ood)")
 
     def items(label: str) -> np.ndarray:
         blocks = [
             task_items(
-                results, model, c, label, seeds, [c] if metric == "in_domain" else spec["ood"]
+                results,
+                model,
+                c,
+                label,
+                seeds,
+                in_domain_tasks(spec, c) if metric == "in_domain" else spec["ood"],
             )
             for c in corpora
         ]
@@ -344,7 +366,8 @@ def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"{spec['method']} minus {spec['reference']} after post-training on the independently "
         f"generated corpus `{spec['corpus']}` ({spec.get('scale')} scale, seeds "
         f"{list(spec['seeds'])}). Scores in percent; diff: mean paired difference over seeds x "
-        "items (in_domain: the corpus's held-out set; ood: the items of every OOD task pooled), "
+        f"items (in_domain: {', '.join(in_domain_tasks(spec, spec['corpus']))}; ood: the items "
+        "of every OOD task pooled), "
         f"{_level(spec)} CI and two-sided p-value from one bootstrap that resamples seeds and "
         "items, so p < 1 - level exactly when the CI excludes zero."
     )
@@ -542,7 +565,9 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
         records = pd.DataFrame(
             [_run_record(results, spec, model, corpus, label, s) for s in label_seeds]
         )
-        items = task_items(results, model, corpus, label, label_seeds, [corpus])
+        items = task_items(
+            results, model, corpus, label, label_seeds, in_domain_tasks(spec, corpus)
+        )
         mean, low, high = two_way_bootstrap_ci(100 * items, **stat)
         row = {"model": model, "method": label, "n_seeds": len(label_seeds)}
         row |= {"in_domain": mean, "in_domain_ci_low": low, "in_domain_ci_high": high}

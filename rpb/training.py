@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from accelerate import PartialState
 from torch.utils.data import Dataset
 from transformers import (
     AutoModelForCausalLM,
@@ -30,10 +31,12 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
+from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
 from rpb.data import load_jsonl
+from rpb.eval_routing import save_eval_routing
 from rpb.methods import RouterMethod, make_method
 from rpb.prior import RouterPrior
 from rpb.tokenizer import encode
@@ -229,6 +232,8 @@ class CheckpointStateCallback(TrainerCallback):
             control.should_save = False
 
     def on_save(self, args, state, control, **kwargs):
+        # Every rank has written its part (its RNG state, shards) before the mark goes in.
+        PartialState().wait_for_everyone()
         if not args.should_save:  # not the main process of a multi-process launch
             return
         folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
@@ -255,14 +260,17 @@ def _checkpoint_step(path: Path) -> int | None:
     return int(tail) if path.name.startswith(prefix) and tail.isdigit() else None
 
 
-def last_complete_checkpoint(checkpoint_dir: Path) -> Path | None:
+def last_complete_checkpoint(
+    checkpoint_dir: Path, *, remove_incomplete: bool = True
+) -> Path | None:
     """The newest checkpoint that has our state file. Incomplete ones (the job died while saving)
-    are deleted: the Trainer would resume from the newest folder, or rotate the new ones away."""
+    are deleted unless `remove_incomplete` is false: the Trainer would resume from the newest
+    folder, or rotate the new ones away."""
     complete = None
     for path in _checkpoints(checkpoint_dir):
         if (path / CHECKPOINT_STATE).is_file():
             complete = path
-        else:
+        elif remove_incomplete:
             log.warning("removing incomplete checkpoint %s (the job died while saving it)", path)
             shutil.rmtree(path, ignore_errors=True)
     return complete
@@ -325,6 +333,12 @@ def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
     )
 
 
+def is_main_process() -> bool:
+    """Whether this is the process that writes and tracks: global rank 0 of a multi-process launch
+    (`accelerate launch`, torchrun), or the only process. Readable before any process group."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def run_training(
     model: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -332,8 +346,14 @@ def run_training(
     method: RouterMethod,
     spec: TrainSpec,
     out_dir: Path,
+    *,
+    save_to: Path | None = None,
 ) -> list[dict[str, float]]:
-    """Train `model` in place with `method` attached; resumes from the newest checkpoint."""
+    """Train `model` in place with `method` attached; resumes from the newest checkpoint.
+
+    Under a multi-process launch every rank calls this; only the main process writes (and logs
+    to its MLflow run, the only one open). `save_to` saves the final model and tokenizer there.
+    """
     torch.set_num_threads(max(1, spec.threads))
     out_dir.mkdir(parents=True, exist_ok=True)
     history: list[dict[str, float]] = []
@@ -350,7 +370,12 @@ def run_training(
         ],
     )
     trainer_ref.append(trainer)
-    last = last_complete_checkpoint(out_dir / "checkpoints")
+    # The Trainer has set up the process group: the main process removes incomplete checkpoints
+    # while the others wait, then every rank resumes from the same one.
+    if trainer.is_world_process_zero():
+        last_complete_checkpoint(out_dir / "checkpoints")
+    trainer.accelerator.wait_for_everyone()
+    last = last_complete_checkpoint(out_dir / "checkpoints", remove_incomplete=False)
     if last:
         # The Trainer restores model, optimizer, scheduler, RNG and data position; the router
         # method's state and the history logged so far come from our file in the checkpoint.
@@ -361,6 +386,8 @@ def run_training(
         _resumed_to_active_run(last, history)
     with method:
         trainer.train(resume_from_checkpoint=str(last) if last else None)
+    if save_to is not None:
+        _save_model(trainer, tokenizer, save_to)
     return history
 
 
@@ -399,11 +426,14 @@ def pretrain(
     model.train()
     dataset = tokenize_pretraining(corpus, tokenizer, spec.max_length)
     method = make_method("lbl", strength=lbl_coef).attach(model)
-    history = run_training(model, tokenizer, dataset, method, spec, out_dir)
-    _save_model(model, tokenizer, out_dir / "model")
+    history = run_training(
+        model, tokenizer, dataset, method, spec, out_dir, save_to=out_dir / "model"
+    )
     summary = {"final": history[-1] if history else {}, "spec": asdict(spec)}
-    _write_json(out_dir / "train_history.json", {"history": history, **summary})
-    remove_checkpoints(out_dir / "checkpoints")
+    if is_main_process():
+        _write_json(out_dir / "train_history.json", {"history": history, **summary})
+        remove_checkpoints(out_dir / "checkpoints")
+    PartialState().wait_for_everyone()
     return summary
 
 
@@ -415,9 +445,15 @@ def posttrain(
     method_spec: MethodSpec,
     spec: TrainSpec,
     out_dir: Path,
+    trust_remote_code: bool = False,
 ) -> dict[str, Any]:
-    """Post-train a base on a prompt/completion corpus with one router method attached."""
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    """Post-train a base on a prompt/completion corpus with one router method attached.
+
+    `trust_remote_code` applies to the tokenizer only (Moonlight's); the model always loads with
+    transformers' own class. Every rank of a multi-process launch calls this; the main process
+    writes the outputs while the others wait.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.train()
@@ -427,22 +463,38 @@ def posttrain(
     dataset = tokenize_prompt_completion(corpus, tokenizer, spec.max_length)
     method = make_method(method_spec.name, strength=method_spec.strength, **method_spec.options)
     method.attach(model, prior)
-    history = run_training(model, tokenizer, dataset, method, spec, out_dir)
-    _save_model(model, tokenizer, out_dir / "model")
+    history = run_training(
+        model, tokenizer, dataset, method, spec, out_dir, save_to=out_dir / "model"
+    )
     summary = {
         "final": history[-1] if history else {},
         "spec": asdict(spec),
         "method": asdict(method_spec),
     }
-    _write_json(out_dir / "train_history.json", {"history": history, **summary})
-    remove_checkpoints(out_dir / "checkpoints")
+    if is_main_process():
+        # A method that keeps steering at evaluation (hard, keep_bias_at_eval) travels with the
+        # model.
+        save_eval_routing(out_dir / "model", method, prior)
+        _write_json(out_dir / "train_history.json", {"history": history, **summary})
+        remove_checkpoints(out_dir / "checkpoints")
+    PartialState().wait_for_everyone()
     return summary
 
 
-def _save_model(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    model.eval()
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
+def _save_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
+    """Save the trained model and tokenizer from the main process (every rank calls this)."""
+    trainer.model.eval()
+    main = trainer.is_world_process_zero()
+    if trainer.is_fsdp_enabled:
+        # A collective: gathers the full state dict from the shards (save_pretrained on the
+        # sharded model would write this rank's DTensor shards). The main process writes it.
+        trainer.save_model(str(path))
+        if main:  # the Trainer adds its pickled arguments; a model folder needs none
+            (path / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+    elif main:  # DDP or one process: every rank holds the same full model
+        trainer.model.save_pretrained(path)
+    if main:
+        tokenizer.save_pretrained(path)
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -348,3 +348,70 @@ def test_reentrant_checkpointing_is_refused_not_silently_ignored():
         model(**batch, use_cache=False)
         with pytest.raises(RuntimeError, match=r"carry no gradient.*use_reentrant=False"):
             method.router_loss(batch["attention_mask"])
+
+
+def _anchor_weight_loss_and_grads(model, prior, batch, strength=0.3):
+    """anchor_weight's term of one training forward and the router gradients it gives."""
+    with make_method("anchor_weight", strength=strength).attach(model, prior) as method:
+        model(**batch, use_cache=False)
+        loss = method.router_loss(batch["attention_mask"])
+        loss.backward()
+    return loss.detach(), [h.module.weight.grad.clone() for h in find_routers(model)]
+
+
+@pytest.mark.parametrize("arch_name", ["qwen3_moe", "deepseek_v3"])
+def test_anchor_weight_from_the_forward_equals_the_weight_formula(arch_name):
+    """Taken inside the router hook (where FSDP has the full weight), the term and its gradient
+    are exactly strength * sum_l ||W_l - W0_l||^2 computed from the parameters directly, with
+    and without (non-reentrant) gradient checkpointing."""
+    model = make_model(arch_name)
+    prior = _prior(model)
+    perturb_routers(model)
+    model.train()
+    direct = copy.deepcopy(model)
+    total = sum(
+        (h.module.weight.float() - w0.float()).pow(2).sum()
+        for h, w0 in zip(find_routers(direct), prior.base_weights, strict=True)
+    )
+    (0.3 * total).backward()
+    want = [h.module.weight.grad for h in find_routers(direct)]
+    batch = make_batch()
+    loss, grads = _anchor_weight_loss_and_grads(copy.deepcopy(model), prior, batch)
+    assert loss > 0 and torch.equal(loss, (0.3 * total).detach())
+    assert all(torch.equal(g, w) for g, w in zip(grads, want, strict=True))
+    model.activation_checkpointing_enable()  # the hook fires again on recompute
+    loss_ckpt, grads_ckpt = _anchor_weight_loss_and_grads(model, prior, batch)
+    assert torch.equal(loss_ckpt, loss)
+    assert all(torch.equal(g, w) for g, w in zip(grads_ckpt, want, strict=True))
+
+
+def test_anchor_weight_never_reads_the_weight_after_the_forward():
+    """After the forward an FSDP-sharded router holds only its shard (here: a stand-in tensor of
+    another shape); the loss must come from what the hook saw."""
+    model = make_model("qwen3_moe")
+    prior = _prior(model)
+    perturb_routers(model)
+    model.train()
+    batch = make_batch()
+    with make_method("anchor_weight").attach(model, prior) as method:
+        model(**batch)
+        want = method.router_loss(batch["attention_mask"]).detach()
+        for h in find_routers(model):
+            h.module.weight = torch.nn.Parameter(torch.zeros(1, h.hidden_size))
+        assert torch.equal(method.router_loss(batch["attention_mask"]).detach(), want)
+    assert want > 0
+
+
+def test_anchor_weight_needs_a_forward_with_gradients():
+    model = make_model("qwen3_moe")
+    prior = _prior(model)
+    model.train()
+    with make_method("anchor_weight").attach(model, prior) as method:
+        with pytest.raises(RuntimeError, match="no routed forward"):
+            method.router_loss()
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": True}
+        )
+        model(**make_batch(), use_cache=False)
+        with pytest.raises(RuntimeError, match=r"carry no gradient.*use_reentrant=False"):
+            method.router_loss()

@@ -23,7 +23,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from rpb.analysis import extract_prior_from_corpus
-from rpb.architectures import random_model
+from rpb.architectures import build_config, random_model
 from rpb.evaluation import SUITE_FILE, LMEvalSuite, TaskSetting, evaluate_model, run_lm_eval
 from rpb.methods import METHODS
 from rpb.prior import RouterPrior
@@ -87,6 +87,7 @@ TINY_SIZES: dict[str, dict[str, Any]] = {
         "moe_intermediate_size": 16,
         "num_attention_heads": 2,
         "num_key_value_heads": 1,
+        "head_dim": 32,  # twice hidden_size / heads, as Qwen3-30B-A3B's 128 vs 2048 / 32
         "max_position_embeddings": 128,
     },
 }
@@ -208,6 +209,17 @@ def test_paper_shaped_models_route_like_the_paper_models(paper_models):
         assert int(prior.usage[0].sum()) == top_k * prior.n_tokens
     moon = AutoModelForCausalLM.from_pretrained(paper_models["moonlight"]["base"])
     assert moon.config.n_shared_experts == 2 and moon.config.routed_scaling_factor == 2.446
+    qwen = AutoModelForCausalLM.from_pretrained(paper_models["qwen3"]["base"])
+    assert qwen.model.layers[0].self_attn.head_dim == 32
+
+
+def test_paper_architectures_build_full_size_configs():
+    """Every key of models.*.architecture is accepted by build_config and lands in the config
+    (e.g. Qwen3's head_dim 128, which its config class does not declare)."""
+    for name, entry in PAPER["models"].items():
+        config = build_config(entry["model_type"], **entry["architecture"])
+        for key, value in entry["architecture"].items():
+            assert getattr(config, key) == value, (name, key)
 
 
 @pytest.mark.parametrize("name", list(ROUTING))

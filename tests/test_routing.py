@@ -265,3 +265,35 @@ def test_hooks_survive_gradient_checkpointing(arch_name):
         assert all((r.indices.sort(-1)[0] == torch.tensor([5, 6])).all() for r in control.records)
     for h in find_routers(model):
         assert h.module.weight.grad is not None and h.module.weight.grad.abs().sum() > 0
+
+
+def test_weight_distance_is_recorded_in_the_forward(tiny_model, tiny_batch):
+    """||W - W0||^2 per router, from the weight the forward used, only when asked for."""
+    handles = find_routers(tiny_model)
+    base = [h.module.weight.detach() + 0.1 * (i + 1) for i, h in enumerate(handles)]
+    with RouterControl(tiny_model, base) as control:
+        tiny_model(**tiny_batch)
+        assert all(r.weight_sq_dist is None for r in control.records)
+    with RouterControl(tiny_model, base, weight_distance=True) as control:
+        tiny_model(**tiny_batch)
+        for i, (rec, h) in enumerate(zip(control.records, handles, strict=True)):
+            assert rec.weight_sq_dist.requires_grad
+            expect = torch.tensor(0.01 * (i + 1) ** 2 * h.module.weight.numel())
+            assert torch.allclose(rec.weight_sq_dist.detach(), expect, rtol=1e-4)
+    with pytest.raises(ValueError, match="weight_distance needs base_weights"):
+        RouterControl(tiny_model, weight_distance=True)
+
+
+def test_build_config_accepts_head_dim_where_the_model_reads_it(tmp_path):
+    """Qwen3-30B-A3B's head_dim (128) is twice hidden_size / num_attention_heads (64); the config
+    class does not declare it but the attention reads it, so it must reach the model."""
+    from transformers import AutoConfig
+
+    model = random_model("qwen3_moe", num_attention_heads=2, num_key_value_heads=1, head_dim=32)
+    attn = model.model.layers[0].self_attn
+    assert attn.head_dim == 32 and tuple(attn.q_proj.weight.shape) == (64, 32)
+    assert model(torch.tensor([[3, 4, 5]])).logits.shape == (1, 3, 64)
+    model.config.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).head_dim == 32
+    with pytest.raises(ValueError, match="unknown olmoe config field"):
+        build_config("olmoe", head_dim=32)  # its q/k norms assume hidden_size: not supported

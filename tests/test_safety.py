@@ -4,6 +4,7 @@ loopback only, and credentials never reach MLflow params or logs."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
 import logging
 import os
@@ -129,17 +130,97 @@ def _paper_dry_run_commands(results: Path) -> list[str]:
     return [line for line in proc.stdout.splitlines() if " --name " in line]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="gap: models.<m>.trust_remote_code does not reach the jobs yet (docs/reliability.md "
-    "section 7 has the fix); Moonlight's tokenizer cannot load in train/prior/eval/analyze",
-)
 def test_jobs_take_trust_remote_code_from_the_model_entry(tmp_path: Path) -> None:
+    """`--trust-remote-code` on exactly the moonlight jobs, of all four job kinds that load it."""
     commands = _paper_dry_run_commands(tmp_path / "results")
-    assert commands
+    kinds = set()
     for line in commands:
         name = re.search(r" --name (\S+)", line).group(1)
+        kinds.add(re.search(r"\b(train|prior|eval|analyze) --name", line).group(1))
         assert ("--trust-remote-code" in line) == (name == "moonlight"), line
+    assert kinds == {"train", "prior", "eval", "analyze"}, kinds
+
+
+@pytest.mark.parametrize("command", ["train", "prior", "eval", "analyze"])
+def test_cli_passes_trust_remote_code_through(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str
+) -> None:
+    """The flag reaches the function that loads the tokenizer, and is off unless given."""
+    import rpb.analysis
+    import rpb.evaluation
+    import rpb.tracking
+    import rpb.training
+    from rpb.cli import build_parser
+
+    target = {
+        "train": (rpb.training, "posttrain"),
+        "prior": (rpb.analysis, "extract_prior_from_corpus"),
+        "eval": (rpb.evaluation, "evaluate_model"),
+        "analyze": (rpb.analysis, "analyze_model"),
+    }[command]
+    seen = []
+
+    def stop(*args: Any, **kwargs: Any) -> None:
+        seen.append(kwargs["trust_remote_code"])
+        raise ValueError("stop here")  # before anything is loaded or written
+
+    monkeypatch.setattr(*target, stop)
+    p = str(tmp_path / "x")
+    argv = {
+        "train": [
+            "--label",
+            "m",
+            "--base",
+            p,
+            "--corpus",
+            p,
+            "--corpus-name",
+            "c",
+            "--method",
+            '{"name": "none"}',
+            "--spec",
+            '{"steps": 1, "batch_size": 1, "lr": 0.1}',
+            "--out",
+            p,
+        ],
+        "prior": ["--model", p, "--corpus", p, "--out", f"{p}.safetensors"],
+        "eval": [
+            "--label",
+            "m",
+            "--model",
+            p,
+            "--eval-dir",
+            p,
+            "--tasks",
+            "t",
+            "--work",
+            p,
+            "--out",
+            f"{p}.json",
+        ],
+        "analyze": [
+            "--label",
+            "m",
+            "--model",
+            p,
+            "--base",
+            p,
+            "--prior",
+            p,
+            "--eval-dir",
+            p,
+            "--tasks",
+            "t",
+            "--out",
+            f"{p}.json",
+        ],
+    }[command]
+    monkeypatch.setattr(rpb.tracking, "tracked_run", lambda **_: contextlib.nullcontext())
+    for flag in ([], ["--trust-remote-code"]):
+        args = build_parser().parse_args([command, "--name", "x", *argv, *flag])
+        with pytest.raises(ValueError, match="stop here"):
+            args.func(args)
+    assert seen == [False, True]
 
 
 def test_mlflow_ui_binds_loopback_only() -> None:

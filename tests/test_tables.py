@@ -180,6 +180,28 @@ def test_table1_numbers_are_percentages_of_the_inputs(
         assert row["in_domain_ci_low"] >= 0 and row["in_domain_ci_high"] <= 100
 
 
+def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) -> None:
+    """At paper scale the eval outputs hold lm-eval's own task names (gsm8k, ...), and a corpus is
+    scored in-domain on the items of every task `corpus_tasks` lists for it, pooled."""
+    results = tmp_path / "results"
+    written = _fake_results(results, SPEC)
+    bench = {"gsm8k": [1, 1, 0, 0], "minerva_math500": [1, 0]}
+    for label, seeds in written.items():
+        for seed, entry in seeds.items():
+            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            tasks = {t: {"items": v} for t, v in entry["tasks"].items() if t != "math"}
+            _write(path, {"tasks": tasks | {t: {"items": v} for t, v in bench.items()}})
+    spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}}
+    out = results / "table1.csv"
+    table = build_table1(results, spec, out).set_index("method")
+    assert table.loc["rpb", "in_domain"] == pytest.approx(100 * 3 / 6)
+    ood = np.mean([np.mean(written["rpb"][s]["tasks"][t]) for s in (0, 1) for t in OOD])
+    assert table.loc["rpb", "ood_mean"] == pytest.approx(100 * ood)
+    assert "gsm8k, minerva_math500" in out.with_suffix(".meta.json").read_text()
+    with pytest.raises(ValueError, match="no task 'rpb_math' or 'math'"):
+        build_table1(results, SPEC, out)
+
+
 def test_paper_numbers_only_for_family_a(tmp_path: Path) -> None:
     _fake_results(tmp_path, SPEC)
     df_a = build_table1(tmp_path, SPEC, tmp_path / "a.csv").set_index("method")

@@ -45,6 +45,12 @@ wildcard_constraints:
     seed="[0-9]+",
 
 
+def trust_remote_code_flag(wildcards):
+    """`--trust-remote-code` for a job on a model whose config entry allows remote code."""
+    allowed = config["models"][wildcards.model].get("trust_remote_code")
+    return "--trust-remote-code" if allowed else ""
+
+
 def as_json(value):
     """Quote a params value for a shell command line."""
     return shlex.quote(json.dumps(value, sort_keys=True))
@@ -157,6 +163,14 @@ def _check_report_config():
             if name not in config["methods"]:
                 _report_config_error(where, f"'{name}' is not a key of methods")
 
+    for c, tasks in (config["evaluation"].get("corpus_tasks") or {}).items():
+        corpus("evaluation.corpus_tasks", c)
+        for task in tasks:
+            if task not in config["evaluation"]["in_domain"]:
+                _report_config_error(
+                    f"evaluation.corpus_tasks.{c}",
+                    f"'{task}' is not in evaluation.in_domain",
+                )
     for key, entry in TABLES.items():
         if key == "seeds":
             continue
@@ -266,7 +280,11 @@ def sweep_inputs(wildcards):
 
 
 def _common_spec():
-    spec = {"ood": config["evaluation"]["ood"], "scale": config["scale"]}
+    spec = {
+        "ood": config["evaluation"]["ood"],
+        "corpus_tasks": config["evaluation"].get("corpus_tasks") or {},
+        "scale": config["scale"],
+    }
     if CLAIMS is not None:
         spec |= {k: CLAIMS[k] for k in ("confidence", "n_resamples")}
     return spec
@@ -310,7 +328,8 @@ def claims_spec():
 
 def report_targets():
     """Everything `all` builds beyond table 1: each configured table, the claims, the sweep."""
-    targets = [f"{RESULTS}/testbed.md"]
+    # The testbed report describes the tiny bases the pipeline pretrains; none at paper scale.
+    targets = [f"{RESULTS}/testbed.md"] if config["scale"] != "paper" else []
     targets += [
         f"{RESULTS}/{name}.csv"
         for name in ("table2", "table3", "table4", "table5")

@@ -22,11 +22,12 @@ rule evaluate:
         limit=config["evaluation"].get("limit") or 0,
         batch_size=config["evaluation"].get("batch_size", 64),
         work=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work",
+        trust=trust_remote_code_flag,
     shell:
         "rpb eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
         " --tasks {params.tasks} --limit {params.limit} --batch-size {params.batch_size}"
-        " --work {params.work} --out {output} {params.track} > {log} 2>&1"
+        " --work {params.work} --out {output} {params.trust} {params.track} > {log} 2>&1"
 
 
 rule analyze:
@@ -51,8 +52,10 @@ rule analyze:
         eval_dir=f"{RESULTS}/data/eval",
         tasks=",".join(config.get("analysis", {}).get("probe_tasks", eval_tasks())),
         limit=config.get("analysis", {}).get("probe_limit", 200),
+        trust=trust_remote_code_flag,
     shell:
         "rpb analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"
         " --prior {input.prior} --eval-dir {params.eval_dir} --tasks {params.tasks}"
-        " --limit {params.limit} --out {output.summary} {params.track} > {log} 2>&1"
+        " --limit {params.limit} --out {output.summary} {params.trust} {params.track}"
+        " > {log} 2>&1"

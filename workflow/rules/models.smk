@@ -50,6 +50,7 @@ rule extract_prior:
     params:
         track=TRACK,
         corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
+        trust=trust_remote_code_flag,
     shell:
         "rpb prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
-        " --out {output.prior} {params.track} > {log} 2>&1"
+        " --out {output.prior} {params.trust} {params.track} > {log} 2>&1"

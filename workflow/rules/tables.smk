@@ -31,6 +31,7 @@ rule table1:
                 "seeds": SEEDS,
                 "in_domain": config["evaluation"]["in_domain"],
                 "ood": config["evaluation"]["ood"],
+                "corpus_tasks": config["evaluation"].get("corpus_tasks") or {},
                 "scale": config["scale"],
             }
         ),

@@ -26,8 +26,9 @@ rule posttrain:
         out=parent_dir("history"),
         method=lambda wc: as_json(method_entry(wc.method)),
         spec=lambda wc: as_json(posttrain_spec(wc.seed)),
+        trust=trust_remote_code_flag,
     shell:
         "{params.launcher} train --name {wildcards.model} --label {wildcards.method}"
         " --base {input.base} --prior {input.prior}"
         " --corpus {params.corpus} --corpus-name {wildcards.corpus} --method {params.method}"
-        " --spec {params.spec} --out {params.out} {params.track} > {log} 2>&1"
+        " --spec {params.spec} --out {params.out} {params.trust} {params.track} > {log} 2>&1"
