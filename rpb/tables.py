@@ -169,6 +169,16 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> None:
     frame.to_csv(path, index=False, float_format="%.4f")
 
 
+def _write_with_runs(table: pd.DataFrame, runs: pd.DataFrame, out_csv: Path) -> Path:
+    """Write `table` to `out_csv` and the per-run rows beside it as `<stem>_runs.csv`; return
+    the stem (for the Markdown and figure names)."""
+    out_csv = Path(out_csv)
+    _write_csv(table, out_csv)
+    stem = out_csv.with_suffix("")
+    _write_csv(runs, stem.with_name(stem.name + "_runs.csv"))
+    return stem
+
+
 # --- tables 1 and 2: one row per method --------------------------------------------------------
 
 
@@ -724,9 +734,7 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     )
     table.insert(3, "n_seeds", len(seeds))
     out_csv = Path(out_csv)
-    _write_csv(table, out_csv)
-    stem = out_csv.with_suffix("")
-    _write_csv(runs, stem.with_name(stem.name + "_runs.csv"))
+    _write_with_runs(table, runs, out_csv)
     note = (
         f"Model {model}, corpus {corpus}, seeds {seeds} ({spec.get('scale')} scale); means over "
         "seeds. strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
@@ -836,10 +844,7 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         *ACCURACY,
     ]
     table = table[columns]
-    out_csv = Path(out_csv)
-    _write_csv(table, out_csv)
-    stem = out_csv.with_suffix("")
-    _write_csv(runs, stem.with_name(stem.name + "_runs.csv"))
+    out_csv, stem = Path(out_csv), _write_with_runs(table, runs, out_csv)
     verdict = (
         f"default by the rule: `{first[0]}`"
         if first

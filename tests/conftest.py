@@ -91,3 +91,14 @@ def perturb_routers(model: PreTrainedModel, scale: float = 0.5, seed: int = 1) -
         for h in find_routers(model):
             w = h.module.weight
             w.add_(scale * w.std() * torch.randn(w.shape, generator=g))
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory: pytest.TempPathFactory):
+    """Results folder of the suite's one smoke pipeline run up to table 1 (tests/smoke_pipeline.py);
+    later tests may extend it (test_report.py builds `all` in it)."""
+    from smoke_pipeline import run_or_fail
+
+    results = tmp_path_factory.mktemp("smoke") / "results"
+    run_or_fail(results, str(results / "table1.csv"), "--cores", "2")
+    return results

@@ -1,8 +1,6 @@
 """End-to-end: the smoke configuration builds `all` (every table, the claims audit, the sweep, the
-figures) and `snakemake --report` bundles them (slow: runs the whole tiny DAG).
-
-When test_pipeline.py ran first in the same session, its smoke results folder is extended rather
-than rebuilt (see the fixture); a session-scoped fixture in conftest.py would make that explicit.
+RPB readings, the figures) and `snakemake --report` bundles them (slow: runs the whole tiny DAG).
+It extends the suite's shared smoke run (conftest.smoke_run), so table 1's jobs are not repeated.
 """
 
 from __future__ import annotations
@@ -15,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import smoke_pipeline
 
 ROOT = Path(__file__).resolve().parents[1]
 # The smoke `all` is 68 jobs (about 45 beyond table 1): measured 4.5 minutes on the 2-core machine
@@ -22,38 +21,17 @@ ROOT = Path(__file__).resolve().parents[1]
 VERDICTS = {"supported", "not supported", "inconclusive"}
 
 
-def _snakemake(results: Path, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
-    cmd = [sys.executable, "-m", "snakemake", *args, "--configfile", "config/smoke.yaml"]
-    cmd += ["--config", f"results_dir={results}"]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-
-
 @pytest.fixture(scope="module")
-def smoke_all(tmp_path_factory) -> Path:
-    # test_pipeline.py's module fixture builds table 1 in `<basetemp>/smoke0/results` (its first
-    # mktemp("smoke")); when it ran earlier in this session, `all` extends that folder instead of
-    # repeating table 1's jobs. Otherwise (this file alone) `all` is built from scratch.
-    shared = tmp_path_factory.getbasetemp() / "smoke0" / "results"
-    if (shared / "table1.csv").is_file():
-        results = shared
-    else:
-        results = tmp_path_factory.mktemp("smoke_all") / "results"
-    proc = _snakemake(results, "all", "--cores", "2")
-    if proc.returncode != 0:
-        logs = "\n".join(
-            f"--- {p}\n{p.read_text()[-2000:]}" for p in sorted(results.glob("logs/**/*.log"))
-        )
-        pytest.fail(f"smoke `all` failed:\n{proc.stderr[-4000:]}\n{logs[-12000:]}")
-    return results
+def smoke_all(smoke_run: Path) -> Path:
+    smoke_pipeline.run_or_fail(smoke_run, "all", "--cores", "2")
+    return smoke_run
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_all_builds_every_table(smoke_all: Path) -> None:
-    for name in ("table1", "table2", "table3", "table4", "table5", "sweep", "claims"):
+    names = ("table1", "table2", "table3", "table4", "table5", "sweep", "claims", "rpb_readings")
+    for name in names:
         assert (smoke_all / f"{name}.csv").stat().st_size > 0, name
         assert (smoke_all / f"{name}.md").stat().st_size > 0, name
     table2 = pd.read_csv(smoke_all / "table2.csv")
@@ -81,6 +59,11 @@ def test_all_builds_every_table(smoke_all: Path) -> None:
     assert set(sweep["curve"]) == {"rpb", "anchor_kl"}
     assert sweep.groupby("curve")["strength"].min().eq(0).all()
     assert sweep.groupby("curve")["strength"].max().map(math.isinf).all()
+    readings = pd.read_csv(smoke_all / "rpb_readings.csv").set_index("method")
+    assert list(readings.index) == ["none", "rpb", "rpb_keep", "hard"]
+    # hard is analysed with the base selection it was trained with (eval_routing re-attached).
+    assert readings.loc["hard", "topk_overlap_with_base"] == pytest.approx(1.0)
+    assert readings.loc["rpb_keep", "anchors"] in {"yes", "no", "undetermined"}
     drift = pd.read_csv(smoke_all / "drift.csv")
     assert drift["kl_to_base"].notna().any() and drift["step"].max() == 10
 
@@ -112,13 +95,13 @@ def test_claims_and_figures(smoke_all: Path) -> None:
 @pytest.mark.timeout(1800)
 def test_report_bundles_tables_and_figures(smoke_all: Path) -> None:
     report = smoke_all / "report.html"
-    proc = _snakemake(smoke_all, "all", "--report", str(report))
+    proc = smoke_pipeline.run(smoke_all, "all", "--report", str(report))
     assert proc.returncode == 0, proc.stderr[-3000:]
     html = report.read_text(errors="replace")
     for name in ("claims.csv", "table3.csv", "table5_correlation.csv", "sweep.png", "drift.png"):
         assert name in html, name
     # Nothing left to do: the report did not rerun anything and `all` is complete.
-    dry = _snakemake(smoke_all, "all", "--dry-run")
+    dry = smoke_pipeline.run(smoke_all, "all", "--dry-run")
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr
 
 
