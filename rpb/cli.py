@@ -194,25 +194,30 @@ def cmd_train(args: argparse.Namespace) -> None:
             log.info("post-training done: %s", summary["final"])
 
 
-def cmd_eval(args: argparse.Namespace) -> None:
-    import mlflow
-
-    from rpb.evaluation import evaluate_model
+def _model_job_run(args: argparse.Namespace, stage: str):
+    """The MLflow run of a job that reads one trained model (eval, analysis), with lineage to the
+    training run that made it and its run record beside the job's output."""
     from rpb.tracking import tracked_run
 
-    parents = _lineage(trained=_run_dir_of(args.model))
-    run_dir = args.out.parent / f"{args.out.stem}.run"
-    with tracked_run(
-        stage="eval",
+    return tracked_run(
+        stage=stage,
         model=args.name,
         method=args.label,
         seed=args.seed,
         corpus=args.corpus_name,
         params={"tasks": args.tasks, "limit": args.limit, "model_dir": str(args.model)},
-        parents=parents,
-        run_dir=run_dir,
+        parents=_lineage(trained=_run_dir_of(args.model)),
+        run_dir=args.out.parent / f"{args.out.stem}.run",
         **_track_kwargs(args),
-    ):
+    )
+
+
+def cmd_eval(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.evaluation import evaluate_model
+
+    with _model_job_run(args, "eval"):
         result = evaluate_model(
             args.model,
             args.eval_dir,
@@ -235,21 +240,8 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.analysis import analyze_model
-    from rpb.tracking import tracked_run
 
-    parents = _lineage(trained=_run_dir_of(args.model))
-    run_dir = args.out.parent / f"{args.out.stem}.run"
-    with tracked_run(
-        stage="analysis",
-        model=args.name,
-        method=args.label,
-        seed=args.seed,
-        corpus=args.corpus_name,
-        params={"tasks": args.tasks, "limit": args.limit, "model_dir": str(args.model)},
-        parents=parents,
-        run_dir=run_dir,
-        **_track_kwargs(args),
-    ):
+    with _model_job_run(args, "analysis"):
         summary = analyze_model(
             model_dir=args.model,
             base_dir=args.base,
