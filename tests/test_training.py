@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from rpb.analysis import extract_prior_from_corpus
 from rpb.data import SIZE_PRESETS, write_corpora
+from rpb.eval_routing import eval_routing_spec
 from rpb.evaluation import evaluate_model
 from rpb.tokenizer import build_tokenizer
 from rpb.training import MethodSpec, TrainSpec, posttrain, pretrain
@@ -116,6 +117,10 @@ def test_posttraining_each_method(base, method: str) -> None:
     assert len(before) == len(after) == 1  # one MoE layer (the first layer is dense)
     # The router stays trainable under every method.
     assert not torch.equal(before[0], after[0])
+    # Only hard keeps steering at evaluation, so only its model carries its routing.
+    assert (eval_routing_spec(out / "model") or {}).get("method") == (
+        "hard" if method == "hard" else None
+    )
 
 
 def test_same_seed_same_data_order(base) -> None:
