@@ -264,10 +264,72 @@ def _check_lengths(config: Mapping[str, Any]) -> None:
             )
 
 
+# Per model_type: the architecture keys of the expert count, routed top-k and expert groups
+# (transformers' config attribute names).
+_EXPERT_KEYS = {
+    "deepseek_v3": "n_routed_experts",
+    "qwen3_moe": "num_experts",
+    "qwen2_moe": "num_experts",
+    "olmoe": "num_experts",
+    "mixtral": "num_local_experts",
+}
+
+
+def _check_architecture(name: str, model_type: str, arch: Mapping[str, Any]) -> None:
+    """Settings that cannot build (or cannot route) a model; caught here, not inside a job."""
+    where = f"models.{name}.architecture"
+
+    def positive(key: str) -> int | None:
+        value = arch.get(key)
+        if value is None:
+            return None
+        if not _is_integer(None, value) or value < 1:
+            raise ConfigError(f"{where}.{key}: {value!r} is not a positive integer")
+        return value
+
+    hidden, heads, kv_heads = (
+        positive(k) for k in ("hidden_size", "num_attention_heads", "num_key_value_heads")
+    )
+    layers = positive("num_hidden_layers")
+    if hidden and heads and arch.get("head_dim") is None and hidden % heads:
+        raise ConfigError(
+            f"{where}.num_attention_heads: {heads} does not divide hidden_size ({hidden}) "
+            "(not divisible; set head_dim to decouple them)"
+        )
+    if heads and kv_heads and heads % kv_heads:
+        raise ConfigError(
+            f"{where}.num_key_value_heads: {kv_heads} does not divide "
+            f"num_attention_heads ({heads}) (not divisible)"
+        )
+    expert_key = _EXPERT_KEYS.get(model_type)
+    experts = positive(expert_key) if expert_key else None
+    top_k = positive("num_experts_per_tok")
+    if experts and top_k and top_k > experts:
+        raise ConfigError(f"{where}.num_experts_per_tok: {top_k} exceeds {expert_key} ({experts})")
+    groups, topk_group = positive("n_group"), positive("topk_group")
+    if groups and experts and experts % groups:
+        raise ConfigError(f"{where}.n_group: {experts} experts do not split into {groups} groups")
+    if groups and topk_group and topk_group > groups:
+        raise ConfigError(f"{where}.topk_group: {topk_group} exceeds n_group ({groups})")
+    if groups and topk_group and experts and top_k and top_k > experts // groups * topk_group:
+        raise ConfigError(
+            f"{where}.num_experts_per_tok: {top_k} exceeds the {experts // groups * topk_group} "
+            f"experts in the topk_group ({topk_group}) selected groups of {experts // groups}"
+        )
+    dense = arch.get("first_k_dense_replace")
+    if layers and dense is not None and dense >= layers:
+        raise ConfigError(
+            f"{where}.first_k_dense_replace: {dense} leaves no MoE layer among "
+            f"num_hidden_layers ({layers})"
+        )
+
+
 def _cross_key_errors(config: Mapping[str, Any]) -> None:
     for name in config["models"]:
         if not MODEL_NAME.fullmatch(str(name)):
             raise ConfigError(f"models.{name}: model names may use only letters, digits and _")
+    for name, spec in config["models"].items():
+        _check_architecture(name, spec["model_type"], spec.get("architecture") or {})
     for label, entry in config["methods"].items():
         _check_method(label, entry or {})
     standard = (config["evaluation"].get("lm_eval") or {}).get("tasks") or {}

@@ -376,3 +376,39 @@ def test_snakemake_dry_run_prints_one_line(case: str, tmp_path: Path) -> None:
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith(expected), lines[0]
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+# Architecture settings that cannot build or route a model: (model, key, value, message fragment).
+BAD_ARCHITECTURE = {
+    "top_k_over_experts": ("tinyA", "num_experts_per_tok", 17, "exceeds n_routed_experts (16)"),
+    "top_k_over_experts_qwen": ("tinyB", "num_experts_per_tok", 32, "exceeds num_experts (16)"),
+    "groups_do_not_split": ("tinyA", "n_group", 3, "do not split into 3 groups"),
+    "topk_group_over_groups": ("tinyA", "topk_group", 2, "exceeds n_group (1)"),
+    "heads_do_not_divide": ("tinyB", "num_attention_heads", 5, "not divisible"),
+    "kv_heads_do_not_divide": ("tinyB", "num_key_value_heads", 3, "not divisible"),
+    "no_moe_layer": ("tinyA", "first_k_dense_replace", 4, "leaves no MoE layer"),
+    "zero_experts": ("tinyB", "num_experts", 0, "not a positive integer"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_ARCHITECTURE))
+def test_impossible_architecture_is_one_line_naming_the_key(case: str) -> None:
+    model, key, value, fragment = BAD_ARCHITECTURE[case]
+    config = copy.deepcopy(BASE)
+    config["models"][model]["architecture"][key] = value
+    with pytest.raises(ConfigError) as info:
+        check_config(config, SCHEMA)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(f"models.{model}.architecture.{key}: "), message
+    assert fragment in message, message
+
+
+def test_group_limited_top_k_must_fit_the_selected_groups() -> None:
+    config = copy.deepcopy(BASE)
+    arch = config["models"]["tinyA"]["architecture"]
+    arch.update(n_group=4, topk_group=1, num_experts_per_tok=5)  # 1 group of 4 experts < 5
+    with pytest.raises(ConfigError, match=r"^models\.tinyA\.architecture\.num_experts_per_tok: "):
+        check_config(config, SCHEMA)
+    arch.update(num_experts_per_tok=4)
+    check_config(config, SCHEMA)
