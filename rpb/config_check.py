@@ -375,6 +375,71 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
             f"table1.corpus: '{table1['corpus']}' must be {where} ({', '.join(known)})"
         )
     _check_lengths(config)
+    _check_report_keys(config)
+
+
+def _check_report_keys(config: Mapping[str, Any]) -> None:
+    """Names in tables/claims/sweep must refer to models, methods and corpora of this config."""
+    corpora = list(config["data"].get("corpora") or config["evaluation"]["in_domain"])
+    tables = config.get("tables") or {}
+    claims = config.get("claims")
+    sweep = config.get("sweep")
+
+    def model(where: str, name: Any) -> None:
+        if name not in config["models"]:
+            raise ConfigError(f"{where}: '{name}' is not a key of models")
+
+    def corpus(where: str, name: Any) -> None:
+        if name not in corpora:
+            raise ConfigError(f"{where}: '{name}' is not a known corpus ({', '.join(corpora)})")
+
+    def labels(where: str, names: Iterable[Any]) -> None:
+        for name in names:
+            if name not in config["methods"]:
+                raise ConfigError(f"{where}: '{name}' is not a key of methods")
+
+    for c, tasks in (config["evaluation"].get("corpus_tasks") or {}).items():
+        corpus("evaluation.corpus_tasks", c)
+        for task in tasks:
+            if task not in config["evaluation"]["in_domain"]:
+                raise ConfigError(
+                    f"evaluation.corpus_tasks.{c}: '{task}' is not in evaluation.in_domain"
+                )
+    for key, entry in tables.items():
+        if key == "seeds" or not isinstance(entry, Mapping):
+            continue
+        for m in entry.get("models", [entry.get("model")]):
+            model(f"tables.{key}.model", m)
+        for c in entry.get("corpora", [entry.get("corpus")]):
+            corpus(f"tables.{key}.corpus", c)
+        for field in ("methods", "correlate"):
+            labels(f"tables.{key}.{field}", entry.get(field, []))
+        for field in ("lower", "upper"):
+            if field in entry:
+                labels(f"tables.{key}.{field}", [entry[field]])
+    if "table3" in tables and claims is None:
+        raise ConfigError("tables.table3: compares claims.method and claims.reference: add claims")
+    if claims is not None:
+        missing = [k for k in ("table2", "table3", "table4", "table5") if k not in tables]
+        if missing:
+            raise ConfigError(f"claims: needs tables.{missing[0]}")
+        for role in ("method", "reference"):
+            labels(f"claims.{role}", [claims[role]])
+        for where, names in (
+            ("table1.methods", config["table1"]["methods"]),
+            ("tables.table2.methods", tables["table2"]["methods"]),
+        ):
+            for role in ("method", "reference"):
+                if claims[role] not in names:
+                    raise ConfigError(f"{where}: lacks claims.{role} '{claims[role]}'")
+        for key in ("table4", "table5"):
+            if claims["method"] not in tables[key]["methods"]:
+                raise ConfigError(f"tables.{key}.methods: lacks claims.method")
+    if sweep is not None:
+        model("sweep.model", sweep["model"])
+        corpus("sweep.corpus", sweep["corpus"])
+        for i, curve in enumerate(sweep["curves"]):
+            labels(f"sweep.curves[{i}].labels", curve["labels"])
 
 
 def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> None:

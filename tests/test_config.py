@@ -301,7 +301,7 @@ def test_valid_variants_pass() -> None:
     }
     config["methods"]["adaptive"] = {"kind": "rpb_adaptive", "options": {"update_rate": 0.01}}
     config["methods"]["hard"] = {"options": {"gate_from": "base"}}
-    config["table1"]["methods"] = ["none", "rpb", "rpb_logits", "hard"]
+    config["table1"]["methods"] = ["none", "lbl", "rpb", "rpb_logits", "hard"]
     check_config(config, SCHEMA)
     assert config["tracking"]["experiment"] == "rpb"
 
@@ -412,3 +412,55 @@ def test_group_limited_top_k_must_fit_the_selected_groups() -> None:
         check_config(config, SCHEMA)
     arch.update(num_experts_per_tok=4)
     check_config(config, SCHEMA)
+
+
+# Report sections (tables, claims, sweep) naming what the config lacks: (override, message start).
+BAD_REPORT = {
+    "unknown_method": (
+        {"tables": {"table2": {"model": "tinyB", "corpus": "math", "methods": ["none", "rbp"]}}},
+        "tables.table2.methods: 'rbp' is not a key of methods",
+    ),
+    "unknown_model": (
+        {"tables": {"table5": {"model": "tinyC"}}},
+        "tables.table5.model: 'tinyC' is not a key of models",
+    ),
+    "unknown_sweep_label": (
+        {"sweep": {"curves": [{"name": "rpb", "labels": ["none", "rpb_l99"]}]}},
+        "sweep.curves[0].labels: 'rpb_l99' is not a key of methods",
+    ),
+    "unknown_corpus": (
+        {"tables": {"table4": {"corpora": ["math", "math3"]}}},
+        "tables.table4.corpus: 'math3' is not a known corpus",
+    ),
+    "reference_not_in_table1": (
+        {"claims": {"reference": "anchor_kl"}},
+        "table1.methods: lacks claims.reference 'anchor_kl'",
+    ),
+    "method_not_in_table4": (
+        {"tables": {"table4": {"methods": ["anchor_kl", "anchor_logit"]}}},
+        "tables.table4.methods: lacks claims.method",
+    ),
+    "corpus_task_not_in_domain": (
+        {"evaluation": {"corpus_tasks": {"math": ["gsm8k"]}}},
+        "evaluation.corpus_tasks.math: 'gsm8k' is not in evaluation.in_domain",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REPORT))
+def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
+    from snakemake.utils import update_config
+
+    override, message = BAD_REPORT[case]
+    config = _merged("config.yaml", "smoke.yaml")
+    update_config(config, copy.deepcopy(override))
+    with pytest.raises(ConfigError) as info:
+        check_config(config, SCHEMA)
+    assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
+
+
+def test_claims_without_the_tables_they_read_is_named() -> None:
+    config = _merged("config.yaml", "smoke.yaml")
+    del config["tables"]["table5"]
+    with pytest.raises(ConfigError, match=r"^claims: needs tables\.table5$"):
+        check_config(config, SCHEMA)
