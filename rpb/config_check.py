@@ -20,6 +20,8 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from rpb.specs import EVAL_SETS, METHOD_SPECS
+
 __all__ = [
     "METHOD_FAMILIES",
     "METHOD_OPTIONS",
@@ -29,40 +31,22 @@ __all__ = [
     "format_key_path",
 ]
 
-# The method families the library implements (rpb.methods.METHODS); a config entry names one of
-# these directly or through `kind`. Kept here, not imported, because importing rpb.methods costs
-# seconds (torch, transformers) at every Snakefile parse; tests/test_config.py keeps them in sync.
-METHOD_FAMILIES = (
-    "none",
-    "lbl",
-    "rpb",
-    "rpb_marginal",
-    "rpb_adaptive",
-    "anchor_weight",
-    "anchor_logit",
-    "anchor_kl",
-    "hard",
-)
+# What a config may name comes from rpb.specs (torch-free, like this module): the method families,
+# their options, the tiny eval sets.
+METHOD_FAMILIES = tuple(METHOD_SPECS)
 # Families whose `strength` is meaningless (rpb.methods raises if one is given).
-NO_STRENGTH = ("none", "hard")
+NO_STRENGTH = tuple(name for name, spec in METHOD_SPECS.items() if not spec.uses_strength)
 # Per family: option -> allowed values (a tuple of choices), `bool`, or `float` (a number >= 0).
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {
-    "none": {},
-    "lbl": {},
-    "rpb": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
-    "rpb_marginal": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
-    "rpb_adaptive": {"update_rate": float, "keep_bias_at_eval": bool},
-    "anchor_weight": {},
-    "anchor_logit": {},
-    "anchor_kl": {},
-    "hard": {"gate_from": ("live", "base"), "keep_bias_at_eval": bool},
+    name: {
+        key: opt.choices if opt.choices is not None else type(opt.default)
+        for key, opt in spec.options.items()
+    }
+    for name, spec in METHOD_SPECS.items()
 }
 RESERVED_METHOD_LABELS = ("base",)
 # The tiny testbed's eval sets (rpb.data); any other evaluation name is a standard lm-eval task.
-TINY_EVAL_SETS = {
-    "in_domain": ("math", "math2"),
-    "ood": ("addition", "facts", "reverse", "sort", "grammar"),
-}
+TINY_EVAL_SETS = EVAL_SETS
 # Must match the `model` wildcard constraint in workflow/rules/common.smk, or no rule would match.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_]+")
 # PyYAML (YAML 1.1, which Snakemake uses) reads `1e-3` as a string; it needs `1.0e-3`.
@@ -223,8 +207,9 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
         raise ConfigError(f"methods.{label}: '{label}' is reserved for the untrained base")
     if family not in METHOD_FAMILIES:
         hint = _suggest(family, METHOD_FAMILIES)
+        where = f"methods.{label}.kind" if "kind" in entry else f"methods.{label}"
         raise ConfigError(
-            f"methods.{label}: unknown method '{family}' ({hint}known: "
+            f"{where}: unknown method '{family}' ({hint}known: "
             f"{', '.join(METHOD_FAMILIES)}; set 'kind' for a variant label)"
         )
     if family in NO_STRENGTH and entry.get("strength") is not None:

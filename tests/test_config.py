@@ -20,7 +20,6 @@ import yaml
 
 from rpb.config_check import (
     METHOD_FAMILIES,
-    METHOD_OPTIONS,
     NO_STRENGTH,
     ConfigError,
     check_config,
@@ -74,7 +73,7 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "unknown_kind": (
         _set("methods", "rpb_half", value={"kind": "rpb_half"}),
         "methods.rpb_half.kind:",
-        "is not one of",
+        "unknown method 'rpb_half'",
     ),
     "negative_strength": (
         _set("methods", "rpb", "strength", value=-1),
@@ -323,20 +322,38 @@ def test_format_key_path() -> None:
     assert format_key_path([]) == "(top level)"
 
 
-def test_method_tables_match_the_library() -> None:
-    """config_check keeps its own copy of the method registry (importing it is slow): in sync?"""
+def test_method_specs_match_the_library() -> None:
+    """rpb.specs (read by the config check at every Snakefile parse) and rpb.methods agree."""
     from rpb.methods import _CHOICES, METHODS
+    from rpb.specs import METHOD_SPECS
 
+    assert set(METHOD_SPECS) == set(METHODS)
+    for name, cls in METHODS.items():
+        spec = METHOD_SPECS[name]
+        assert spec.uses_strength == cls.uses_strength, name
+        if spec.uses_strength:
+            assert spec.default_strength == cls.default_strength, name
+        assert spec.option_defaults == cls.option_defaults, name
+        for key, opt in spec.options.items():
+            assert opt.choices == _CHOICES.get(key), (name, key)
     assert set(METHOD_FAMILIES) == set(METHODS)
     assert set(NO_STRENGTH) == {name for name, cls in METHODS.items() if not cls.uses_strength}
-    for name, cls in METHODS.items():
-        assert set(METHOD_OPTIONS[name]) == set(cls.option_defaults), name
-        for key, default in cls.option_defaults.items():
-            rule = METHOD_OPTIONS[name][key]
-            if key in _CHOICES:
-                assert rule == tuple(_CHOICES[key]), (name, key)
-            else:
-                assert rule is type(default), (name, key)
+
+
+def test_schema_names_the_method_families_of_the_specs() -> None:
+    from rpb.specs import METHOD_SPECS
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    kinds = schema["$defs"]["method"]["properties"]["kind"]
+    assert kinds.get("enum", list(METHOD_SPECS)) == list(METHOD_SPECS)
+
+
+def test_schema_names_the_eval_sets_of_the_specs() -> None:
+    from rpb.specs import EVAL_SETS
+
+    schema = yaml.safe_load(SCHEMA.read_text())
+    probes = schema["properties"]["analysis"]["properties"]["probe_tasks"]["items"]["enum"]
+    assert probes == [*EVAL_SETS["in_domain"], *EVAL_SETS["ood"]]
 
 
 # --- what a user sees from snakemake ----------------------------------------------------------

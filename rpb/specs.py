@@ -1,0 +1,144 @@
+"""The project's names in one torch-free place: method families and their options, the tiny
+testbed's corpora and eval sets, and the results path layout.
+
+Everything that must agree reads this module: `rpb.methods` (strength defaults and options of each
+method class), `rpb.config_check` (what a config may name), the Snakemake rules (paths), the
+tables and the CLI. It imports nothing heavy, because the Snakefile imports it at every parse.
+
+A new method is a class in `rpb.methods` plus its `MethodSpec` here; a new tiny eval set is a
+generator in `rpb.data` plus its name in `EVAL_SETS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "CORPORA",
+    "EVAL_SETS",
+    "METHOD_SPECS",
+    "PATHS",
+    "MethodSpec",
+    "Option",
+    "method_spec",
+    "results_path",
+]
+
+
+@dataclass(frozen=True)
+class Option:
+    """One method option: its default and what values it accepts.
+
+    `choices` (a tuple) for a fixed set; otherwise the default's type decides: `bool` accepts true
+    or false, `float` any finite number >= 0.
+    """
+
+    default: Any
+    choices: tuple[str, ...] | None = None
+    doc: str = ""
+
+    @property
+    def kind(self) -> str:
+        if self.choices is not None:
+            return "choice"
+        return "bool" if isinstance(self.default, bool) else "float"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """A method family: its strength (None: it takes none) and its options."""
+
+    name: str
+    default_strength: float | None
+    options: dict[str, Option] = field(default_factory=dict)
+    doc: str = ""
+
+    @property
+    def uses_strength(self) -> bool:
+        return self.default_strength is not None
+
+    @property
+    def option_defaults(self) -> dict[str, Any]:
+        return {key: opt.default for key, opt in self.options.items()}
+
+
+_KEEP = Option(False, doc="steer at evaluation too (the steering travels with the saved model)")
+_BIAS_ON = Option(
+    "selection",
+    ("selection", "logits"),
+    doc="selection: bias the top-k choice only; logits: bias the gate weights too",
+)
+
+
+def _specs(*specs: MethodSpec) -> dict[str, MethodSpec]:
+    return {spec.name: spec for spec in specs}
+
+
+METHOD_SPECS: dict[str, MethodSpec] = _specs(
+    MethodSpec("none", None, doc="plain fine-tuning, router trainable, no router term"),
+    MethodSpec("lbl", 0.001, doc="re-applied load-balancing loss, as the family was pretrained"),
+    MethodSpec(
+        "rpb",
+        1.0,
+        {"bias_on": _BIAS_ON, "keep_bias_at_eval": _KEEP},
+        doc="Router Prior Bias: select by top-k of s + lambda * s0 (base router's score)",
+    ),
+    MethodSpec(
+        "rpb_marginal",
+        1.0,
+        {"bias_on": _BIAS_ON, "keep_bias_at_eval": _KEEP},
+        doc="a per-expert bias lambda * log pi toward the base's mean routing distribution",
+    ),
+    MethodSpec(
+        "rpb_adaptive",
+        1.0,
+        {"update_rate": Option(0.001, doc="bias step per update"), "keep_bias_at_eval": _KEEP},
+        doc="a per-expert bias updated each step toward the base's usage prior",
+    ),
+    MethodSpec("anchor_weight", 0.01, doc="+ mu * sum_l ||W_l - W0_l||^2"),
+    MethodSpec("anchor_logit", 0.01, doc="+ mu * mean over tokens ||z - z0||^2"),
+    MethodSpec("anchor_kl", 1.0, doc="+ mu * mean over tokens KL(p0 || p)"),
+    MethodSpec(
+        "hard",
+        None,
+        {
+            "gate_from": Option("live", ("live", "base"), doc="which router's gate weights"),
+            "keep_bias_at_eval": Option(True, doc="route by the base at evaluation too"),
+        },
+        doc="selection by the base router's top-k (the lambda -> infinity limit)",
+    ),
+)
+
+
+def method_spec(name: str) -> MethodSpec:
+    """The spec of method family `name` (ValueError naming the known ones otherwise)."""
+    try:
+        return METHOD_SPECS[name]
+    except KeyError:
+        known = ", ".join(METHOD_SPECS)
+        raise ValueError(f"unknown router method {name!r} (known: {known})") from None
+
+
+# The tiny testbed's corpora (post-training; each doubles as the in-domain eval set of its name)
+# and eval sets (rpb.data writes them).
+CORPORA: tuple[str, ...] = ("math", "math2")
+EVAL_SETS: dict[str, tuple[str, ...]] = {
+    "in_domain": CORPORA,
+    "ood": ("addition", "facts", "reverse", "sort", "grammar"),
+}
+
+# Results layout, relative to results_dir. `{method}` is a method label (a key of `methods`).
+PATHS: dict[str, str] = {
+    "base_model": "models/{model}/base/model",
+    "run": "runs/{model}/{corpus}/{method}/seed{seed}",
+    "model": "runs/{model}/{corpus}/{method}/seed{seed}/model",
+    "prior": "priors/{model}/{corpus}.safetensors",
+    "eval": "eval/{model}/{corpus}/{method}/seed{seed}.json",
+    "analysis": "analysis/{model}/{corpus}/{method}/seed{seed}.json",
+}
+
+
+def results_path(kind: str, **fields: Any) -> str:
+    """A results-relative path of `kind` (a key of PATHS) with its fields filled in."""
+    return PATHS[kind].format(**fields)
