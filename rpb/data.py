@@ -1,4 +1,4 @@
-"""Deterministic synthetic corpora for the tiny testbed (DESIGN sections 5 and 10).
+"""Deterministic synthetic corpora for the tiny testbed (docs/design.md sections 5 and 10).
 
 Pretraining domains, each with its own tokens as real corpora have (round 1's shared character
 set went with a base that routed almost uniformly):

@@ -1,4 +1,4 @@
-"""Parallel jobs on one sqlite tracking store (DESIGN section 7).
+"""Parallel jobs on one sqlite tracking store (docs/design.md, section 7).
 
 MLflow creates a store's schema on first use, and two processes doing that at once race on the
 schema migrations; `rpb init-tracking` (the pipeline's `tracking_init` rule, which every other job
