@@ -1,7 +1,7 @@
 """Testbed calibration report: is each tiny base a fair miniature of the paper's setting?
 
-Three conditions (docs/testbed.md; docs/design.md sections 4-6 and 10): the base routes non-
-uniformly enough for co-activation communities to form and be stable (measured on the in-domain
+Three conditions (docs/testbed.md; docs/design.md sections 4-6 and 10): the base routes
+non-uniformly enough for co-activation communities to form and be stable (measured on the in-domain
 corpus against uniform routing with the same experts, top-k and token count); the base has learned
 its pretraining domains but not the post-training task; plain fine-tuning lifts in-domain accuracy
 well above the base while OOD skills are measurably retained, neither untouched nor wiped out.
