@@ -331,6 +331,13 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
     probe = (config.get("analysis") or {}).get("probe_tasks") or []
     if _duplicate(probe) is not None:
         raise ConfigError(f"analysis.probe_tasks: '{_duplicate(probe)}' is listed twice")
+    eval_sets = [*EVAL_SETS["in_domain"], *EVAL_SETS["ood"]]
+    for i, name in enumerate(probe):
+        if name not in eval_sets:
+            raise ConfigError(
+                f"analysis.probe_tasks[{i}]: '{name}' is not an eval set "
+                f"({_suggest(name, eval_sets)}known: {', '.join(eval_sets)})"
+            )
     table1 = config["table1"]
     if table1["model"] not in config["models"]:
         hint = _suggest(table1["model"], config["models"])

@@ -195,7 +195,7 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "unknown_probe_task": (
         _set("analysis", "probe_tasks", value=["math", "mmlu"]),
         "analysis.probe_tasks[1]:",
-        "not one of",
+        "is not an eval set",
     ),
     "bad_model_type": (
         _set("models", "tinyB", "model_type", value="qwen3"),
@@ -348,12 +348,19 @@ def test_schema_names_the_method_families_of_the_specs() -> None:
     assert kinds.get("enum", list(METHOD_SPECS)) == list(METHOD_SPECS)
 
 
-def test_schema_names_the_eval_sets_of_the_specs() -> None:
+def test_probe_tasks_must_be_eval_sets() -> None:
+    config = copy.deepcopy(BASE)
+    config["analysis"]["probe_tasks"] = ["math", "facs"]
+    with pytest.raises(ConfigError, match=r"^analysis\.probe_tasks\[1\]: 'facs' .*'facts'\?"):
+        check_config(config, SCHEMA)
+
+
+def test_eval_set_names_match_the_generator() -> None:
+    from rpb import data
     from rpb.specs import EVAL_SETS
 
-    schema = yaml.safe_load(SCHEMA.read_text())
-    probes = schema["properties"]["analysis"]["properties"]["probe_tasks"]["items"]["enum"]
-    assert probes == [*EVAL_SETS["in_domain"], *EVAL_SETS["ood"]]
+    assert tuple(data.POST_TASKS) == EVAL_SETS["in_domain"]
+    assert tuple(data.PRETRAIN_DOMAINS) == EVAL_SETS["ood"]
 
 
 # --- what a user sees from snakemake ----------------------------------------------------------
