@@ -51,7 +51,7 @@ SIZE_KEYS = {
     "vocab_size",
     "max_position_embeddings",
 }
-# The routing facts of docs/design.md section 4 that the tiny stand-ins must share with the real models.
+# The routing facts (docs/design.md section 4) the tiny stand-ins share with the real models.
 ROUTING = {
     "moonlight": {
         "n_routed_experts": 64,
