@@ -19,7 +19,8 @@ def diagnostic_seeds(section):
 
 def swap_sources(label):
     """(non-router weights, routers) method labels of a swapped model's label
-    (`<m>_with_base_routers`, `base_with_<m>_routers`, as rpb.router_swap.swap_labels)."""
+    (`<m>_with_base_routers`, `base_with_<m>_routers`, as rpb.router_swap.swap_labels).
+    """
     if label.endswith("_with_base_routers"):
         return label.removesuffix("_with_base_routers"), "base"
     return "base", label.removeprefix("base_with_").removesuffix("_routers")
@@ -28,8 +29,12 @@ def swap_sources(label):
 def swap_inputs(wildcards):
     weights, routers = swap_sources(wildcards.label)
     return {
-        "weights": model_dir(wildcards.model, weights, wildcards.corpus, wildcards.seed),
-        "routers": model_dir(wildcards.model, routers, wildcards.corpus, wildcards.seed),
+        "weights": model_dir(
+            wildcards.model, weights, wildcards.corpus, wildcards.seed
+        ),
+        "routers": model_dir(
+            wildcards.model, routers, wildcards.corpus, wildcards.seed
+        ),
     }
 
 
@@ -92,7 +97,10 @@ def diagnostic_table1_spec():
     regime = DIAGNOSTICS["regime"]
     model = regime["model"]
     return {
-        "title": f"Diagnostic table 1 (posttrain.trainable: {regime['trainable']})",
+        "title": (
+            f"Diagnostic table 1 (posttrain.trainable: {regime['trainable']}; the paper's "
+            "numbers are for full post-training, not this regime)"
+        ),
         "model": model,
         "family": config["models"][model]["family"],
         "corpus": regime["corpus"],
@@ -113,7 +121,9 @@ rule router_swap:
         unpack(swap_inputs),
         TRACKING_READY,
     output:
-        model=directory(f"{SWAP_ROOT}/models/{{model}}/{{corpus}}/{{label}}/seed{{seed}}/model"),
+        model=directory(
+            f"{SWAP_ROOT}/models/{{model}}/{{corpus}}/{{label}}/seed{{seed}}/model"
+        ),
     log:
         f"{RESULTS}/logs/router_swap/{{model}}_{{corpus}}_{{label}}_seed{{seed}}.log",
     wildcard_constraints:
