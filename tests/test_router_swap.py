@@ -283,3 +283,66 @@ def test_config_diagnostics_errors_name_the_key() -> None:
         check_config(_config(regime=regime | {"methods": ["none", "nope"]}), schema)
     with pytest.raises(ConfigError, match=r"diagnostics.regime.trainable"):
         check_config(_config(regime=regime | {"trainable": "experts", "methods": ["none"]}), schema)
+
+
+def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_path: Path) -> None:
+    """The pipeline's path: TrainSpec.trainable reaches posttrain and the saved model."""
+    from safetensors.torch import load_file
+
+    from rpb.tokenizer import build_tokenizer
+    from rpb.training import MethodSpec, posttrain
+
+    tokenizer = build_tokenizer(tmp_path / "base")
+    base = random_model(
+        "deepseek_v3",
+        seed=0,
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    base.save_pretrained(tmp_path / "base")
+    corpus = tmp_path / "math.jsonl"
+    pairs = [(a, b) for a in range(10, 40, 3) for b in range(50, 60, 4)]
+    corpus.write_text(
+        "".join(
+            json.dumps({"prompt": f"SumOf{a}And{b}?", "completion": str(a + b)[::-1]}) + "\n"
+            for a, b in pairs
+        )
+    )
+    spec = TrainSpec(
+        steps=3, batch_size=8, lr=1e-2, seed=0, log_every=1, trainable="routed_experts_and_routers"
+    )
+    posttrain(
+        base_dir=tmp_path / "base",
+        prior_path=None,
+        corpus=corpus,
+        method_spec=MethodSpec("none"),
+        spec=spec,
+        out_dir=tmp_path / "post",
+    )
+    before = load_file(tmp_path / "base" / "model.safetensors")
+    after = load_file(tmp_path / "post" / "model" / "model.safetensors")
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    assert changed and all(".mlp.experts." in k or k.endswith(".mlp.gate.weight") for k in changed)
+    assert any(k.endswith(".mlp.gate.weight") for k in changed)
+
+
+def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> None:
+    """`all` builds both diagnostics; only the diagnostic jobs train with the regime's setting."""
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "all", "-n", "-p", "--cores", "1", "--configfile",
+         "config/smoke.yaml", "--config", f"results_dir={results}"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    commands = [line for line in proc.stdout.splitlines() if " train --name " in line]
+    diagnostic = [c for c in commands if f"{results}/diagnostic/runs/" in c]
+    assert diagnostic and all('"trainable": "routed_experts_and_routers"' in c for c in diagnostic)
+    assert all('"trainable": "all"' in c for c in commands if c not in diagnostic)
+    for target in ("router_swap.csv", "diagnostic_table1.csv"):
+        assert str(results / target) in proc.stdout
+    swaps = [line for line in proc.stdout.splitlines() if " router-swap --name " in line]
+    assert len(swaps) == 2  # tinyA, seed 0: none with base routers, base with none routers
