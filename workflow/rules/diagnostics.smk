@@ -240,6 +240,7 @@ rule diagnostic_table1:
     output:
         csv=f"{RESULTS}/diagnostic_table1.csv",
         md=f"{RESULTS}/diagnostic_table1.md",
+        heatmaps=f"{RESULTS}/figures/diagnostic_table1_coactivation.png",
     log:
         f"{RESULTS}/logs/diagnostic_table1.log",
     conda:
