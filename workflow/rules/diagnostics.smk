@@ -4,7 +4,8 @@
 #   the base with their routers, evaluated like every model -> router_swap.csv/.md;
 # - the routing-sensitive regime: table 1's methods post-trained with another posttrain.trainable
 #   (routed experts and routers only) -> diagnostic_table1.csv/.md.
-# The training, evaluation and analysis rules are the main ones, re-targeted with `use rule`.
+# The training, evaluation and analysis rules are the main ones, re-targeted with `use rule`
+# (`with:` replaces a rule's input and output wholesale but merges params by name).
 
 DIAGNOSTICS = config.get("diagnostics") or {}
 DIAG_ROOT = f"{RESULTS}/diagnostic"
@@ -151,13 +152,7 @@ use rule evaluate as router_swap_evaluate with:
     log:
         f"{RESULTS}/logs/router_swap_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     params:
-        track=TRACK,
-        eval_dir=f"{RESULTS}/data/eval",
-        tasks=",".join(eval_tasks()),
-        limit=config["evaluation"].get("limit") or 0,
-        batch_size=config["evaluation"].get("batch_size", 64),
         work=f"{SWAP_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work",
-        trust=trust_remote_code_flag,
 
 
 rule router_swap_table:
@@ -192,13 +187,7 @@ use rule posttrain as diagnostic_posttrain with:
     log:
         f"{RESULTS}/logs/diagnostic_posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     params:
-        track=TRACK,
-        launcher=TRAIN_LAUNCHER,
-        corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
-        out=parent_dir("history"),
-        method=lambda wc: as_json(method_entry(wc.method)),
         spec=lambda wc: as_json(diagnostic_spec(wc.seed)),
-        trust=trust_remote_code_flag,
 
 
 use rule evaluate as diagnostic_evaluate with:
@@ -211,13 +200,7 @@ use rule evaluate as diagnostic_evaluate with:
     log:
         f"{RESULTS}/logs/diagnostic_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     params:
-        track=TRACK,
-        eval_dir=f"{RESULTS}/data/eval",
-        tasks=",".join(eval_tasks()),
-        limit=config["evaluation"].get("limit") or 0,
-        batch_size=config["evaluation"].get("batch_size", 64),
         work=f"{DIAG_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work",
-        trust=trust_remote_code_flag,
 
 
 use rule analyze as diagnostic_analyze with:
