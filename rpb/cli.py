@@ -157,6 +157,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     from rpb.tracking import tracked_run
     from rpb.training import MethodSpec, TrainSpec, is_main_process, posttrain
 
+    if args.trainable is not None:  # overrides the spec's `trainable` (posttrain.trainable)
+        args.spec = {**args.spec, "trainable": args.trainable}
     spec = TrainSpec.from_dict(args.spec)
     method = MethodSpec(**args.method)
     parents = _lineage(
@@ -192,6 +194,33 @@ def cmd_train(args: argparse.Namespace) -> None:
         if main:
             mlflow.log_artifact(str(args.out / "train_history.json"))
             log.info("post-training done: %s", summary["final"])
+
+
+def cmd_router_swap(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.router_swap import swap_saved_routers
+    from rpb.tracking import tracked_run
+
+    parents = _lineage(weights=_run_dir_of(args.weights), routers=_run_dir_of(args.routers))
+    with tracked_run(
+        stage="router_swap",
+        model=args.name,
+        method=args.label,
+        seed=args.seed,
+        corpus=args.corpus_name,
+        params={"weights": str(args.weights), "routers": str(args.routers)},
+        parents=parents,
+        run_dir=_run_dir_of(args.out),
+        **_track_kwargs(args),
+    ):
+        summary = swap_saved_routers(args.weights, args.routers, args.out)
+        mlflow.log_metrics(
+            {
+                "router_tensors": float(len(summary["swapped"])),
+                "router_distance": summary["router_distance"],
+            }
+        )
 
 
 def _model_job_run(args: argparse.Namespace, stage: str):
@@ -344,6 +373,14 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
     "drift": ("rpb.tables:build_drift", "training-time routing drift curves"),
     "readings": ("rpb.tables:build_readings", "which RPB reading anchors (the default's rule)"),
     "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
+    "router_swap_table": (
+        "rpb.router_swap:build_router_swap_table",
+        "router-swap decomposition of a method's change into routing and non-routing parts",
+    ),
+    "diagnostic_table1": (
+        "rpb.tables:build_table1",
+        "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
+    ),
 }
 
 
@@ -418,7 +455,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--trainable",
+        choices=["all", "routed_experts_and_routers"],
+        default=None,
+        help="parameters post-training updates (default: the spec's, else all)",
+    )
     _add_trust(p)
+
+    p = add("router-swap", cmd_router_swap, "save a model with another model's routers")
+    p.add_argument("--name", required=True)
+    p.add_argument("--label", required=True, help="the swapped model's label")
+    p.add_argument("--seed", default="-")
+    p.add_argument("--corpus-name", default="-")
+    p.add_argument("--weights", type=Path, required=True, help="model of the non-router weights")
+    p.add_argument("--routers", type=Path, required=True, help="model of the routers")
+    p.add_argument("--out", type=Path, required=True, help="the new model folder")
 
     p = add("eval", cmd_eval, "evaluate a model with lm-evaluation-harness")
     p.add_argument("--name", required=True)

@@ -367,7 +367,44 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
             f"table1.corpus: '{table1['corpus']}' must be {where} ({', '.join(known)})"
         )
     _check_lengths(config)
+    _check_diagnostics(config, known, where)
     _check_report_keys(config)
+
+
+def _check_diagnostics(config: Mapping[str, Any], corpora: list[str], corpora_where: str) -> None:
+    """Names in `diagnostics` must refer to models, methods and corpora of this config."""
+    diagnostics = config.get("diagnostics") or {}
+    for section, entry in diagnostics.items():
+        field = "models" if "models" in entry else "model"
+        for name in entry["models"] if field == "models" else [entry["model"]]:
+            if name not in config["models"]:
+                raise ConfigError(
+                    f"diagnostics.{section}.{field}: '{name}' is not a key of models "
+                    f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
+                )
+        if entry["corpus"] not in corpora:
+            raise ConfigError(
+                f"diagnostics.{section}.corpus: '{entry['corpus']}' must be {corpora_where} "
+                f"({', '.join(corpora)})"
+            )
+        field = "methods" if "methods" in entry else "method"
+        for label in entry["methods"] if field == "methods" else [entry["method"]]:
+            if label not in config["methods"]:
+                raise ConfigError(
+                    f"diagnostics.{section}.{field}: '{label}' is not a key of methods "
+                    f"({_suggest(label, config['methods'])}methods: "
+                    f"{', '.join(config['methods'])})"
+                )
+    swap = diagnostics.get("router_swap")
+    if swap is not None:
+        entry = config["methods"][swap["method"]] or {}
+        family = entry.get("kind", swap["method"])
+        keep = (entry.get("options") or {}).get("keep_bias_at_eval", family == "hard")
+        if keep:
+            raise ConfigError(
+                f"diagnostics.router_swap.method: '{swap['method']}' keeps its routing at "
+                "evaluation, so swapping its router weights would not swap its routing"
+            )
 
 
 def _check_report_keys(config: Mapping[str, Any]) -> None:

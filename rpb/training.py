@@ -39,11 +39,15 @@ from rpb.data import load_jsonl
 from rpb.eval_routing import save_eval_routing
 from rpb.methods import RouterMethod, make_method
 from rpb.prior import RouterPrior
+from rpb.routing import find_routers
 from rpb.tokenizer import encode
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
+# Post-training parameter selections (`posttrain.trainable`): everything (the paper's setting), or
+# only the routed experts and the routers (the routing-sensitive diagnostic regime).
+TRAINABLE = ("all", "routed_experts_and_routers")
 # Written into each Trainer checkpoint by `CheckpointStateCallback`, after everything the Trainer
 # writes there: its presence marks the checkpoint complete (see `last_complete_checkpoint`).
 CHECKPOINT_STATE = "rpb_state.pt"
@@ -66,6 +70,8 @@ class TrainSpec:
     threads: int = 1
     bf16: bool = False
     gradient_checkpointing: bool = False
+    # Which parameters post-training updates (TRAINABLE); the others stay bitwise unchanged.
+    trainable: str = "all"
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainSpec:
@@ -437,6 +443,53 @@ def pretrain(
     return summary
 
 
+def select_trainable(model: PreTrainedModel, trainable: str) -> list[str]:
+    """Freeze every parameter outside `trainable` (one of TRAINABLE); return the trainable names.
+
+    Routers are found by class (`rpb.routing.find_routers`); the routed experts by role: the
+    router's sibling in its MoE block that holds one slice per expert (fused `[E, ...]` tensors, or
+    a ModuleList of E experts), which a shared expert or a dense MLP never does.
+    """
+    if trainable not in TRAINABLE:
+        raise ValueError(f"posttrain.trainable: {trainable!r} is not one of {list(TRAINABLE)}")
+    if trainable == "all":
+        return [name for name, p in model.named_parameters() if p.requires_grad]
+    modules = dict(model.named_modules())
+    keep: set[str] = set()
+    for handle in find_routers(model):
+        keep |= {f"{handle.name}.{n}" for n, _ in handle.module.named_parameters()}
+        block_name = handle.name.rpartition(".")[0]
+        experts = [
+            (f"{block_name}.{child_name}" if block_name else child_name, child)
+            for child_name, child in modules[block_name].named_children()
+            if child is not handle.module and _holds_experts(child, handle.num_experts)
+        ]
+        if len(experts) != 1:
+            raise ValueError(
+                f"posttrain.trainable: found {len(experts)} routed-expert modules beside router "
+                f"{handle.name} ({type(modules[block_name]).__name__}), need exactly one"
+            )
+        prefix, module = experts[0]
+        keep |= {f"{prefix}.{n}" for n, _ in module.named_parameters()}
+    names = []
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in keep)
+        if name in keep:
+            names.append(name)
+    n_all = sum(p.numel() for p in model.parameters())
+    n_kept = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    log.info("trainable %s: %d of %d parameters (%d tensors)", trainable, n_kept, n_all, len(names))
+    return names
+
+
+def _holds_experts(module: torch.nn.Module, num_experts: int) -> bool:
+    """Whether `module` is a routed-experts container for `num_experts` experts."""
+    if isinstance(module, torch.nn.ModuleList):
+        return len(module) == num_experts
+    own = list(module.parameters(recurse=False))
+    return bool(own) and all(p.dim() == 3 and p.shape[0] == num_experts for p in own)
+
+
 def posttrain(
     *,
     base_dir: Path,
@@ -457,6 +510,10 @@ def posttrain(
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     model.train()
+    if spec.trainable != "all":
+        select_trainable(model, spec.trainable)
+        if spec.gradient_checkpointing:  # frozen embeddings: checkpointed layers need input grads
+            model.enable_input_require_grads()
     prior = RouterPrior.load(prior_path) if prior_path else None
     if prior is not None:
         prior.check_compatible(model)

@@ -343,4 +343,14 @@ def report_targets():
         targets.append(f"{RESULTS}/claims.csv")
     if SWEEP is not None:
         targets.append(f"{RESULTS}/sweep.csv")
-    return targets
+    return targets + diagnostic_targets()
+
+
+def diagnostic_targets():
+    """The diagnostics (rules in diagnostics.smk) that `all` builds: at tiny and smoke scale,
+    each configured one; at paper scale none (request them by name)."""
+    diagnostics = config.get("diagnostics") or {}
+    if config["scale"] == "paper":
+        return []
+    outputs = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
+    return [f"{RESULTS}/{outputs[name]}" for name in outputs if name in diagnostics]
