@@ -37,6 +37,9 @@ METHOD_FAMILIES = (
     "lbl",
     "rpb",
     "rpb_marginal",
+    "rpb_interp",
+    "rpb_anneal",
+    "rpb_coact",
     "rpb_adaptive",
     "anchor_weight",
     "anchor_logit",
@@ -45,13 +48,22 @@ METHOD_FAMILIES = (
 )
 # Families whose `strength` is meaningless (rpb.methods raises if one is given).
 NO_STRENGTH = ("none", "hard")
+# Families whose strength has an upper limit (rpb_interp's lambda mixes z and z0).
+MAX_STRENGTH = {"rpb_interp": 1.0}
 # Per family: option -> allowed values (a tuple of choices), `bool`, or `float` (a number >= 0).
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     "none": {},
-    "lbl": {},
+    "lbl": {"pooling": ("auto", "per_layer", "pooled")},
     "rpb": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
     "rpb_marginal": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
-    "rpb_adaptive": {"update_rate": float, "keep_bias_at_eval": bool},
+    "rpb_interp": {"keep_bias_at_eval": bool},
+    "rpb_anneal": {"bias_on": ("selection", "logits"), "schedule": ("linear", "cosine")},
+    "rpb_coact": {"bias_on": ("selection", "logits"), "keep_bias_at_eval": bool},
+    "rpb_adaptive": {
+        "update_rate": float,
+        "keep_bias_at_eval": bool,
+        "bias_in": ("auto", "correction_bias", "selection_bias"),
+    },
     "anchor_weight": {},
     "anchor_logit": {},
     "anchor_kl": {},
@@ -229,6 +241,9 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
         )
     if family in NO_STRENGTH and entry.get("strength") is not None:
         raise ConfigError(f"methods.{label}.strength: method '{family}' takes no strength")
+    limit, strength = MAX_STRENGTH.get(family), entry.get("strength")
+    if limit is not None and _is_number(None, strength) and strength > limit:
+        raise ConfigError(f"methods.{label}.strength: method '{family}' takes at most {limit}")
     allowed = METHOD_OPTIONS[family]
     for key, value in (entry.get("options") or {}).items():
         where = f"methods.{label}.options.{key}"
