@@ -714,3 +714,15 @@ def test_what_reaches_the_router_weight(arch_name, name, strength, options, path
         assert same, f"{name} {options}: documented as {path}, yet its gradient differs"
     else:
         assert not same, f"{name} {options}: claims to move the router, yet adds no gradient"
+
+
+def test_config_check_knows_the_new_methods_limits():
+    from rpb.config_check import ConfigError, _check_method
+
+    _check_method("rpb_interp", {"strength": 1.0})
+    _check_method("rpb_linf", {"kind": "hard", "options": {"keep_bias_at_eval": False}})
+    _check_method("lbl", {"options": {"pooling": "per_layer"}})
+    with pytest.raises(ConfigError, match=r"methods.mix.strength: method 'rpb_interp' takes at"):
+        _check_method("mix", {"kind": "rpb_interp", "strength": 2.0})
+    with pytest.raises(ConfigError, match=r"options.schedule: 'step' is not one of"):
+        _check_method("rpb_anneal", {"options": {"schedule": "step"}})
