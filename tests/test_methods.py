@@ -726,3 +726,23 @@ def test_config_check_knows_the_new_methods_limits():
         _check_method("mix", {"kind": "rpb_interp", "strength": 2.0})
     with pytest.raises(ConfigError, match=r"options.schedule: 'step' is not one of"):
         _check_method("rpb_anneal", {"options": {"schedule": "step"}})
+
+
+def test_pooled_lbl_is_far_weaker_than_per_layer_at_moonlights_shape():
+    """Why the family's own formula matters (docs/methods.md): at Moonlight's shape (E = 64,
+    K = 6, 26 MoE layers) on random sigmoid routers, counts pooled over layers give about K / L of
+    the per-layer loss and a far smaller balancing gradient on any one layer."""
+    from rpb.methods import sequence_lbl
+    from rpb.routing import routing_probs
+
+    g = torch.Generator().manual_seed(0)
+    logits = [torch.randn(4 * 64, 64, generator=g).requires_grad_() for _ in range(26)]
+    picks = [z.detach().sigmoid().topk(6, -1)[1] for z in logits]
+    mask = torch.ones(4, 64)
+    probs = [routing_probs("deepseek_v3", z) for z in logits]
+    pooled = switch_lbl(probs, picks, 64, mask.reshape(-1))
+    per_layer = sequence_lbl(probs, picks, 64, mask)
+    assert (pooled / per_layer).item() == pytest.approx(6 / 26, rel=0.1)
+    grad_pooled = torch.autograd.grad(pooled, logits[0], retain_graph=True)[0].norm()
+    grad_layer = torch.autograd.grad(per_layer, logits[0])[0].norm()
+    assert (grad_pooled / grad_layer).item() < 0.1
