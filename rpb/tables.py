@@ -775,9 +775,13 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     plot_sweep(
         runs, out_csv.parent / "figures" / "sweep", ["in_domain", "ood_mean", "community_nmi"]
     )
-    build_table4_matched(
-        results, spec, stem.with_name(f"{stem.name}_table4_matched.csv"), sweep=table
-    )
+    # Matching needs both bounds on the sweep (none and the kept-at-evaluation hard arm).
+    if (table["strength"] == 0).any() and (
+        np.isinf(table["strength"]) & (table["protocol"] == KEPT_AT_EVAL)
+    ).any():
+        build_table4_matched(
+            results, spec, stem.with_name(f"{stem.name}_table4_matched.csv"), sweep=table
+        )
     return table
 
 

@@ -229,3 +229,11 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"rpb/seed1/train_history.json: no 'history'"):
         build_drift(tmp_path, spec, tmp_path / "drift.csv")
+
+
+def test_a_sweep_without_the_bounds_writes_no_matched_table(tmp_path: Path) -> None:
+    _sweep_world(tmp_path)
+    spec = {"model": "tinyA", "corpus": "math", "seeds": [0], "ood": OOD_ALL}
+    spec |= {"methods": METHODS, "curves": {"rpb": ["rpb_l0p5", "rpb", "rpb_l4"]}}
+    assert len(build_sweep(tmp_path, spec, tmp_path / "sweep.csv")) == 3
+    assert not (tmp_path / "sweep_table4_matched.csv").exists()
