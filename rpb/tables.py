@@ -10,9 +10,7 @@ constants are the paper's own reported scores (`PAPER_TABLE1`), shown in their o
   any ordering is consistent across blocks.
 - Table 5 (`build_table5`): community retention, accuracy, their rank correlation across the
   soft methods, hard routing against the soft methods, and the base's non-uniformity.
-- Sweep (`build_sweep`): accuracy and retention against each method's strength, each point
-  labelled with its evaluation protocol; and table 4 at strengths matched on routing
-  (`build_table4_matched`, from the sweep's runs).
+- Sweep (`build_sweep`): accuracy and retention against each method's strength.
 - Drift (`build_drift`): training-time routing drift curves from the training histories.
 
 Scores are percentages; retention metrics (NMI, ARI, cosine) and modularity are fractions.
