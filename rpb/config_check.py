@@ -36,6 +36,12 @@ __all__ = [
 METHOD_FAMILIES = tuple(METHOD_SPECS)
 # Families whose `strength` is meaningless (rpb.methods raises if one is given).
 NO_STRENGTH = tuple(name for name, spec in METHOD_SPECS.items() if not spec.uses_strength)
+# Families whose strength has an upper limit (rpb_interp's lambda mixes z and z0).
+MAX_STRENGTH = {
+    name: spec.max_strength
+    for name, spec in METHOD_SPECS.items()
+    if spec.uses_strength and math.isfinite(spec.max_strength)
+}
 # Per family: option -> allowed values (a tuple of choices), `bool`, or `float` (a number >= 0).
 METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     name: {
@@ -214,6 +220,9 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
         )
     if family in NO_STRENGTH and entry.get("strength") is not None:
         raise ConfigError(f"methods.{label}.strength: method '{family}' takes no strength")
+    limit, strength = MAX_STRENGTH.get(family), entry.get("strength")
+    if limit is not None and _is_number(None, strength) and strength > limit:
+        raise ConfigError(f"methods.{label}.strength: method '{family}' takes at most {limit}")
     allowed = METHOD_OPTIONS[family]
     for key, value in (entry.get("options") or {}).items():
         where = f"methods.{label}.options.{key}"

@@ -8,6 +8,10 @@ state such as rpb_adaptive's learned bias) and its router prior into `<model_dir
 and `attach_eval_routing` puts the same hooks back on a freshly loaded model. Evaluation
 (lm-eval) and the co-activation analysis both call it, so accuracy and structure are measured on
 the routing the model is trained for.
+
+State that the model itself can hold needs nothing here: `rpb_adaptive` on DeepSeek-V3 writes its
+bias into the router's own `e_score_correction_bias` buffer, which the checkpoint saves, so the
+reloaded model routes with it natively (as DeepSeek-V3 keeps its own correction bias).
 """
 
 from __future__ import annotations

@@ -179,12 +179,16 @@ def plot_sweep(
     ys: Sequence[str],
     curve: str = "curve",
     x: str = "strength",
+    protocol: str = "protocol",
 ) -> list[Path]:
     """Softness sweep: one row per ``curve`` (a method family), one column per metric in ``ys``,
     the metric against the method's strength (mean over rows sharing a strength, e.g. seeds, with
     a ±1 std band). Strength 0 (plain fine-tuning) and ``inf`` (the hard limit) sit at the two
     ends of a symmetric-log axis; each row has its own axis, since strengths of different
-    families are not on one scale."""
+    families are not on one scale. Where the frame has a ``protocol`` column, the line joins the
+    points evaluated with the model's own router only; points whose steering is kept at
+    evaluation (``kept_at_eval``, e.g. ``hard``) are drawn apart as crosses (one protocol per
+    line)."""
     ys = [ys] if isinstance(ys, str) else list(ys)
     if not ys:
         raise ValueError("ys is empty")
@@ -207,16 +211,27 @@ def plot_sweep(
         at_inf = top * 10.0
         pos = group[x].where(np.isfinite(group[x]), at_inf)
         ticks = sorted(set(pos))
-        labels = [
-            "hard (∞)" if t == at_inf and np.isinf(group[x]).any() else f"{t:g}" for t in ticks
-        ]
+        labels = ["∞" if t == at_inf and np.isinf(group[x]).any() else f"{t:g}" for t in ticks]
+        kept = (
+            group[protocol].eq("kept_at_eval")
+            if protocol in group
+            else pd.Series(False, index=group.index)
+        )
         for c, metric in enumerate(ys):
             ax = axes[r, c]
-            stats = group.assign(_pos=pos).groupby("_pos", sort=True)[metric].agg(["mean", "std"])
-            ax.plot(stats.index, stats["mean"], marker="o", ms=3)
+            placed = group.assign(_pos=pos)
+            stats = placed[~kept].groupby("_pos", sort=True)[metric].agg(["mean", "std"])
+            ax.plot(stats.index, stats["mean"], marker="o", ms=3, label="own router")
             std = stats["std"].fillna(0.0)
             if (std > 0).any():
                 ax.fill_between(stats.index, stats["mean"] - std, stats["mean"] + std, alpha=0.2)
+            if kept.any():
+                apart = placed[kept].groupby("_pos", sort=True)[metric].mean()
+                ax.plot(
+                    apart.index, apart.values, "x", ms=6, color="C3", label="kept at evaluation"
+                )
+                if r == 0 and c == 0:
+                    ax.legend(fontsize=7)
             ax.set_xscale("symlog", linthresh=lin)
             ax.set_xticks(ticks)
             ax.set_xticklabels(labels, rotation=45, fontsize=7)

@@ -3,6 +3,7 @@
     method = make_method("rpb", strength=1.0, **options)
     method.attach(model, prior)            # installs a RouterControl; also a context manager
     loss = out.loss + method.router_loss(attention_mask=batch.get("attention_mask"))
+    method.set_progress(step, total_steps) # before each step: rpb_anneal's schedule
     method.on_step_end()                   # advances rpb_adaptive's bias; no-op otherwise
     stats = method.routing_stats()         # per-layer drift of the latest forward
     method.detach()
@@ -12,6 +13,11 @@ average over MoE layers (so a strength means the same at 27 or 48 layers), ancho
 layers as written in DESIGN. Base logits z0 are a fixed target (no gradient flows through them).
 Drift statistics describe the live router's *own* routing (what it does at evaluation, without any
 training-time bias), so a selection bias cannot hide router drift.
+
+Each method states what reaches the router weight (`gradient_path`, docs/methods.md):
+"selection_only" (the router-weight gradient equals plain fine-tuning's under the same expert
+selection: the method only chooses experts), "moves_router" (a loss term or biased gate weights
+add to it), "plain" (`none`) or "none" (the live router gets no gradient).
 """
 
 from __future__ import annotations
@@ -29,19 +35,25 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 from rpb.coactivation import mean_kl, topk_overlap, usage_entropy
 from rpb.prior import RouterPrior
 from rpb.routing import RouterControl, RouterRecord, routing_log_probs, routing_probs
+from rpb.specs import MethodSpec, method_spec
 
-__all__ = ["METHODS", "RouterMethod", "make_method", "switch_lbl"]
+__all__ = ["GRADIENT_PATHS", "METHODS", "RouterMethod", "make_method", "sequence_lbl", "switch_lbl"]
 
 METHODS: dict[str, type[RouterMethod]] = {}
 
-# Options whose values are one of a fixed set.
-_CHOICES: dict[str, tuple[str, ...]] = {
-    "bias_on": ("selection", "logits"),
-    "gate_from": ("live", "base"),
-}
+# What reaches the router weight under each method (RouterMethod.gradient_path).
+GRADIENT_PATHS = ("plain", "selection_only", "moves_router", "none")
 
 
 def _register(cls: type[RouterMethod]) -> type[RouterMethod]:
+    """Register a method class under its name; its strength and options come from its
+    `rpb.specs.METHOD_SPECS` entry (the one place the config check reads them too)."""
+    spec = method_spec(cls.name)
+    cls.spec = spec
+    cls.uses_strength = spec.uses_strength
+    cls.default_strength = spec.default_strength if spec.uses_strength else 0.0
+    cls.max_strength = spec.max_strength
+    cls.option_defaults = spec.option_defaults
     METHODS[cls.name] = cls
     return cls
 
@@ -72,15 +84,48 @@ def switch_lbl(
     return (assigned / rows * (prob_sum / rows)).sum() * num_experts
 
 
+def sequence_lbl(
+    probs: list[Tensor], indices: list[Tensor], num_experts: int, mask: Tensor
+) -> Tensor:
+    """DeepSeek-V3's sequence-wise balance loss, summed over layers (times alpha it is what
+    Moonlight's `aux_loss_alpha` weights, per MoE layer, with `seq_aux`).
+
+    Per layer and per sequence of T non-padding tokens: f_i = E / (K T) * (number of the
+    sequence's top-K selections that are expert i), P_i = mean over the sequence's tokens of the
+    normalised score of expert i, loss = sum_i f_i P_i; averaged over the sequences with at least
+    one token, summed over layers. `probs` [B*S, E] per layer (rows summing to 1), `indices`
+    [B*S, K], `mask` [B, S] (1 = token, 0 = padding)."""
+    batch, seq = mask.shape
+    device = probs[0].device
+    m = mask.to(device).float()
+    n_tokens = m.sum(1)
+    has_tokens = n_tokens > 0
+    total = torch.zeros((), dtype=torch.float32, device=device)
+    for p, idx in zip(probs, indices, strict=True):
+        if p.shape[0] != batch * seq:
+            raise ValueError(f"routed {p.shape[0]} tokens, attention_mask has {batch * seq}")
+        k = idx.shape[-1]
+        counts = torch.zeros(batch, num_experts, dtype=torch.float32, device=device)
+        counts = counts.scatter_add(1, idx.reshape(batch, seq * k), m.repeat_interleave(k, dim=1))
+        f = counts * num_experts / (k * n_tokens.clamp_min(1)).unsqueeze(-1)
+        mean_p = (p.float().reshape(batch, seq, -1) * m.unsqueeze(-1)).sum(1)
+        mean_p = mean_p / n_tokens.clamp_min(1).unsqueeze(-1)
+        total = total + (f * mean_p).sum(-1)[has_tokens].mean()
+    return total
+
+
 class RouterMethod:
     """Base class and the `none` method: plain fine-tuning, no router term, no steering."""
 
     name: ClassVar[str] = "none"
-    default_strength: ClassVar[float] = 0.0
-    uses_strength: ClassVar[bool] = False
     needs_prior: ClassVar[bool] = False
     # Whether the router hooks record ||W - W0||^2 (RouterControl's `weight_distance`).
     needs_weight_distance: ClassVar[bool] = False
+    # Set by `_register` from the method's rpb.specs entry: strength default and limit, options.
+    spec: ClassVar[MethodSpec]
+    default_strength: ClassVar[float] = 0.0
+    uses_strength: ClassVar[bool] = False
+    max_strength: ClassVar[float] = math.inf
     option_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, strength: float | None = None, **options: Any) -> None:
@@ -89,7 +134,12 @@ class RouterMethod:
         value = self.default_strength if strength is None else strength
         if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             raise ValueError(f"strength of method {self.name!r} must be a finite number >= 0")
+        if value > self.max_strength:
+            raise ValueError(
+                f"strength of method {self.name!r} must be <= {self.max_strength} (got {value})"
+            )
         self.strength = float(value)
+        self.progress = 0.0  # share of training done (set_progress)
         unknown = sorted(set(options) - set(self.option_defaults))
         if unknown:
             known = ", ".join(self.option_defaults) or "none"
@@ -106,8 +156,9 @@ class RouterMethod:
 
     def _check_option(self, key: str, val: Any) -> None:
         default = self.option_defaults[key]
-        if key in _CHOICES and val not in _CHOICES[key]:
-            raise ValueError(f"option {key} of method {self.name!r} must be one of {_CHOICES[key]}")
+        choices = self.spec.options[key].choices
+        if choices is not None and val not in choices:
+            raise ValueError(f"option {key} of method {self.name!r} must be one of {choices}")
         if isinstance(default, bool) and not isinstance(val, bool):
             raise ValueError(f"option {key} of method {self.name!r} must be true or false")
         if isinstance(default, float) and (
@@ -167,6 +218,18 @@ class RouterMethod:
 
     def on_step_end(self) -> None:
         """Called after each optimizer step."""
+
+    def set_progress(self, step: int, total_steps: int) -> None:
+        """Called before each optimizer step with the steps done so far and the run's total
+        (rpb_anneal's schedule reads it; stateless otherwise, so resuming needs nothing)."""
+        if total_steps <= 0 or not 0 <= step <= total_steps:
+            raise ValueError(f"set_progress: step {step} of {total_steps} is out of range")
+        self.progress = step / total_steps
+
+    @property
+    def gradient_path(self) -> str:
+        """What reaches the router weight (one of GRADIENT_PATHS; docs/methods.md)."""
+        return "plain"
 
     def state_dict(self) -> dict[str, Tensor]:
         """Training state to checkpoint beside the model (empty for stateless methods)."""
@@ -289,23 +352,67 @@ class NoneMethod(RouterMethod):
 
 @_register
 class LBL(RouterMethod):
-    """`lbl`: re-applied Switch load-balancing loss, coefficient = strength.
+    """`lbl`: the load-balancing loss each family was pretrained with, coefficient = strength.
 
-    Softmax families: transformers' own `load_balancing_loss_func` on the recorded live logits.
-    DeepSeek-V3 (transformers has none): the same pooled formula on the normalised sigmoid scores
-    and the experts actually selected. Default 0.001 = Qwen3-MoE's router_aux_loss_coef and
-    Moonlight's aux_loss_alpha.
+    `pooling: auto` (default) picks the family's own: softmax families call transformers'
+    `load_balancing_loss_func` (Switch loss with counts pooled over every layer's tokens);
+    DeepSeek-V3/Moonlight use DeepSeek-V3's sequence-wise auxiliary loss per layer
+    (`sequence_lbl`: f_i = E/(K T) x count, P_i the mean normalised sigmoid score, per sequence,
+    summed over layers), so the strength means what Moonlight's `aux_loss_alpha` means.
+    `pooling: pooled` forces the pooled formula (on normalised sigmoid scores and the selected
+    experts for DeepSeek-V3), `per_layer` the sequence-wise one (on softmax probabilities for
+    softmax routers). Default 0.001 = Qwen3-MoE's router_aux_loss_coef and Moonlight's
+    aux_loss_alpha. The per-layer loss needs sequence boundaries: without an attention_mask the
+    batch shape of the latest forward is used.
     """
 
     name = "lbl"
-    default_strength = 0.001
-    uses_strength = True
+
+    @property
+    def gradient_path(self) -> str:
+        return "moves_router" if self.strength > 0 else "plain"
+
+    def pooling_for(self, kind: str) -> str:
+        """The formula used on routers of `kind` ("per_layer" or "pooled")."""
+        if self.options["pooling"] != "auto":
+            return self.options["pooling"]
+        return "per_layer" if kind == "deepseek_v3" else "pooled"
+
+    def _install(self) -> None:
+        self._batch_shape: tuple[int, int] | None = None
+        self._shape_hook = self.model.register_forward_pre_hook(
+            self._record_shape, with_kwargs=True
+        )
+
+    def _record_shape(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        for x in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), *args[:1]):
+            if isinstance(x, Tensor) and x.dim() >= 2:
+                self._batch_shape = (int(x.shape[0]), int(x.shape[1]))
+                return
+
+    def detach(self) -> None:
+        hook = getattr(self, "_shape_hook", None)
+        if hook is not None:
+            hook.remove()
+            self._shape_hook = None
+        super().detach()
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         records = self._grad_records(control)
         handle = control.handles[0]
-        if handle.kind == "softmax":
-            _token_mask(records, attention_mask)  # same size check as every other term
+        _token_mask(records, attention_mask)  # same size check as every other term
+        if self.pooling_for(handle.kind) == "per_layer":
+            if attention_mask is None:
+                if self._batch_shape is None:
+                    raise ValueError("lbl per_layer: pass attention_mask (sequence boundaries)")
+                attention_mask = torch.ones(self._batch_shape, device=records[0].logits.device)
+            loss = sequence_lbl(
+                [routing_probs(handle.kind, r.logits) for r in records],
+                [r.indices for r in records],
+                handle.num_experts,
+                attention_mask.reshape(-1, attention_mask.shape[-1]),
+            )
+        elif handle.kind == "softmax":
             loss = load_balancing_loss_func(
                 tuple(r.logits for r in records), handle.num_experts, handle.top_k, attention_mask
             )
@@ -322,13 +429,21 @@ class LBL(RouterMethod):
 class _SelectionBiasMethod(RouterMethod):
     """Shared option handling of the RPB family (bias applied by the router hooks)."""
 
-    uses_strength = True
     needs_prior = True
-    default_strength = 1.0
-    option_defaults: ClassVar[dict[str, Any]] = {
-        "bias_on": "selection",
-        "keep_bias_at_eval": False,
-    }
+
+    @property
+    def gradient_path(self) -> str:
+        # A selection bias only chooses experts; a logit bias also changes the gate weights.
+        if self.options.get("bias_on", "selection") == "selection" or self.strength == 0:
+            return "selection_only"
+        return "moves_router"
+
+    def _install(self) -> None:
+        for layer in range(self._attached().num_layers):
+            self._set_bias(layer, self._bias)
+
+    def _bias(self, record: RouterRecord) -> Tensor:
+        raise NotImplementedError
 
     def _set_bias(self, layer: int, fn: Any) -> None:
         key = (
@@ -350,10 +465,6 @@ class RPB(_SelectionBiasMethod):
 
     name = "rpb"
 
-    def _install(self) -> None:
-        for layer in range(self._attached().num_layers):
-            self._set_bias(layer, self._bias)
-
     def _bias(self, record: RouterRecord) -> Tensor:
         control = self._attached()
         if self.options["bias_on"] == "selection":
@@ -363,20 +474,115 @@ class RPB(_SelectionBiasMethod):
 
 @_register
 class RPBMarginal(_SelectionBiasMethod):
-    """`rpb_marginal`: a per-expert bias strength * log pi_l, pi_l the base's mean routing
-    distribution on the post-training corpus (clamped at 1e-9 so unused experts get a large
-    finite penalty rather than -inf)."""
+    """`rpb_marginal`: rpb's bias with the per-token base distribution p0 replaced by its corpus
+    mean pi_l (read off during prior extraction; clamped at 1e-9), in the units of the router's
+    selection score. Softmax routers rank on logits, which are log p + a per-token constant, so
+    the bias is strength * log pi. DeepSeek-V3 ranks on sigmoid scores s = p * sum_j s_j, so the
+    bias is strength * pi * sum_j s0_j (the token's base score mass; rpb's own bias is
+    strength * p0 * sum_j s0_j). `bias_on: logits` adds strength * log pi to the logits of
+    either kind."""
 
     name = "rpb_marginal"
 
     def _install(self) -> None:
-        log_pi = torch.log(self.prior.mean_probs.float().clamp_min(1e-9))
-        for layer in range(self._attached().num_layers):
-            self._set_bias(layer, partial(_on_device, self.strength * log_pi[layer]))
+        control = self._attached()
+        self._pi = self.prior.mean_probs.float().clamp_min(1e-9)
+        self._log_pi = torch.log(self._pi)
+        for layer in range(control.num_layers):
+            self._set_bias(layer, partial(self._layer_bias, layer))
+
+    def _layer_bias(self, layer: int, record: RouterRecord) -> Tensor:
+        device = record.logits.device
+        kind = self._attached().handles[layer].kind
+        if self.options["bias_on"] == "selection" and kind == "deepseek_v3":
+            mass = record.base_logits.float().sigmoid().sum(-1, keepdim=True)
+            return self.strength * self._pi[layer].to(device) * mass
+        return self.strength * self._log_pi[layer].to(device)
 
 
-def _on_device(bias: Tensor, record: RouterRecord) -> Tensor:
-    return bias.to(record.logits.device)
+@_register
+class RPBInterp(RouterMethod):
+    """`rpb_interp`: the router's forward logits pulled toward the base's,
+    z + strength * stopgrad(z0 - z), strength (lambda) in [0, 1]. The forward value is
+    (1 - lambda) z + lambda z0, so both selection and gate weights follow it and the step-0
+    function is the base's; the gradient reaching z is the task gradient at the interpolated
+    routing (d/dz is the identity), so the router keeps training. A training-time device like
+    every RPB reading: dropped at evaluation unless `keep_bias_at_eval`."""
+
+    name = "rpb_interp"
+    needs_prior = True
+
+    @property
+    def gradient_path(self) -> str:
+        return "moves_router" if self.strength > 0 else "plain"
+
+    def _install(self) -> None:
+        self._attached().set_policy(logit_bias=self._pull)
+
+    def _pull(self, record: RouterRecord) -> Tensor:
+        return self.strength * (record.base_logits - record.logits.detach())
+
+
+def anneal_factor(progress: float, schedule: str) -> float:
+    """Share of the bias left at `progress` in [0, 1]: 1 at the start, 0 at the end."""
+    progress = min(max(progress, 0.0), 1.0)
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+@_register
+class RPBAnneal(RPB):
+    """`rpb_anneal`: rpb's bias (selection or, with `bias_on: logits`, logits) at strength
+    lambda * a(t), a decaying from 1 at the first step to 0 at the end of training (`schedule`
+    linear or cosine, over the run's optimizer steps, set by `set_progress`). The router
+    evaluated is the one trained with it: by the last steps the bias is near 0, so there is no
+    train/eval mismatch and nothing to keep at evaluation."""
+
+    name = "rpb_anneal"
+
+    @property
+    def current_strength(self) -> float:
+        return self.strength * anneal_factor(self.progress, self.options["schedule"])
+
+    def _bias(self, record: RouterRecord) -> Tensor:
+        control = self._attached()
+        base = (
+            control.base_scores(record)
+            if self.options["bias_on"] == "selection"
+            else record.base_logits
+        )
+        return self.current_strength * base
+
+
+@_register
+class RPBCoact(_SelectionBiasMethod):
+    """`rpb_coact`: a per-token bias toward the experts that co-activate, in the base's
+    co-activation graph, with the token's other base choices. With C_l the base's co-activation
+    counts on the post-training corpus (prior extraction) and M[j, e] = C[j, e] / C[j, j] the
+    share of tokens routed to j that also chose e (diagonal 0), the bias of expert e on a token
+    whose base top-k (on its current hidden state) is B is strength * mean over j in B, j != e of
+    M[j, e]: a value in [0, 1], the selection score's units for sigmoid routers. Selection only
+    by default, like `rpb`; dropped at evaluation unless `keep_bias_at_eval`."""
+
+    name = "rpb_coact"
+
+    def _install(self) -> None:
+        counts = self.prior.coactivation.double()
+        diag = torch.diagonal(counts, dim1=-2, dim2=-1)
+        share = counts / diag.clamp_min(1).unsqueeze(-1)
+        share.diagonal(dim1=-2, dim2=-1).zero_()
+        self._share = share.float()  # [L, E, E], row j: P(e | j)
+        super()._install()
+
+    def _bias(self, record: RouterRecord) -> Tensor:
+        control = self._attached()
+        chosen = control.base_topk(record)  # [T, k]
+        share = self._share[record.layer].to(record.logits.device)
+        total = share[chosen].sum(1)  # [T, E]: sum over the token's base choices j of M[j, e]
+        in_base = torch.zeros_like(total).scatter_(1, chosen, 1.0)
+        others = (chosen.shape[-1] - in_base).clamp_min(1)  # M[e, e] = 0 drops j = e
+        return self.strength * total / others
 
 
 @_register
@@ -386,13 +592,20 @@ class RPBAdaptive(RouterMethod):
     expert usage toward the base's usage distribution instead of uniform. The applied bias is
     strength * b. update_rate 0.001 is DeepSeek-V3's; softmax logits may want more. Under
     multi-process training the usage counts are summed over the ranks before each update, so every
-    rank keeps the same bias."""
+    rank keeps the same bias.
+
+    Where the bias lives (`bias_in`): `correction_bias` (the `auto` choice on DeepSeek-V3) writes
+    the router's own `e_score_correction_bias` = base bias + strength * b after every update, as
+    DeepSeek-V3 keeps its own, so it is saved with the model and kept at evaluation;
+    `selection_bias` (`auto` on softmax routers, which have no such buffer) is a hook bias,
+    dropped at evaluation unless `keep_bias_at_eval`."""
 
     name = "rpb_adaptive"
-    uses_strength = True
     needs_prior = True
-    default_strength = 1.0
-    option_defaults: ClassVar[dict[str, Any]] = {"update_rate": 1e-3, "keep_bias_at_eval": False}
+
+    @property
+    def gradient_path(self) -> str:
+        return "selection_only"
 
     def _install(self) -> None:
         control = self._attached()
@@ -400,11 +613,31 @@ class RPBAdaptive(RouterMethod):
         self.bias = torch.zeros(control.num_layers, n_experts)
         self._target = self.prior.usage_probs.float()
         self._pending = torch.zeros(control.num_layers, n_experts, dtype=torch.float64)
-        for layer in range(control.num_layers):
-            control.set_policy(layer, selection_bias=partial(self._layer_bias, layer))
+        kind = control.handles[0].kind
+        where = self.options["bias_in"]
+        if where == "auto":
+            where = "correction_bias" if kind == "deepseek_v3" else "selection_bias"
+        if where == "correction_bias" and kind != "deepseek_v3":
+            raise ValueError(
+                f"rpb_adaptive bias_in: correction_bias needs a DeepSeek-V3 router, not {kind}"
+            )
+        self.bias_in = where
+        if where == "selection_bias":
+            for layer in range(control.num_layers):
+                control.set_policy(layer, selection_bias=partial(self._layer_bias, layer))
 
     def _layer_bias(self, layer: int, record: RouterRecord) -> Tensor:
         return (self.strength * self.bias[layer]).to(record.logits.device)
+
+    def _write_correction_bias(self) -> None:
+        """The routers' e_score_correction_bias = base bias + strength * b (idempotent)."""
+        control = self._attached()
+        with torch.no_grad():
+            for handle in control.handles:
+                live = handle.correction_bias
+                base = control.base_correction_bias(handle.moe_layer)
+                value = base.float() + self.strength * self.bias[handle.moe_layer]
+                live.copy_(value.to(device=live.device, dtype=live.dtype))
 
     def _usage(self, records: list[RouterRecord], mask: Tensor | None) -> Tensor:
         n_experts = self.bias.shape[1]
@@ -427,6 +660,8 @@ class RPBAdaptive(RouterMethod):
         if set(state) != {"bias"} or state["bias"].shape != self.bias.shape:
             raise ValueError(f"rpb_adaptive state must be {{'bias': {tuple(self.bias.shape)}}}")
         self.bias.copy_(state["bias"])
+        if self.bias_in == "correction_bias":
+            self._write_correction_bias()
 
     def on_step_end(self) -> None:
         control = self._attached()
@@ -442,6 +677,8 @@ class RPBAdaptive(RouterMethod):
         live = usage / usage.sum(-1, keepdim=True).clamp_min(1)
         self.bias += self.options["update_rate"] * torch.sign(self._target - live.float())
         self._pending.zero_()
+        if self.bias_in == "correction_bias":
+            self._write_correction_bias()
 
 
 @_register
@@ -455,10 +692,12 @@ class AnchorWeight(RouterMethod):
     """
 
     name = "anchor_weight"
-    uses_strength = True
     needs_prior = True
     needs_weight_distance = True
-    default_strength = 0.01
+
+    @property
+    def gradient_path(self) -> str:
+        return "moves_router" if self.strength > 0 else "plain"
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         total = None
@@ -475,9 +714,11 @@ class AnchorLogit(RouterMethod):
     0.01 is roughly anchor_kl's 1.0 at E = 64."""
 
     name = "anchor_logit"
-    uses_strength = True
     needs_prior = True
-    default_strength = 0.01
+
+    @property
+    def gradient_path(self) -> str:
+        return "moves_router" if self.strength > 0 else "plain"
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         records = self._grad_records(control)
@@ -495,9 +736,11 @@ class AnchorKL(RouterMethod):
     Default 1.0: KL is in nats like the LM loss."""
 
     name = "anchor_kl"
-    uses_strength = True
     needs_prior = True
-    default_strength = 1.0
+
+    @property
+    def gradient_path(self) -> str:
+        return "moves_router" if self.strength > 0 else "plain"
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         records = self._grad_records(control)
@@ -519,12 +762,17 @@ class Hard(RouterMethod):
     with `gate_from: base` from the base router (then the live router gets no gradient).
 
     `keep_bias_at_eval` defaults to True here: a model trained with base routing is evaluated
-    with base routing, otherwise it would be evaluated on a selection it never trained with.
+    with base routing (the C6 arm). `keep_bias_at_eval: false` is the lambda -> infinity arm with
+    rpb's protocol: trained with base selection, evaluated with its own router, like every other
+    point of rpb's softness curve.
     """
 
     name = "hard"
     needs_prior = True
-    option_defaults: ClassVar[dict[str, Any]] = {"gate_from": "live", "keep_bias_at_eval": True}
+
+    @property
+    def gradient_path(self) -> str:
+        return "none" if self.options["gate_from"] == "base" else "selection_only"
 
     def _install(self) -> None:
         control = self._attached()

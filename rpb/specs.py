@@ -11,6 +11,7 @@ generator in `rpb.data` plus its name in `EVAL_SETS`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,7 @@ class MethodSpec:
     default_strength: float | None
     options: dict[str, Option] = field(default_factory=dict)
     doc: str = ""
+    max_strength: float = math.inf
 
     @property
     def uses_strength(self) -> bool:
@@ -77,7 +79,18 @@ def _specs(*specs: MethodSpec) -> dict[str, MethodSpec]:
 
 METHOD_SPECS: dict[str, MethodSpec] = _specs(
     MethodSpec("none", None, doc="plain fine-tuning, router trainable, no router term"),
-    MethodSpec("lbl", 0.001, doc="re-applied load-balancing loss, as the family was pretrained"),
+    MethodSpec(
+        "lbl",
+        0.001,
+        {
+            "pooling": Option(
+                "auto",
+                ("auto", "per_layer", "pooled"),
+                doc="auto: DeepSeek-V3's per-layer sequence loss on deepseek_v3, else pooled",
+            )
+        },
+        doc="re-applied load-balancing loss, as the family was pretrained",
+    ),
     MethodSpec(
         "rpb",
         1.0,
@@ -88,12 +101,42 @@ METHOD_SPECS: dict[str, MethodSpec] = _specs(
         "rpb_marginal",
         1.0,
         {"bias_on": _BIAS_ON, "keep_bias_at_eval": _KEEP},
-        doc="a per-expert bias lambda * log pi toward the base's mean routing distribution",
+        doc="a per-expert bias toward the base's mean routing distribution",
+    ),
+    MethodSpec(
+        "rpb_interp",
+        0.5,
+        {"keep_bias_at_eval": _KEEP},
+        doc="interpolated logits z + lambda * stopgrad(z0 - z), lambda in [0, 1]",
+        max_strength=1.0,
+    ),
+    MethodSpec(
+        "rpb_anneal",
+        1.0,
+        {
+            "bias_on": _BIAS_ON,
+            "schedule": Option("cosine", ("linear", "cosine"), doc="decay of the bias to 0"),
+        },
+        doc="rpb's bias annealed to 0 over training (no train/eval mismatch)",
+    ),
+    MethodSpec(
+        "rpb_coact",
+        1.0,
+        {"bias_on": _BIAS_ON, "keep_bias_at_eval": _KEEP},
+        doc="a per-token bias toward experts co-activating in the base with its other choices",
     ),
     MethodSpec(
         "rpb_adaptive",
         1.0,
-        {"update_rate": Option(0.001, doc="bias step per update"), "keep_bias_at_eval": _KEEP},
+        {
+            "update_rate": Option(0.001, doc="bias step per update"),
+            "keep_bias_at_eval": _KEEP,
+            "bias_in": Option(
+                "auto",
+                ("auto", "correction_bias", "selection_bias"),
+                doc="auto: the router's correction bias where it has one, else a hook bias",
+            ),
+        },
         doc="a per-expert bias updated each step toward the base's usage prior",
     ),
     MethodSpec("anchor_weight", 0.01, doc="+ mu * sum_l ||W_l - W0_l||^2"),
@@ -109,7 +152,6 @@ METHOD_SPECS: dict[str, MethodSpec] = _specs(
         doc="selection by the base router's top-k (the lambda -> infinity limit)",
     ),
 )
-
 
 def method_spec(name: str) -> MethodSpec:
     """The spec of method family `name` (ValueError naming the known ones otherwise)."""

@@ -710,9 +710,30 @@ def method_strength(entry: dict[str, Any]) -> float:
     return float(METHODS[kind].default_strength if strength is None else strength)
 
 
+# Evaluation protocols of a sweep point: the model routes with its own router, or keeps the
+# method's steering at evaluation (`hard`, `keep_bias_at_eval`).
+OWN_ROUTER, KEPT_AT_EVAL = "own_router", "kept_at_eval"
+
+
+def eval_protocol(entry: dict[str, Any]) -> str:
+    """OWN_ROUTER or KEPT_AT_EVAL: whether the method keeps steering routing at evaluation
+    (its `keep_bias_at_eval` option, or the family's default for it)."""
+    from rpb.methods import METHODS
+
+    kind = entry.get("kind") or entry.get("name")
+    if kind not in METHODS:
+        raise ValueError(f"unknown method kind {kind!r} in the sweep")
+    default = METHODS[kind].option_defaults.get("keep_bias_at_eval", False)
+    keep = (entry.get("options") or {}).get("keep_bias_at_eval", default)
+    return KEPT_AT_EVAL if keep else OWN_ROUTER
+
+
 def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """Per curve and point: mean in-domain, OOD, retention and drift over the sweep's seeds
-    (`sweep.csv`), every run (`sweep_runs.csv`), and the curves figure `figures/sweep`."""
+    (`sweep.csv`), every run (`sweep_runs.csv`), the curves figure `figures/sweep`, and table 4
+    at matched strengths (`sweep_table4_matched*`, `build_table4_matched`). Each point carries
+    its evaluation `protocol`: a curve is drawn through its own-router points only, and a point
+    kept at evaluation (`hard`) is marked apart."""
     results = Path(results)
     model, corpus, seeds = spec["model"], spec["corpus"], list(spec["seeds"])
     records = []
@@ -721,32 +742,174 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
             entry = spec["methods"].get(label)
             if entry is None:
                 raise ValueError(f"sweep curve {curve!r}: label {label!r} is not a method")
-            strength = method_strength(entry)
+            strength, protocol = method_strength(entry), eval_protocol(entry)
             for seed in seeds:
                 rec = _run_record(results, spec, model, corpus, label, seed)
-                records.append({"curve": curve, "label": label, "strength": strength, **rec})
+                records.append(
+                    {"curve": curve, "label": label, "strength": strength, "protocol": protocol}
+                    | rec
+                )
     runs = pd.DataFrame(records)
     metrics = [*ACCURACY, *RETENTION, *DRIFT]
     table = (
-        runs.groupby(["curve", "label", "strength"], sort=False)[metrics]
+        runs.groupby(["curve", "label", "strength", "protocol"], sort=False)[metrics]
         .mean()
         .reset_index()
         .sort_values(["curve", "strength"], kind="stable")
     )
-    table.insert(3, "n_seeds", len(seeds))
+    table.insert(4, "n_seeds", len(seeds))
     out_csv = Path(out_csv)
-    _write_with_runs(table, runs, out_csv)
+    stem = _write_with_runs(table, runs, out_csv)
     note = (
         f"Model {model}, corpus {corpus}, seeds {seeds} ({spec.get('scale')} scale); means over "
         "seeds. strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
-        "at mu = 0 are exactly it); inf is `hard`, the lambda -> infinity limit of rpb (and the "
-        "limit of an anchor that pins the router to the base)."
+        "at mu = 0 are exactly it); inf is the lambda -> infinity limit, trained with the base "
+        f"router's selection. protocol `{OWN_ROUTER}`: evaluated with the model's own router "
+        f"(every finite point, and rpb's infinite arm); `{KEPT_AT_EVAL}`: base routing kept at "
+        "evaluation (`hard`, table 5's arm), not a point of the own-router curve."
     )
     _write_md(out_csv.with_suffix(".md"), "Softness sweep", note, [("", table)])
     from rpb.figures import plot_sweep
 
     plot_sweep(
         runs, out_csv.parent / "figures" / "sweep", ["in_domain", "ood_mean", "community_nmi"]
+    )
+    # Matching needs both bounds on the sweep (none and the kept-at-evaluation hard arm).
+    if (table["strength"] == 0).any() and (
+        np.isinf(table["strength"]) & (table["protocol"] == KEPT_AT_EVAL)
+    ).any():
+        build_table4_matched(
+            results, spec, stem.with_name(f"{stem.name}_table4_matched.csv"), sweep=table
+        )
+    return table
+
+
+# --- table 4 at matched strengths (docs/methods.md, "Comparing the anchors at matched strength")
+
+MATCH_METRIC = "topk_overlap_with_base"
+MATCH_POSITION = 0.5
+MATCH_TOLERANCE = 0.15
+
+
+def _bound_label(sweep: pd.DataFrame, strength: float, protocol: str | None, what: str) -> str:
+    rows = sweep[sweep["strength"] == strength]
+    if protocol is not None:
+        rows = rows[rows["protocol"] == protocol]
+    if rows.empty:
+        raise ValueError(f"table 4 at matched strengths: the sweep has no {what} point")
+    return str(rows["label"].iloc[0])
+
+
+def match_strengths(
+    sweep: pd.DataFrame,
+    position: float = MATCH_POSITION,
+    tolerance: float = MATCH_TOLERANCE,
+    metric: str = MATCH_METRIC,
+) -> pd.DataFrame:
+    """Per curve of the sweep table (seed means), the point whose routing reaches the target:
+    its position (metric - lower) / (upper - lower) closest to `position`, lower = the strength-0
+    point (`none`), upper = the infinite point kept at evaluation (`hard`); candidates are the
+    finite strengths > 0, ties go to the smaller strength. Reads `metric` only, never accuracy.
+    Also the curve's default point (the label named like the curve) and its position."""
+    lower = _bound_label(sweep, 0.0, None, "strength-0 (none)")
+    upper = _bound_label(sweep, math.inf, KEPT_AT_EVAL, "kept-at-evaluation hard")
+    value = sweep.drop_duplicates("label").set_index("label")[metric]
+    gap = float(value[upper] - value[lower])
+
+    def pos(label: str) -> float:
+        return float((value[label] - value[lower]) / gap) if gap > 0 else math.nan
+
+    rows = []
+    for curve, points in sweep.groupby("curve", sort=False):
+        labels = list(points["label"])
+        default = curve if curve in labels else None
+        row: dict[str, Any] = {
+            "curve": curve,
+            "target_position": position,
+            "default_label": default or "",
+            "default_strength": (
+                float(points.set_index("label").at[default, "strength"]) if default else math.nan
+            ),
+            "default_position": pos(default) if default else math.nan,
+        }
+        candidates = points[np.isfinite(points["strength"]) & (points["strength"] > 0)]
+        if gap <= 0 or candidates.empty:
+            row |= {"matched_label": "", "matched_strength": math.nan}
+            row |= {"matched_position": math.nan, "reached": "undetermined"}
+        else:
+            scored = candidates.assign(
+                _position=[pos(label) for label in candidates["label"]],
+            )
+            scored = scored.assign(_distance=(scored["_position"] - position).abs())
+            best = scored.sort_values(["_distance", "strength"], kind="stable").iloc[0]
+            row |= {
+                "matched_label": best["label"],
+                "matched_strength": float(best["strength"]),
+                "matched_position": float(best["_position"]),
+                "reached": "yes" if best["_distance"] <= tolerance else "no",
+            }
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def build_table4_matched(
+    results: Path, spec: dict[str, Any], out_csv: Path, sweep: pd.DataFrame | None = None
+) -> pd.DataFrame:
+    """Table 4 at strengths matched on routing (`match_strengths`), beside the curves' defaults,
+    both on the sweep's own runs (model, corpus, seeds): the selection with each label's mean
+    in-domain and OOD score and mean rank (the CSV), `_consistency` and `_pairs` side tables in
+    table 4's format, and Markdown. `sweep` is `build_sweep`'s table (else read from
+    `<out_csv stem without _table4_matched>.csv`)."""
+    results, out_csv = Path(results), Path(out_csv)
+    if sweep is None:
+        sweep = pd.read_csv(out_csv.with_name(out_csv.name.replace("_table4_matched", "")))
+    selection = match_strengths(sweep)
+    sides = {
+        "default": [label for label in selection["default_label"] if label],
+        "matched": [label for label in selection["matched_label"] if label],
+    }
+    scores: dict[tuple[str, str], dict[str, float]] = {}
+    consistency, pairs = [], []
+    for side, labels in sides.items():
+        if len(labels) < 2:
+            continue
+        frames = table4_frames(
+            results, spec | {"methods": labels, "corpora": [spec["corpus"]], "seeds": spec["seeds"]}
+        )
+        for row in frames["summary"].to_dict("records"):
+            entry = scores.setdefault((side, row["method"]), {})
+            entry[f"{row['metric']}"] = row["score"]
+            entry[f"rank_{row['metric']}"] = row["mean_rank"]
+        consistency += [{"strengths": side} | r for r in frames["consistency"].to_dict("records")]
+        pairs += [{"strengths": side} | r for r in frames["pairs"].to_dict("records")]
+    table = selection.copy()
+    for side in sides:
+        for metric in ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean"):
+            table[f"{side}_{metric}"] = [
+                scores.get((side, label), {}).get(metric, math.nan)
+                for label in selection[f"{side}_label"]
+            ]
+    _write_csv(table, out_csv)
+    _write_csv(pd.DataFrame(consistency), _side_csv(out_csv, "consistency"))
+    _write_csv(pd.DataFrame(pairs), _side_csv(out_csv, "pairs"))
+    note = (
+        f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
+        f"({spec.get('scale')} scale), the softness sweep's runs. Matched: per curve, the trained "
+        f"strength whose top-k overlap with the base (evaluation routing, seed mean) lies closest "
+        f"to position {MATCH_POSITION} of the none -> hard gap (reached: within "
+        f"{MATCH_TOLERANCE}); chosen on routing alone, by the rule fixed in docs/methods.md "
+        "before results. Default: the curve's point at its configured strength. Scores in "
+        "percent, ranks 1 = best within a seed block, table 4's statistics on each side."
+    )
+    _write_md(
+        out_csv.with_suffix(".md"),
+        "Table 4 at matched strengths",
+        note,
+        [
+            ("Matched and default strengths", table),
+            ("Is any ordering consistent?", pd.DataFrame(consistency)),
+            ("Pairwise differences", pd.DataFrame(pairs)),
+        ],
     )
     return table
 

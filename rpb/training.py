@@ -192,12 +192,18 @@ class RouterMethodTrainer(Trainer):
 
 
 class RoutingDriftCallback(TrainerCallback):
-    """Steps the router method's state and logs losses and routing drift to MLflow."""
+    """Steps the router method's state (its schedule before each step, its update after) and
+    logs losses and routing drift to MLflow."""
 
     def __init__(self, trainer_ref: list[RouterMethodTrainer], log_every: int, history: list):
         self.trainer_ref = trainer_ref
         self.log_every = max(1, log_every)
         self.history = history
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        # Schedules (rpb_anneal) read the steps done; from the Trainer's state, so a resumed run
+        # continues where it stopped.
+        self.trainer_ref[0].router_method.set_progress(state.global_step, state.max_steps)
 
     def on_step_end(self, args, state, control, **kwargs):
         trainer = self.trainer_ref[0]

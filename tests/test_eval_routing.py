@@ -22,6 +22,7 @@ from rpb.eval_routing import (
 from rpb.evaluation import evaluate_model
 from rpb.methods import make_method
 from rpb.prior import extract_prior
+from rpb.routing import find_routers
 
 
 def _prior(model):
@@ -47,6 +48,8 @@ def _trained_copy(arch: str):
         ("rpb", 2.0, {"keep_bias_at_eval": True}),
         ("rpb", 1.0, {"keep_bias_at_eval": True, "bias_on": "logits"}),
         ("rpb_marginal", 1.0, {"keep_bias_at_eval": True}),
+        ("rpb_interp", 0.5, {"keep_bias_at_eval": True}),
+        ("rpb_coact", 3.0, {"keep_bias_at_eval": True}),
     ],
 )
 def test_reloaded_model_routes_as_the_trained_method(tmp_path, name, strength, options):
@@ -85,13 +88,51 @@ def test_adaptive_bias_state_is_restored(tmp_path):
     assert torch.equal(again.bias, method.bias)
 
 
-@pytest.mark.parametrize(("name", "options"), [("none", {}), ("rpb", {}), ("anchor_kl", {})])
+@pytest.mark.parametrize(
+    ("name", "options"),
+    [
+        ("none", {}),
+        ("rpb", {}),
+        ("anchor_kl", {}),
+        ("rpb_interp", {}),
+        ("rpb_anneal", {}),
+        ("hard", {"keep_bias_at_eval": False}),  # rpb_linf: rpb's protocol at lambda -> inf
+    ],
+)
 def test_methods_that_route_natively_at_eval_save_nothing(tmp_path, name, options):
     prior, trained = _trained_copy("qwen3_moe")
     method = make_method(name, **options).attach(trained, prior)
     assert save_eval_routing(tmp_path, method, prior) is None
     assert not (tmp_path / EVAL_ROUTING_DIR).exists()
     assert attach_eval_routing(trained, tmp_path) is None
+
+
+def test_adaptive_correction_bias_travels_in_the_checkpoint_itself(tmp_path):
+    """On DeepSeek-V3, rpb_adaptive's bias is the router's own correction bias: the saved model
+    routes with it natively (nothing to re-attach), as DeepSeek-V3 keeps its own."""
+    prior, trained = _trained_copy("deepseek_v3")
+    trained.train()
+    batch = make_batch(seed=5)
+    method = make_method("rpb_adaptive", update_rate=0.05).attach(trained, prior)
+    for _ in range(3):
+        trained(**batch)
+        method.router_loss(batch["attention_mask"])
+        method.on_step_end()
+    trained.eval()
+    with torch.no_grad():
+        steered = trained(**batch).logits
+    method.detach()
+    assert save_eval_routing(tmp_path, method, prior) is None
+    trained.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert attach_eval_routing(reloaded, tmp_path) is None
+    with torch.no_grad():
+        assert torch.equal(reloaded(**batch).logits, steered)
+    # The fixture has teeth: with the base's correction bias the same weights route otherwise.
+    with torch.no_grad():
+        for handle, b0 in zip(find_routers(reloaded), prior.correction_bias, strict=True):
+            handle.correction_bias.copy_(b0)
+        assert not torch.equal(reloaded(**batch).logits, steered)
 
 
 def test_broken_spec_is_named(tmp_path):

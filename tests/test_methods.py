@@ -1,5 +1,6 @@
 """rpb.methods: the step-0 invariant, each router term against a hand computation, LBL against
-transformers, hard as the lambda -> infinity limit of rpb, and the drift statistics."""
+transformers and DeepSeek-V3's formula, hard as the lambda -> infinity limit of rpb, the RPB
+readings, what reaches the router weight under every method, and the drift statistics."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ import torch
 from conftest import SOFTMAX_ARCHS, make_batch, make_model, perturb_routers
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
-from rpb.methods import METHODS, make_method, switch_lbl
+from rpb.methods import GRADIENT_PATHS, METHODS, anneal_factor, make_method, switch_lbl
 from rpb.prior import extract_prior
-from rpb.routing import find_routers
+from rpb.routing import RouterControl, find_routers
 
 # Every method variant that must compute exactly the base model's outputs at step 0.
 STEP0_EXACT = [
@@ -21,12 +22,17 @@ STEP0_EXACT = [
     ("lbl", {}),
     ("rpb", {}),
     ("rpb", {"keep_bias_at_eval": True}),
+    ("rpb_interp", {}),
+    ("rpb_interp", {"strength": 1.0}),
+    ("rpb_anneal", {}),
+    ("rpb_anneal", {"schedule": "linear", "bias_on": "logits", "strength": 0.0}),
     ("rpb_adaptive", {}),
     ("anchor_weight", {}),
     ("anchor_logit", {}),
     ("anchor_kl", {}),
     ("hard", {}),
     ("hard", {"gate_from": "base"}),
+    ("hard", {"keep_bias_at_eval": False}),
 ]
 
 
@@ -58,6 +64,9 @@ def test_registry_and_bad_input():
         "lbl",
         "rpb",
         "rpb_marginal",
+        "rpb_interp",
+        "rpb_anneal",
+        "rpb_coact",
         "rpb_adaptive",
         "anchor_weight",
         "anchor_logit",
@@ -79,6 +88,12 @@ def test_registry_and_bad_input():
         make_method("anchor_kl", strength=-1.0)
     with pytest.raises(ValueError, match="method 'hard' takes no strength"):
         make_method("hard", strength=5.0)
+    with pytest.raises(ValueError, match=r"strength of method 'rpb_interp' must be <= 1.0"):
+        make_method("rpb_interp", strength=1.5)
+    with pytest.raises(ValueError, match="option pooling of method 'lbl' must be one of"):
+        make_method("lbl", pooling="global")
+    with pytest.raises(ValueError, match="option schedule of method 'rpb_anneal' must be one"):
+        make_method("rpb_anneal", schedule="step")
 
 
 def test_prior_is_required_and_checked(tiny_model, tiny_prior):
@@ -102,7 +117,9 @@ def test_step0_outputs_equal_the_base(tiny_model, tiny_prior, tiny_batch, name, 
     tiny_model.train()  # steering applies in training mode
     ref = tiny_model(**tiny_batch)
     keys = list(tiny_model.state_dict())
-    with make_method(name, **options).attach(tiny_model, tiny_prior) as method:
+    options = dict(options)
+    strength = options.pop("strength", None)
+    with make_method(name, strength, **options).attach(tiny_model, tiny_prior) as method:
         out = tiny_model(**tiny_batch)
         assert torch.equal(out.logits, ref.logits)
         loss = method.router_loss(tiny_batch["attention_mask"])
@@ -115,7 +132,12 @@ def test_step0_outputs_equal_the_base(tiny_model, tiny_prior, tiny_batch, name, 
 
 
 @pytest.mark.parametrize(
-    ("name", "options"), [("rpb", {"bias_on": "logits"}), ("rpb_marginal", {"strength": 5.0})]
+    ("name", "options"),
+    [
+        ("rpb", {"bias_on": "logits"}),
+        ("rpb_marginal", {"strength": 5.0}),
+        ("rpb_coact", {"strength": 5.0}),
+    ],
 )
 def test_methods_that_change_step0_routing_do(tiny_model, tiny_prior, tiny_batch, name, options):
     # The control for the invariant above: these variants are allowed to, and do, differ.
@@ -195,20 +217,81 @@ def test_lbl_matches_transformers(arch_name, masked):
     assert torch.allclose(switch_lbl(probs, picks, 8, flat), ref, atol=1e-6)
 
 
-def test_lbl_on_deepseek_uses_normalised_sigmoid_scores():
+@pytest.mark.parametrize(("pooling", "uniform"), [("pooled", 2.0), ("per_layer", 2.0 * 1.0)])
+def test_lbl_on_deepseek_uses_normalised_sigmoid_scores(pooling, uniform):
     model = make_model("deepseek_v3")
     model.train()
     batch = make_batch()
-    with make_method("lbl", strength=1.0).attach(model) as method:
+    with make_method("lbl", strength=1.0, pooling=pooling).attach(model) as method:
         model(**batch)
         loss = method.router_loss(batch["attention_mask"])
         loss.backward()
         assert all(h.module.weight.grad.abs().sum() > 0 for h in find_routers(model))
-        with torch.no_grad():  # uniform scores: E * sum_e f_e / E = sum_e f_e = k
+        with torch.no_grad():
             for h in find_routers(model):
                 h.module.weight.zero_()
         model(**batch)
-        assert method.router_loss(batch["attention_mask"]).item() == pytest.approx(2.0)
+        # Uniform scores: pooled, E * sum_e f_e / E = sum_e f_e = k (= 2); per layer and
+        # sequence, sum_i (E/(kT) count_i) / E = 1, summed over the 2 MoE layers.
+        assert method.router_loss(batch["attention_mask"]).item() == pytest.approx(uniform)
+
+
+def _deepseek_seq_aux_by_hand(model, batch, alpha):
+    """DeepSeek-V3's sequence-wise balance loss written out with loops, per MoE layer and per
+    sequence over its non-padding tokens, from router inputs captured without rpb's hooks."""
+    routers = find_routers(model)
+    hidden = _router_inputs(model, batch)
+    mask = batch["attention_mask"]
+    n_seq, seq = mask.shape
+    total = 0.0
+    for h, x in zip(routers, hidden, strict=True):
+        gate = h.module
+        with torch.no_grad():
+            _, _, idx = gate(x)  # the library's own selection (with its correction bias)
+        scores = torch.sigmoid(x.float() @ gate.weight.detach().float().T)
+        scores = scores / scores.sum(-1, keepdim=True)
+        n_exp, k = h.num_experts, h.top_k
+        per_seq = []
+        for b in range(n_seq):
+            rows = [b * seq + t for t in range(seq) if mask[b, t]]
+            count = torch.zeros(n_exp)
+            for r in rows:
+                for e in idx[r].tolist():
+                    count[e] += 1
+            f = n_exp / (k * len(rows)) * count
+            p = torch.stack([scores[r] for r in rows]).mean(0)
+            per_seq.append(float((f * p).sum()))
+        total += sum(per_seq) / len(per_seq)
+    return alpha * total
+
+
+@pytest.mark.parametrize("arch_name", ["deepseek_v3", "deepseek_v3_grouped"])
+def test_lbl_on_deepseek_is_deepseek_v3s_sequence_aux_loss(arch_name):
+    model = make_model(arch_name)
+    perturb_routers(model, scale=1.0)  # non-uniform scores, so f and P both matter
+    model.train()
+    batch = make_batch(batch=3, seq=8, pad=3)
+    batch["attention_mask"][0, 6:] = 0  # a second padded row of another length
+    want = _deepseek_seq_aux_by_hand(model, batch, alpha=0.01)
+    method = make_method("lbl", strength=0.01)
+    assert method.pooling_for("deepseek_v3") == "per_layer"
+    assert method.pooling_for("softmax") == "pooled"
+    with method.attach(model):
+        model(**batch)
+        got = method.router_loss(batch["attention_mask"])
+        assert got.item() == pytest.approx(want, rel=1e-5)
+        pooled = make_method("lbl", strength=0.01, pooling="pooled")
+    # Padding is masked: the same sequences without their padding give the same loss.
+    short = {k: v[:1, :6] for k, v in batch.items()}
+    with make_method("lbl", strength=0.01).attach(model) as m:
+        model(**short)
+        one = m.router_loss(short["attention_mask"]).item()
+        model(input_ids=short["input_ids"])  # no mask: one sequence per row, no padding
+        assert m.router_loss().item() == pytest.approx(one, rel=1e-6)
+    assert one == pytest.approx(_deepseek_seq_aux_by_hand(model, short, 0.01), rel=1e-5)
+    with pooled.attach(model):
+        model(**batch)
+        assert pooled.router_loss(batch["attention_mask"]).item() != pytest.approx(want, rel=1e-3)
 
 
 def test_hard_is_rpb_with_huge_lambda(tiny_model, tiny_prior, tiny_batch):
@@ -415,3 +498,251 @@ def test_anchor_weight_needs_a_forward_with_gradients():
         model(**make_batch(), use_cache=False)
         with pytest.raises(RuntimeError, match=r"carry no gradient.*use_reentrant=False"):
             method.router_loss()
+
+
+# --- the RPB readings -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch_name", ["qwen3_moe", "deepseek_v3"])
+def test_rpb_interp_forward_is_the_base_at_lambda_1_yet_the_router_trains(arch_name):
+    base = make_model(arch_name)
+    prior = _prior(base)
+    model = make_model(arch_name)
+    perturb_routers(model, scale=2.0)
+    model.train()
+    batch = make_batch()
+    want = base.train()(**batch).logits
+    drifted = model(**batch).logits
+    with make_method("rpb_interp", strength=1.0).attach(model, prior) as method:
+        out = model(**batch)
+        # (1 - 1) z + 1 z0 up to float rounding of z + (z0 - z)
+        assert torch.allclose(out.logits, want, atol=1e-5)
+        assert not torch.allclose(drifted, want, atol=1e-3), "the drift must matter"
+        out.loss.backward()
+        assert all(h.module.weight.grad.abs().sum() > 0 for h in find_routers(model))
+        for rec in method.control.records:  # selection follows the interpolated logits
+            assert torch.equal(rec.indices, method.control.base_topk(rec))
+    model.zero_grad()
+    with make_method("rpb_interp", strength=0.5).attach(model, prior) as method:
+        model(**batch)
+        rec = method.control.records[0]
+        mixed = method.control.policies[0].logit_bias(rec) + rec.logits
+        assert torch.allclose(mixed, 0.5 * rec.logits + 0.5 * rec.base_logits, atol=1e-6)
+        assert not method.control.policies[0].logit_bias(rec).requires_grad  # stopgrad
+
+
+def test_anneal_schedules():
+    assert [anneal_factor(p, "linear") for p in (0.0, 0.25, 1.0)] == [1.0, 0.75, 0.0]
+    assert anneal_factor(0.5, "cosine") == pytest.approx(0.5)
+    assert anneal_factor(0.0, "cosine") == 1.0 and anneal_factor(1.0, "cosine") == 0.0
+    method = make_method("rpb_anneal", strength=4.0, schedule="linear")
+    method.set_progress(30, 40)
+    assert method.current_strength == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="step 41 of 40 is out of range"):
+        method.set_progress(41, 40)
+
+
+def test_rpb_anneal_starts_as_rpb_and_ends_as_none():
+    base = make_model("deepseek_v3")
+    prior = _prior(base)
+    model = make_model("deepseek_v3")
+    perturb_routers(model, scale=2.0)
+    model.train()
+    batch = make_batch()
+
+    def picks(name, strength=None, progress=None):
+        with make_method(name, strength).attach(model, prior) as m:
+            if progress is not None:
+                m.set_progress(*progress)
+            model(**batch)
+            return [r.indices for r in m.control.records]
+
+    rpb, none = picks("rpb", 1e3), picks("none")
+    assert any(not torch.equal(a, b) for a, b in zip(rpb, none, strict=True))
+    assert all(map(torch.equal, picks("rpb_anneal", 1e3, (0, 10)), rpb))
+    assert all(map(torch.equal, picks("rpb_anneal", 1e3, (10, 10)), none))
+
+
+def test_trainer_callback_sets_the_progress():
+    from types import SimpleNamespace
+
+    from rpb.training import RoutingDriftCallback
+
+    method = make_method("rpb_anneal", schedule="linear")
+    callback = RoutingDriftCallback([SimpleNamespace(router_method=method)], 1, [])
+    callback.on_step_begin(None, SimpleNamespace(global_step=15, max_steps=20), None)
+    assert method.progress == 0.75 and method.current_strength == pytest.approx(0.25)
+
+
+def test_rpb_coact_bias_by_hand():
+    model = make_model("qwen3_moe")
+    prior = _prior(model)
+    counts = torch.zeros(2, 8, 8, dtype=torch.long)
+    counts[:, 0, 0], counts[:, 0, 5], counts[:, 0, 6] = 10, 4, 2  # P(5|0) = .4, P(6|0) = .2
+    counts[:, 1, 1], counts[:, 1, 5] = 20, 10  # P(5|1) = .5
+    prior.coactivation = counts
+    model.train()
+    with make_method("rpb_coact", strength=3.0).attach(model, prior) as method:
+        model(**make_batch())
+        rec = method.control.records[0]
+        base = method.control.base_topk(rec)
+        bias = method.control.policies[0].selection_bias(rec)
+        for t in range(base.shape[0]):
+            chosen = set(base[t].tolist())
+            for e in range(8):
+                others = [j for j in chosen if j != e]
+                share = [counts[0, j, e].item() / max(counts[0, j, j].item(), 1) for j in others]
+                want = 3.0 * sum(share) / len(others)
+                assert bias[t, e].item() == pytest.approx(want, abs=1e-6), (t, e)
+
+
+def test_rpb_marginal_on_sigmoid_routers_is_in_score_units():
+    model = make_model("deepseek_v3")
+    prior = _prior(model)
+    model.train()
+    with make_method("rpb_marginal", strength=2.0).attach(model, prior) as method:
+        model(**make_batch())
+        for rec in method.control.records:
+            bias = method.control.policies[rec.layer].selection_bias(rec)
+            mass = rec.base_logits.float().sigmoid().sum(-1, keepdim=True)
+            assert torch.allclose(bias, 2.0 * prior.mean_probs[rec.layer].float() * mass)
+            # Same scale as the selection score it is added to (sigmoid scores, not nats).
+            assert bias.sum(-1).allclose(2.0 * mass.squeeze(-1), rtol=1e-4)
+            assert (bias >= 0).all() and bias.max() < 2.0
+    with make_method("rpb_marginal", bias_on="logits").attach(model, prior) as method:
+        model(**make_batch())
+        rec = method.control.records[0]
+        log_pi = prior.mean_probs[0].float().clamp_min(1e-9).log()
+        assert torch.allclose(method.control.policies[0].logit_bias(rec), log_pi)
+
+
+def test_rpb_adaptive_on_deepseek_moves_the_correction_bias_kept_at_eval(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = make_model("deepseek_v3")
+    prior = _prior(model)
+    prior.usage = torch.zeros(2, 8, dtype=torch.long)
+    prior.usage[:, 0] = 10
+    base_bias = [h.correction_bias.clone() for h in find_routers(model)]
+    model.train()
+    batch = make_batch()
+    with make_method("rpb_adaptive", strength=2.0, update_rate=0.5).attach(model, prior) as m:
+        assert m.bias_in == "correction_bias" and not any(p.active for p in m.control.policies)
+        model(**batch)
+        m.router_loss(batch["attention_mask"])
+        m.on_step_end()
+        for h, b0 in zip(find_routers(model), base_bias, strict=True):
+            assert torch.equal(h.correction_bias, b0 + 2.0 * m.bias[h.moe_layer])
+        assert (m.bias[:, 0] == 0.5).all()
+        state = m.state_dict()
+    # Detached, saved and reloaded, the model keeps routing with it (as DeepSeek-V3 keeps its own).
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
+    for h, b0 in zip(find_routers(reloaded), base_bias, strict=True):
+        assert torch.equal(h.correction_bias, b0 + 2.0 * state["bias"][h.moe_layer])
+    with pytest.raises(ValueError, match="correction_bias needs a DeepSeek-V3 router"):
+        make_method("rpb_adaptive", bias_in="correction_bias").attach(
+            make_model("qwen3_moe"), _prior(make_model("qwen3_moe"))
+        )
+
+
+# --- what reaches the router weight ----------------------------------------------------------
+
+# Every method (and the variants that change its gradient path) with the path it documents.
+GRADIENT_CASES = [
+    ("none", None, {}, "plain"),
+    ("lbl", 0.1, {}, "moves_router"),
+    ("lbl", 0.1, {"pooling": "pooled"}, "moves_router"),
+    ("rpb", 2.0, {}, "selection_only"),
+    ("rpb", 2.0, {"bias_on": "logits"}, "moves_router"),
+    ("rpb_marginal", 2.0, {}, "selection_only"),
+    ("rpb_marginal", 2.0, {"bias_on": "logits"}, "moves_router"),
+    ("rpb_interp", 0.5, {}, "moves_router"),
+    ("rpb_anneal", 2.0, {}, "selection_only"),
+    ("rpb_anneal", 2.0, {"bias_on": "logits"}, "moves_router"),
+    ("rpb_coact", 2.0, {}, "selection_only"),
+    ("rpb_adaptive", 2.0, {}, "selection_only"),
+    ("anchor_weight", 1.0, {}, "moves_router"),
+    ("anchor_logit", 1.0, {}, "moves_router"),
+    ("anchor_kl", 1.0, {}, "moves_router"),
+    ("hard", None, {}, "selection_only"),
+    ("hard", None, {"keep_bias_at_eval": False}, "selection_only"),
+    ("hard", None, {"gate_from": "base"}, "none"),
+]
+
+
+def test_every_method_has_a_gradient_case():
+    assert {case[0] for case in GRADIENT_CASES} == set(METHODS)
+    assert {case[3] for case in GRADIENT_CASES} == set(GRADIENT_PATHS)
+
+
+@pytest.mark.parametrize("arch_name", ["qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize(("name", "strength", "options", "path"), GRADIENT_CASES)
+def test_what_reaches_the_router_weight(arch_name, name, strength, options, path):
+    """Under each method, the router-weight gradient of task loss + router term, against plain
+    fine-tuning's with the method's own expert selection forced: equal (bit for bit) where the
+    method only chooses experts, different where it claims to move the router, absent for
+    gate_from: base. Routers are perturbed so z != z0 and every bias matters."""
+    base = make_model(arch_name)
+    prior = _prior(base)
+    model = make_model(arch_name)
+    perturb_routers(model, scale=2.0)
+    model.train()
+    batch = make_batch()
+    method = make_method(name, strength, **options)
+    assert method.gradient_path == path
+    with method.attach(model, prior):
+        if name == "rpb_adaptive":  # a learned bias that changes the selection
+            method.load_state_dict({"bias": torch.randn(method.bias.shape).sign() * 0.3})
+        out = model(**batch)
+        (out.loss + method.router_loss(batch["attention_mask"])).backward()
+        chosen = [r.indices.clone() for r in method.control.records]
+        grads = [h.module.weight.grad for h in find_routers(model)]
+        grads = [None if g is None else g.clone() for g in grads]
+    model.zero_grad(set_to_none=True)
+    with RouterControl(model) as control:  # plain fine-tuning, the same experts
+        for layer, idx in enumerate(chosen):
+            control.set_policy(layer, forced_indices=idx)
+        model(**batch).loss.backward()
+        plain = [h.module.weight.grad for h in find_routers(model)]
+    if path == "none":
+        assert all(g is None or not g.any() for g in grads)
+        return
+    assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    same = all(torch.equal(g, p) for g, p in zip(grads, plain, strict=True))
+    if path in ("plain", "selection_only"):
+        assert same, f"{name} {options}: documented as {path}, yet its gradient differs"
+    else:
+        assert not same, f"{name} {options}: claims to move the router, yet adds no gradient"
+
+
+def test_config_check_knows_the_new_methods_limits():
+    from rpb.config_check import ConfigError, _check_method
+
+    _check_method("rpb_interp", {"strength": 1.0})
+    _check_method("rpb_linf", {"kind": "hard", "options": {"keep_bias_at_eval": False}})
+    _check_method("lbl", {"options": {"pooling": "per_layer"}})
+    with pytest.raises(ConfigError, match=r"methods.mix.strength: method 'rpb_interp' takes at"):
+        _check_method("mix", {"kind": "rpb_interp", "strength": 2.0})
+    with pytest.raises(ConfigError, match=r"options.schedule: 'step' is not one of"):
+        _check_method("rpb_anneal", {"options": {"schedule": "step"}})
+
+
+def test_pooled_lbl_is_far_weaker_than_per_layer_at_moonlights_shape():
+    """Why the family's own formula matters (docs/methods.md): at Moonlight's shape (E = 64,
+    K = 6, 26 MoE layers) on random sigmoid routers, counts pooled over layers give about K / L of
+    the per-layer loss and a far smaller balancing gradient on any one layer."""
+    from rpb.methods import sequence_lbl
+    from rpb.routing import routing_probs
+
+    g = torch.Generator().manual_seed(0)
+    logits = [torch.randn(4 * 64, 64, generator=g).requires_grad_() for _ in range(26)]
+    picks = [z.detach().sigmoid().topk(6, -1)[1] for z in logits]
+    mask = torch.ones(4, 64)
+    probs = [routing_probs("deepseek_v3", z) for z in logits]
+    pooled = switch_lbl(probs, picks, 64, mask.reshape(-1))
+    per_layer = sequence_lbl(probs, picks, 64, mask)
+    assert (pooled / per_layer).item() == pytest.approx(6 / 26, rel=0.1)
+    grad_pooled = torch.autograd.grad(pooled, logits[0], retain_graph=True)[0].norm()
+    grad_layer = torch.autograd.grad(per_layer, logits[0])[0].norm()
+    assert (grad_pooled / grad_layer).item() < 0.1

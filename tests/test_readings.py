@@ -88,3 +88,20 @@ def test_accuracy_has_no_say(tmp_path: Path, accuracy: float) -> None:
     rows = _by_method(table)
     assert rows["a"]["in_domain"] == pytest.approx(100 * accuracy, abs=15)
     assert (rows["a"]["anchors"], rows["b"]["anchors"]) == ("no", "yes")
+
+
+def test_configured_readings_are_the_documented_ones_in_the_documented_order() -> None:
+    """The order of preference is part of the rule: configs and docs/methods.md must agree."""
+    import re
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs" / "methods.md").read_text()
+    section = docs.split("## Choosing the default RPB reading")[1].split("The rule, fixed")[0]
+    documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
+    for name in ("config.yaml", "paper.yaml"):
+        config = yaml.safe_load((root / "config" / name).read_text())
+        readings = config["tables"]["readings"]
+        assert readings["methods"] == documented, name
+        assert all(label in config["methods"] for label in documented), name

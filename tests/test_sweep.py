@@ -1,4 +1,5 @@
-"""The softness sweep (strength axis, table, figure) and the training-drift curves."""
+"""The softness sweep (strength axis, protocols, table, figure), table 4 at strengths matched on
+routing, and the training-drift curves."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ from matplotlib.image import imread
 from test_tables import OOD_ALL, PAPER_WORLD, write_run
 
 from rpb.figures import plot_sweep
-from rpb.tables import build_drift, build_sweep, method_strength
+from rpb.tables import (
+    KEPT_AT_EVAL,
+    OWN_ROUTER,
+    build_drift,
+    build_sweep,
+    eval_protocol,
+    match_strengths,
+    method_strength,
+)
 
 METHODS = {
     "none": {"kind": "none"},
@@ -21,6 +30,7 @@ METHODS = {
     "rpb": {"kind": "rpb", "strength": 1.0},
     "rpb_l4": {"kind": "rpb", "strength": 4.0},
     "hard": {"kind": "hard"},
+    "rpb_linf": {"kind": "hard", "options": {"keep_bias_at_eval": False}},
     "anchor_kl": {"kind": "anchor_kl"},  # the library's default strength
     "anchor_kl_s10": {"kind": "anchor_kl", "strength": 10.0},
 }
@@ -37,6 +47,14 @@ def test_strength_axis() -> None:
         method_strength({"kind": "rbp"})
 
 
+def test_evaluation_protocol_of_a_point() -> None:
+    assert eval_protocol({"kind": "hard"}) == KEPT_AT_EVAL  # hard's default
+    assert eval_protocol(METHODS["rpb_linf"]) == OWN_ROUTER
+    assert eval_protocol({"kind": "rpb"}) == OWN_ROUTER
+    assert eval_protocol({"kind": "rpb", "options": {"keep_bias_at_eval": True}}) == KEPT_AT_EVAL
+    assert eval_protocol({"kind": "anchor_kl", "strength": 3.0}) == OWN_ROUTER
+
+
 def _sweep_world(root: Path) -> None:
     # Accuracy rises with lambda up to 1 and falls at the hard limit; retention rises throughout.
     levels = {
@@ -45,6 +63,7 @@ def _sweep_world(root: Path) -> None:
         "rpb": (0.8, 0.6, 0.6),
         "rpb_l4": (0.6, 0.6, 0.8),
         "hard": (0.1, 0.4, 0.95),
+        "rpb_linf": (0.5, 0.4, 0.3),
         "anchor_kl": (0.7, 0.7, 0.5),
         "anchor_kl_s10": (0.6, 0.8, 0.7),
     }
@@ -63,22 +82,37 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
         "ood": OOD_ALL,
         "methods": METHODS,
         "curves": {
-            "rpb": ["none", "rpb_l0p5", "rpb", "rpb_l4", "hard"],
+            "rpb": ["none", "rpb_l0p5", "rpb", "rpb_l4", "rpb_linf", "hard"],
             "anchor_kl": ["none", "anchor_kl", "anchor_kl_s10", "hard"],
         },
     }
     df = build_sweep(tmp_path, spec, tmp_path / "sweep.csv")
     rpb = df[df["curve"] == "rpb"]
-    assert list(rpb["strength"]) == [0.0, 0.5, 1.0, 4.0, math.inf]
-    assert list(rpb["label"]) == ["none", "rpb_l0p5", "rpb", "rpb_l4", "hard"]
+    assert list(rpb["strength"]) == [0.0, 0.5, 1.0, 4.0, math.inf, math.inf]
+    assert list(rpb["label"]) == ["none", "rpb_l0p5", "rpb", "rpb_l4", "rpb_linf", "hard"]
+    # One protocol per line: only hard keeps its steering at evaluation.
+    assert list(rpb["protocol"]) == [OWN_ROUTER] * 5 + [KEPT_AT_EVAL]
     # Means over the two seeds (NMI carries a +0.01 * seed jitter).
     assert rpb.set_index("label").loc["rpb_l4", "community_nmi"] == pytest.approx(0.805)
     anchor = df[df["curve"] == "anchor_kl"].set_index("label")
     assert anchor.loc["anchor_kl", "strength"] == 1.0
     assert (df["n_seeds"] == 2).all()
     runs = pd.read_csv(tmp_path / "sweep_runs.csv")
-    assert len(runs) == (5 + 4) * 2
-    assert np.isinf(pd.read_csv(tmp_path / "sweep.csv")["strength"]).sum() == 2
+    assert len(runs) == (6 + 4) * 2 and set(runs["protocol"]) == {OWN_ROUTER, KEPT_AT_EVAL}
+    assert np.isinf(pd.read_csv(tmp_path / "sweep.csv")["strength"]).sum() == 3
+    assert "protocol" in (tmp_path / "sweep.md").read_text()
+    # Table 4 at matched strengths, from the same runs: target overlap 0.2 + 0.5 * 0.75.
+    matched = pd.read_csv(tmp_path / "sweep_table4_matched.csv").set_index("curve")
+    assert matched.loc["rpb", "matched_label"] == "rpb"  # position 0.4 / 0.75
+    assert matched.loc["anchor_kl", "matched_label"] == "anchor_kl"  # 0.3/0.75 beats 0.5/0.75
+    assert matched.loc["rpb", "default_in_domain"] == pytest.approx(80, abs=15)
+    assert matched.loc["rpb", "matched_rank_in_domain"] == 1.0  # 0.8 vs anchor_kl's 0.7
+    for side in ("consistency", "pairs"):
+        assert set(pd.read_csv(tmp_path / f"sweep_table4_matched_{side}.csv")["strengths"]) == {
+            "default",
+            "matched",
+        }
+    assert (tmp_path / "sweep_table4_matched.md").read_text().startswith("Table 4 at matched")
     png = imread(tmp_path / "figures" / "sweep.png")
     assert png.shape[0] > 300 and png.std() > 0.01
     assert (tmp_path / "figures" / "sweep.pdf").read_bytes().startswith(b"%PDF")
@@ -90,6 +124,72 @@ def test_sweep_names_a_label_that_is_not_a_method(tmp_path: Path) -> None:
     spec |= {"methods": METHODS, "curves": {"rpb": ["none", "rpb_l9"]}}
     with pytest.raises(ValueError, match="label 'rpb_l9' is not a method"):
         build_sweep(tmp_path, spec, tmp_path / "sweep.csv")
+
+
+def _sweep_means(overlap: dict[str, float], accuracy: float = 50.0) -> pd.DataFrame:
+    """A sweep table (seed means) of two curves with the given top-k overlaps."""
+    points = {
+        "none": ("*", 0.0, OWN_ROUTER),
+        "hard": ("*", math.inf, KEPT_AT_EVAL),
+        "rpb_linf": ("rpb", math.inf, OWN_ROUTER),
+        "rpb_l1": ("rpb", 1.0, OWN_ROUTER),
+        "rpb": ("rpb", 2.0, OWN_ROUTER),
+        "rpb_l4": ("rpb", 4.0, OWN_ROUTER),
+        "anchor_kl_s0p1": ("anchor_kl", 0.1, OWN_ROUTER),
+        "anchor_kl": ("anchor_kl", 1.0, OWN_ROUTER),
+    }
+    rows = []
+    for curve in ("rpb", "anchor_kl"):
+        for label, (owner, strength, protocol) in points.items():
+            if owner in ("*", curve):
+                rows.append(
+                    {
+                        "curve": curve,
+                        "label": label,
+                        "strength": strength,
+                        "protocol": protocol,
+                        "topk_overlap_with_base": overlap[label],
+                        "in_domain": accuracy,
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+OVERLAP = {
+    "none": 0.8,
+    "hard": 1.0,
+    "rpb_linf": 0.95,  # an infinite arm: never a candidate, even when it is closest
+    "rpb_l1": 0.85,  # position 0.25
+    "rpb": 0.88,  # 0.4
+    "rpb_l4": 0.92,  # 0.6: as close as rpb, at a larger strength
+    "anchor_kl_s0p1": 0.81,  # 0.05
+    "anchor_kl": 0.84,  # 0.2: closest, but 0.3 from the target
+}
+
+
+def test_matched_strengths_by_the_rule() -> None:
+    table = match_strengths(_sweep_means(OVERLAP)).set_index("curve")
+    assert table.loc["rpb", "matched_label"] == "rpb"  # the tie goes to the smaller strength
+    assert table.loc["rpb", "matched_position"] == pytest.approx(0.4)
+    assert table.loc["rpb", "reached"] == "yes"
+    assert table.loc["anchor_kl", "matched_label"] == "anchor_kl"
+    assert table.loc["anchor_kl", "reached"] == "no"  # kept, and flagged
+    assert table.loc["anchor_kl", "default_position"] == pytest.approx(0.2)
+    assert table.loc["rpb", "default_strength"] == 2.0
+
+
+@pytest.mark.parametrize("accuracy", [5.0, 95.0])
+def test_matching_reads_routing_only(accuracy: float) -> None:
+    got = match_strengths(_sweep_means(OVERLAP, accuracy))
+    assert got.equals(match_strengths(_sweep_means(OVERLAP)))
+
+
+def test_matching_without_a_gap_is_undetermined() -> None:
+    flat = dict(OVERLAP, hard=0.8)
+    table = match_strengths(_sweep_means(flat))
+    assert (table["reached"] == "undetermined").all() and (table["matched_label"] == "").all()
+    with pytest.raises(ValueError, match="no kept-at-evaluation hard point"):
+        match_strengths(_sweep_means(OVERLAP).query("label != 'hard'"))
 
 
 def test_plot_sweep_rejects_bad_strengths(tmp_path: Path) -> None:
@@ -129,3 +229,11 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match=r"rpb/seed1/train_history.json: no 'history'"):
         build_drift(tmp_path, spec, tmp_path / "drift.csv")
+
+
+def test_a_sweep_without_the_bounds_writes_no_matched_table(tmp_path: Path) -> None:
+    _sweep_world(tmp_path)
+    spec = {"model": "tinyA", "corpus": "math", "seeds": [0], "ood": OOD_ALL}
+    spec |= {"methods": METHODS, "curves": {"rpb": ["rpb_l0p5", "rpb", "rpb_l4"]}}
+    assert len(build_sweep(tmp_path, spec, tmp_path / "sweep.csv")) == 3
+    assert not (tmp_path / "sweep_table4_matched.csv").exists()

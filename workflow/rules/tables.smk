@@ -217,6 +217,12 @@ rule sweep:
         ),
         md=f"{RESULTS}/sweep.md",
         runs=f"{RESULTS}/sweep_runs.csv",
+        matched=report(
+            f"{RESULTS}/sweep_table4_matched.csv",
+            caption="../report/sweep.rst",
+            category="Sweep",
+        ),
+        matched_md=f"{RESULTS}/sweep_table4_matched.md",
         figure=report(
             f"{RESULTS}/figures/sweep.png",
             caption="../report/sweep_figure.rst",
