@@ -153,6 +153,7 @@ METHOD_SPECS: dict[str, MethodSpec] = _specs(
     ),
 )
 
+
 def method_spec(name: str) -> MethodSpec:
     """The spec of method family `name` (ValueError naming the known ones otherwise)."""
     try:
