@@ -1,8 +1,10 @@
-"""Tiny configs and random models of the five transformers MoE families that rpb supports.
+"""Tiny configs and random models of the transformers MoE families that rpb routes.
 
 `build_config` returns transformers' own config class for a model type with tiny defaults (any
 field can be overridden, so the same call builds the tiny testbed bases and paper-shaped test
-models); `random_model` instantiates one deterministically with non-trivial routing.
+models); `random_model` instantiates one deterministically with non-trivial routing. The pipeline
+pretrains tiny bases of the first five (`PRETRAIN_MODEL_TYPES`); the others exist so every
+registered family is tested on a model of its own config class.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-__all__ = ["SUPPORTED_MODEL_TYPES", "build_config", "random_model"]
+__all__ = ["PRETRAIN_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "build_config", "random_model"]
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 64,
@@ -85,6 +87,118 @@ _FAMILY: dict[str, dict[str, Any]] = {
     },
 }
 
+PRETRAIN_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILY)
+
+# The other families: two layers, 8 experts, top-2, every layer MoE; hybrid families get one
+# layer of each kind. Values are the tiny ones; each family's own routing options are kept at
+# their defaults unless the routing path needs exercising (groups, scaling).
+_HEAD8 = {"head_dim": 8}
+_FAMILY.update(
+    {
+        "glm4_moe": {
+            **_HEAD8,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 0,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 1.5,
+        },
+        "dots1": {
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 0,
+            "n_group": 1,
+            "topk_group": 1,
+        },
+        "qwen3_next": {
+            **_HEAD8,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_value_heads": 2,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+        },
+        "flex_olmo": {"num_experts": 8, "num_experts_per_tok": 2},
+        "qwen3_5_moe_text": {
+            **_HEAD8,
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_value_heads": 2,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 8,
+            "linear_value_head_dim": 8,
+        },
+        "minimax": {
+            **_HEAD8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "layer_types": ["full_attention", "full_attention"],
+        },
+        # DeepSeek-V2's group-limited greedy selection with routed scaling.
+        "deepseek_v2": {
+            "num_key_value_heads": 4,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_shared_experts": 1,
+            "first_k_dense_replace": 0,
+            # One group of four out of two: the group limit changes many tokens' top-2.
+            "topk_method": "group_limited_greedy",
+            "n_group": 2,
+            "topk_group": 1,
+            "routed_scaling_factor": 1.5,
+            "q_lora_rank": None,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 8,
+        },
+        "gpt_oss": {
+            **_HEAD8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "layer_types": ["full_attention", "sliding_attention"],
+        },
+        "ernie4_5_moe": {
+            "moe_num_experts": 8,
+            "moe_k": 2,
+            "moe_intermediate_size": 32,
+            "moe_layer_start_index": 0,
+        },
+        "granitemoe": {"num_local_experts": 8, "num_experts_per_tok": 2},
+        "hunyuan_v1_moe": {**_HEAD8, "num_experts": 8, "moe_topk": 2},
+        "jetmoe": {"num_local_experts": 8, "num_experts_per_tok": 2, "kv_channels": 8},
+        "llama4_text": {
+            **_HEAD8,
+            "num_local_experts": 8,
+            "num_experts_per_tok": 2,
+            "interleave_moe_layer_step": 1,
+            "intermediate_size_mlp": 64,
+        },
+        "lfm2_moe": {
+            "num_experts": 8,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "num_dense_layers": 0,
+            "layer_types": ["full_attention", "conv"],
+            "routed_scaling_factor": 1.5,
+        },
+        "phimoe": {"num_local_experts": 8, "num_experts_per_tok": 2},  # refused by rpb.routing
+    }
+)
+
 SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILY)
 
 # Fields the modelling code reads (getattr with a fallback) that the config class does not declare.
@@ -133,8 +247,8 @@ def random_model(
 
     Router weights are redrawn with std `router_std` (default 1/sqrt(hidden), so logits are O(1)
     and routing is far from uniform), and DeepSeek-V3 correction biases (zeros by default) get
-    N(0, `correction_bias_std`) values so the biased selection path is exercised. The global RNG
-    is left untouched.
+    N(0, `correction_bias_std`) values so the biased selection path is exercised; so do router
+    logit biases (gpt_oss) and other families' correction biases. The global RNG is left untouched.
     """
     from rpb.routing import find_routers  # local: routing imports nothing from here
 
@@ -145,8 +259,8 @@ def random_model(
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         with torch.no_grad():
             for handle in find_routers(model):
-                handle.module.weight.normal_(0.0, std)
-                bias = getattr(handle.module, "e_score_correction_bias", None)
-                if bias is not None:
-                    bias.normal_(0.0, correction_bias_std)
+                handle.weight.normal_(0.0, std)
+                for bias in (handle.router_bias, handle.correction_bias):
+                    if bias is not None:
+                        bias.normal_(0.0, correction_bias_std)
     return model.eval()

@@ -264,10 +264,25 @@ def _check_lengths(config: Mapping[str, Any]) -> None:
             )
 
 
+def _check_hub_model_type(name: str, spec: Mapping[str, Any]) -> None:
+    """A hub model may be of any family rpb routes (the registry decides, not a fixed list)."""
+    from rpb.router_specs import routed_model_types  # pure data: no torch import
+
+    model_type = spec.get("model_type")
+    known = routed_model_types()
+    if spec.get("source") == "hub" and model_type not in known:
+        hint = _suggest(str(model_type), known)
+        raise ConfigError(
+            f"models.{name}.model_type: '{model_type}' is not a family rpb routes "
+            f"({hint}known: {', '.join(known)})"
+        )
+
+
 def _cross_key_errors(config: Mapping[str, Any]) -> None:
     for name in config["models"]:
         if not MODEL_NAME.fullmatch(str(name)):
             raise ConfigError(f"models.{name}: model names may use only letters, digits and _")
+        _check_hub_model_type(name, config["models"][name])
     for label, entry in config["methods"].items():
         _check_method(label, entry or {})
     standard = (config["evaluation"].get("lm_eval") or {}).get("tasks") or {}

@@ -133,6 +133,7 @@ class RouterMethod:
             model,
             base_weights=prior.base_weights if prior is not None else None,
             base_correction_bias=prior.correction_bias if prior is not None else None,
+            base_router_bias=prior.router_bias if prior is not None else None,
             keep_at_eval=bool(self.options.get("keep_bias_at_eval", False)),
             weight_distance=self.needs_weight_distance,
         )

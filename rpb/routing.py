@@ -1,15 +1,20 @@
 """Router control for transformers 5.x MoE models: find routers by class, route exactly as the
 library does (optionally biased or forced), and hook every router to record and steer routing.
 
-In transformers 5.x every MoE router (`mlp.gate`) returns `(router_logits, top_k_weights,
-top_k_indices)` and the experts consume exactly that tuple, so a forward hook that returns a
-replacement tuple is all it takes to bias or force routing. The routing functions below reproduce
-the library's routers bit-exactly when no bias is given (tested per architecture).
+Each router class has a `RouterSpec` (rpb.router_specs) describing what its forward computes.
+A forward hook on the router replaces its output with rpb's routing when a policy steers it; the
+output adapters turn (logits, weights, indices) into whatever the router returns (Llama-4's dense
+scores, JetMoE's expert-sorted tuple). Before rpb routes with a description, `check_router` runs
+it against the module's own forward on a probe batch, bit-exactly, with and without zero biases;
+a description that does not reproduce the module is refused in one line, never used silently.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import copy
+import inspect
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -23,6 +28,14 @@ from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
+from rpb.router_specs import (
+    BUILTIN_ROUTERS,
+    RouterSpec,
+    UnsupportedRouter,
+    class_path,
+    supported_families,
+)
+
 __all__ = [
     "KINDS",
     "ROUTER_REGISTRY",
@@ -30,54 +43,162 @@ __all__ = [
     "RouterHandle",
     "RouterKind",
     "RouterRecord",
+    "RouterSpec",
     "RoutingPolicy",
+    "check_router",
     "find_routers",
     "register_router",
     "route",
     "route_deepseek_v3",
     "route_softmax",
+    "route_spec",
     "routing_log_probs",
     "routing_probs",
     "selection_scores",
 ]
 
-KINDS = ("softmax", "deepseek_v3")
+KINDS = ("softmax", "deepseek_v3", "sigmoid")
+_LEGACY_KINDS = ("softmax", "deepseek_v3")
 
 
 @dataclass(frozen=True)
 class RouterKind:
-    """How a router class routes: its kind plus the small numeric quirks of its family."""
+    """The former two-kind description, kept for `register_router(cls, kind, ...)` callers."""
 
     kind: str
-    # Mixtral renormalises the top-k weights unconditionally (it has no norm_topk_prob).
     always_normalise: bool = False
-    # Mixtral returns float32 weights; Qwen/OLMoE cast them back to the logits' dtype.
     float_weights: bool = False
 
+    def to_spec(self) -> RouterSpec:
+        if self.kind == "deepseek_v3":
+            return BUILTIN_ROUTERS[class_path(DeepseekV3TopkRouter)]  # type: ignore[return-value]
+        return RouterSpec(
+            normalise=True if self.always_normalise else "norm_topk_prob",
+            weights_dtype="float32" if self.float_weights else "logits",
+        )
 
-ROUTER_REGISTRY: dict[type[nn.Module], RouterKind] = {
-    Qwen3MoeTopKRouter: RouterKind("softmax"),
-    Qwen2MoeTopKRouter: RouterKind("softmax"),
-    OlmoeTopKRouter: RouterKind("softmax"),
-    MixtralTopKRouter: RouterKind("softmax", always_normalise=True, float_weights=True),
-    DeepseekV3TopkRouter: RouterKind("deepseek_v3"),
+
+Registered = RouterSpec | UnsupportedRouter | tuple[RouterSpec, ...]
+
+# User registrations (and the five original classes); built-in families are looked up by class
+# path in rpb.router_specs.BUILTIN_ROUTERS, so their modelling code is imported only when used.
+ROUTER_REGISTRY: dict[type[nn.Module], Registered] = {
+    cls: BUILTIN_ROUTERS[class_path(cls)]  # type: ignore[misc]
+    for cls in (
+        Qwen3MoeTopKRouter,
+        Qwen2MoeTopKRouter,
+        OlmoeTopKRouter,
+        MixtralTopKRouter,
+        DeepseekV3TopkRouter,
+    )
 }
 
 
+def _auto_candidates() -> tuple[RouterSpec, ...]:
+    """Every distinct built-in description, each with the plausible weight dtypes and
+    normalisations: what `register_router(cls)` tries when the user gives no description."""
+    seen: list[RouterSpec] = []
+    for spec in BUILTIN_ROUTERS.values():
+        if not isinstance(spec, RouterSpec):
+            continue
+        variants = [spec]
+        if spec.order == "score_topk":
+            variants += [
+                spec.replace(normalise=n, weights_dtype=d)
+                for n in ("norm_topk_prob", True, False)
+                for d in ("logits", "float32", "input")
+            ]
+        for v in variants:
+            if v not in seen:
+                seen.append(v)
+    return tuple(seen)
+
+
 def register_router(
-    cls: type[nn.Module], kind: str, *, always_normalise: bool = False, float_weights: bool = False
+    cls: type[nn.Module],
+    kind: str | RouterSpec | Sequence[RouterSpec] | None = None,
+    *,
+    always_normalise: bool | None = None,
+    float_weights: bool | None = None,
+    example: nn.Module | None = None,
 ) -> None:
-    """Teach rpb another router class (its forward must follow the 5.x router contract)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown routing kind {kind!r} (known: {', '.join(KINDS)})")
-    ROUTER_REGISTRY[cls] = RouterKind(kind, always_normalise, float_weights)
+    """Teach rpb another router class.
+
+    `kind` is a `RouterSpec` (or several: the first that reproduces the module is used), one of
+    the former kinds "softmax"/"deepseek_v3" (with `always_normalise`/`float_weights`; a flag left
+    None is chosen by the self-check), or None: try every built-in description. The description
+    is checked against the module's forward on the first router of this class rpb meets (or now,
+    on `example`), and refused in one line if it does not reproduce it bit-exactly.
+    """
+    if kind is None:
+        entry: Registered = _auto_candidates()
+    elif isinstance(kind, RouterSpec):
+        entry = kind
+    elif isinstance(kind, str):
+        if kind not in _LEGACY_KINDS:
+            raise ValueError(
+                f"unknown routing kind {kind!r} (known: {', '.join(_LEGACY_KINDS)}; "
+                "or pass a RouterSpec)"
+            )
+        if kind == "deepseek_v3" or (always_normalise is not None and float_weights is not None):
+            entry = RouterKind(kind, bool(always_normalise), bool(float_weights)).to_spec()
+        else:
+            entry = tuple(
+                RouterKind(kind, a, f).to_spec()
+                for a in ((always_normalise,) if always_normalise is not None else (False, True))
+                for f in ((float_weights,) if float_weights is not None else (False, True))
+            )
+    else:
+        entry = tuple(kind)
+        if not entry or not all(isinstance(s, RouterSpec) for s in entry):
+            raise ValueError("register_router: kind must be a RouterSpec, a list of them or None")
+    ROUTER_REGISTRY[cls] = entry
+    _CHECKED.clear()
+    if example is not None:
+        if not isinstance(example, cls):
+            raise ValueError(f"register_router: example is a {type(example).__name__}, not a {cls}")
+        _checked_spec(example, entry, parent=None)
 
 
-def _kind_of(cls: type) -> RouterKind | None:
+def _entry_of(cls: type) -> Registered | None:
     for base in cls.__mro__:  # subclasses of a registered router route the same way
         if base in ROUTER_REGISTRY:
             return ROUTER_REGISTRY[base]
+        spec = BUILTIN_ROUTERS.get(class_path(base))
+        if spec is not None:
+            return spec
     return None
+
+
+# --------------------------------------------------------------------------- handles
+
+
+def _get_path(module: nn.Module, parent: nn.Module | None, path: str | None) -> Any:
+    if path is None:
+        return None
+    obj: Any = module
+    if path.startswith("../"):
+        obj, path = parent, path[3:]
+        if obj is None:
+            return None
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+_MISSING = object()
+
+
+def _attr(module: nn.Module, value: Any, default: Any = _MISSING) -> Any:
+    """A setting's value: itself, or the router attribute it names."""
+    if not isinstance(value, str):
+        return value
+    found = getattr(module, value, default)
+    if found is _MISSING:
+        raise ValueError(f"router class {type(module).__name__} has no attribute {value!r}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -92,12 +213,28 @@ class RouterHandle:
     num_experts: int
     top_k: int
     hidden_size: int
-    spec: RouterKind = field(repr=False)
+    spec: RouterSpec = field(repr=False)
+    parent: nn.Module | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def weight(self) -> Tensor:
+        """The router weight [E, H] (wherever the family keeps it)."""
+        return _get_path(self.module, self.parent, self.spec.weight)
+
+    @property
+    def router_bias(self) -> Tensor | None:
+        """The bias inside the router logits, z = W h + b (gpt_oss), else None."""
+        return _get_path(self.module, self.parent, self.spec.router_bias)
 
     @property
     def correction_bias(self) -> Tensor | None:
-        """DeepSeek-V3's live `e_score_correction_bias` (None for softmax routers)."""
-        return getattr(self.module, "e_score_correction_bias", None)
+        """The live correction (expert) bias [E] added to the scores for selection, else None."""
+        bias = _get_path(self.module, self.parent, self.spec.correction_bias)
+        return None if bias is None else bias.reshape(-1)
+
+    @property
+    def has_correction_bias(self) -> bool:
+        return self.spec.correction_bias is not None
 
 
 def _decoder_layer_index(model: nn.Module, name: str, fallback: int) -> int:
@@ -110,33 +247,72 @@ def _decoder_layer_index(model: nn.Module, name: str, fallback: int) -> int:
     return fallback
 
 
-def find_routers(model: nn.Module) -> list[RouterHandle]:
-    """Every registered router module of `model`, in module order, found by class."""
+def _refuse(cls: type, reason: str) -> ValueError:
+    return ValueError(f"router class {cls.__name__} is not supported by rpb: {reason}")
+
+
+def _make_handle(
+    name: str, module: nn.Module, parent: nn.Module | None, spec: RouterSpec, ordinal: int, d: int
+) -> RouterHandle:
+    cls = type(module)
+    weight = _get_path(module, parent, spec.weight)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise _refuse(cls, f"no [experts, hidden] weight at {spec.weight!r} (RouterSpec.weight)")
+    rows = int(weight.shape[0])
+    n_experts = rows if spec.num_experts is None else getattr(module, spec.num_experts, rows)
+    if not isinstance(n_experts, int) or n_experts != rows:
+        # e.g. zero-compute experts: more logit columns than routed experts
+        raise _refuse(cls, f"its weight has {rows} rows but {spec.num_experts} is {n_experts}")
+    top_k = getattr(module, spec.top_k, None)
+    if not isinstance(top_k, int):
+        raise _refuse(cls, f"no integer top-k at attribute {spec.top_k!r} (RouterSpec.top_k)")
+    return RouterHandle(
+        moe_layer=ordinal,
+        decoder_layer=d,
+        name=name,
+        module=module,
+        kind=spec.kind,
+        num_experts=rows,
+        top_k=top_k,
+        hidden_size=int(weight.shape[1]),
+        spec=spec,
+        parent=parent,
+    )
+
+
+def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
+    """Every registered router module of `model`, in module order, found by class.
+
+    With `check` (the default) each router's description is first verified against the module's
+    own forward (`check_router`; cached per class and configuration).
+    """
     handles: list[RouterHandle] = []
+    parents: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
-        spec = _kind_of(type(module))
-        if spec is None:
+        for child_name, _child in module.named_children():
+            parents[f"{name}.{child_name}" if name else child_name] = module
+        entry = _entry_of(type(module))
+        if entry is None:
             continue
-        weight = module.weight
+        if isinstance(entry, UnsupportedRouter):
+            raise _refuse(type(module), entry.reason)
+        parent = parents.get(name)
+        first = entry[0] if isinstance(entry, tuple) else entry
+        if first.parent is not None and type(parent).__name__ != first.parent:
+            continue  # the same class used outside an MoE block (JetMoE's attention experts)
+        spec = _checked_spec(module, entry, parent) if check else first
         ordinal = len(handles)
         handles.append(
-            RouterHandle(
-                moe_layer=ordinal,
-                decoder_layer=_decoder_layer_index(model, name, ordinal),
-                name=name,
-                module=module,
-                kind=spec.kind,
-                num_experts=int(getattr(module, "num_experts", weight.shape[0])),
-                top_k=int(module.top_k),
-                hidden_size=int(getattr(module, "hidden_dim", weight.shape[1])),
-                spec=spec,
+            _make_handle(
+                name, module, parent, spec, ordinal, _decoder_layer_index(model, name, ordinal)
             )
         )
     if not handles:
         known = ", ".join(sorted(c.__name__ for c in ROUTER_REGISTRY))
         raise ValueError(
-            f"no MoE router found in {type(model).__name__} (known router classes: {known}; "
-            "add others with rpb.routing.register_router)"
+            f"no MoE router found in {type(model).__name__} (known router classes: {known} and "
+            f"those of the families {', '.join(supported_families())}; add others with "
+            "rpb.routing.register_router)"
         )
     return handles
 
@@ -154,29 +330,18 @@ def route_softmax(
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Softmax top-k routing (Qwen2/3-MoE, OLMoE, Mixtral) -> (logits, weights, indices).
-
-    `logit_bias` is added to the logits before everything; `selection_bias` only to the
-    selection score (the logits); `forced_indices` [T, k] replaces the selection. Gate weights are
-    always the (biased-logit) softmax at the chosen experts.
-    """
-    if logit_bias is not None:
-        logits = logits + logit_bias.to(logits.dtype)
-    probs = F.softmax(logits, dim=-1, dtype=torch.float)
-    if forced_indices is not None:
-        indices = forced_indices
-    elif selection_bias is None:
-        indices = torch.topk(probs, top_k, dim=-1)[1]  # exactly the library's selection
-    else:
-        # Rank by biased logits, not softmax(biased logits): a large bias would saturate the
-        # softmax into ties, and softmax is monotone so the ranking is the same otherwise.
-        indices = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
-    weights = probs.gather(1, indices)
-    if norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    if not float_weights:
-        weights = weights.to(logits.dtype)
-    return logits, weights, indices
+    """Softmax top-k routing (Qwen2/3-MoE, OLMoE, Mixtral) -> (logits, weights, indices)."""
+    spec = RouterSpec(
+        normalise=norm_topk_prob, weights_dtype="float32" if float_weights else "logits"
+    )
+    return route_spec(
+        spec,
+        logits,
+        top_k,
+        logit_bias=logit_bias,
+        selection_bias=selection_bias,
+        forced_indices=forced_indices,
+    )
 
 
 def route_deepseek_v3(
@@ -192,40 +357,142 @@ def route_deepseek_v3(
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """DeepSeek-V3 sigmoid/noaux_tc routing -> (logits, weights, indices).
+    """DeepSeek-V3 sigmoid/noaux_tc routing -> (logits, weights, indices)."""
+    spec = BUILTIN_ROUTERS[class_path(DeepseekV3TopkRouter)]
+    assert isinstance(spec, RouterSpec)
+    return route_spec(
+        spec.replace(normalise=norm_topk_prob, scaling=routed_scaling_factor),
+        logits,
+        top_k,
+        correction_bias=correction_bias,
+        groups=(n_group, topk_group),
+        logit_bias=logit_bias,
+        selection_bias=selection_bias,
+        forced_indices=forced_indices,
+    )
 
-    Selection is top-k of sigmoid(logits) + correction_bias (+ `selection_bias`) within the
-    `topk_group` best groups of that same sum; weights are the sigmoid scores at the chosen
-    experts, renormalised and scaled as the library does.
+
+def _scores(spec: RouterSpec, logits: Tensor) -> Tensor:
+    if spec.score == "softmax":
+        return F.softmax(logits, dim=-1, dtype=torch.float)
+    return logits.sigmoid()
+
+
+def _selection_base(
+    spec: RouterSpec, logits: Tensor, scores: Tensor | None, bias: Tensor | None
+) -> Tensor:
+    """The score a selection bias is added to: softmax routers without a correction bias rank
+    by their logits (a large bias would saturate the softmax into ties; the ranking is the same
+    otherwise); everything else by the score (+ correction bias) the library ranks."""
+    if spec.order == "topk_score" or (spec.score == "softmax" and bias is None):
+        return logits.float()
+    assert scores is not None
+    return scores if bias is None else scores + bias.to(scores.device)
+
+
+def _group_limit(choice: Tensor, n_group: int, topk_group: int, score: str, fill: float) -> Tensor:
+    n_experts = choice.shape[-1]
+    grouped = choice.view(-1, n_group, n_experts // n_group)
+    if score == "top2_sum":
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    else:
+        group_scores = grouped.max(dim=-1).values
+    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = (
+        group_mask.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts)
+    )
+    return choice.masked_fill(~score_mask.bool(), fill)
+
+
+def route_spec(
+    spec: RouterSpec,
+    logits: Tensor,
+    top_k: int,
+    *,
+    correction_bias: Tensor | None = None,
+    groups: tuple[int, int] | None = None,
+    normalise: bool | None = None,
+    norm_eps: float | None = None,
+    scaling: float | None = None,
+    input_dtype: torch.dtype | None = None,
+    logit_bias: Tensor | None = None,
+    selection_bias: Tensor | None = None,
+    forced_indices: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Route `logits` [T, E] as `spec` describes -> (logits, weights [T, k], indices [T, k]).
+
+    Attribute-valued settings of `spec` are given resolved (`groups` = (n_group, topk_group) or
+    None, `normalise`, `norm_eps`, `scaling`). `logit_bias` is added to the logits before
+    everything; `selection_bias` only to the selection score; `forced_indices` [T, k] replaces
+    the selection. Without biases this is, operation for operation, the library's routing.
     """
     if logit_bias is not None:
         logits = logits + logit_bias.to(logits.dtype)
-    scores = logits.sigmoid()
-    if forced_indices is not None:
-        indices = forced_indices
+    bias = None if correction_bias is None else correction_bias.reshape(-1).to(logits.device)
+    if spec.order == "score_topk":
+        scores = _scores(spec, logits)
+        if forced_indices is not None:
+            indices = forced_indices
+        else:
+            if selection_bias is None:
+                choice = scores if bias is None else scores + bias
+                fill = spec.group_fill
+            else:
+                choice = _selection_base(spec, logits, scores, bias) + selection_bias
+                fill = float("-inf")  # a bias may be negative: masked experts must stay out
+            if groups is not None:
+                choice = _group_limit(choice, groups[0], groups[1], spec.group_score, fill)
+            indices = torch.topk(choice, top_k, dim=-1, sorted=spec.sorted)[1]
+        gates = scores + bias if spec.correction_in_weights and bias is not None else scores
+        weights = gates.gather(1, indices)
     else:
-        choice = scores + correction_bias
-        if selection_bias is not None:
-            choice = choice + selection_bias
-        n_experts = choice.shape[-1]
-        group_scores = choice.view(-1, n_group, n_experts // n_group).topk(2, dim=-1)[0].sum(-1)
-        group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-        score_mask = (
-            group_mask.unsqueeze(-1)
-            .expand(-1, n_group, n_experts // n_group)
-            .reshape(-1, n_experts)
-        )
-        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
-        indices = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, indices)
-    if norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    weights = weights * routed_scaling_factor
+        if forced_indices is not None:
+            indices = forced_indices
+        elif selection_bias is None:
+            indices = torch.topk(logits, top_k, dim=-1)[1]
+        else:
+            indices = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
+        top = logits.gather(1, indices)
+        if spec.score == "softmax":
+            weights = F.softmax(top, dim=-1, dtype=top.dtype)
+        else:
+            weights = top.float().sigmoid().to(logits.dtype)
+    do_norm = spec.normalise if normalise is None else normalise
+    if do_norm is True:
+        total = weights.sum(dim=-1, keepdim=True)
+        eps = float(spec.norm_eps if norm_eps is None else norm_eps)
+        if spec.norm_clamp:
+            weights = weights / torch.clamp(total, min=eps)
+        else:
+            weights = weights / (total + eps if eps else total)
+    factor = spec.scaling if scaling is None else scaling
+    if factor is not None and not isinstance(factor, str):
+        weights = weights * factor
+    if spec.weights_dtype == "logits":
+        weights = weights.to(logits.dtype)
+    elif spec.weights_dtype == "input":
+        weights = weights.to(input_dtype or logits.dtype)
     return logits, weights, indices
 
 
 _DEFAULT = object()
+
+
+def _settings(handle: RouterHandle) -> dict[str, Any]:
+    """The spec's attribute-valued settings, read from the live router."""
+    spec, m = handle.spec, handle.module
+    groups = None
+    if spec.groups is True or (
+        isinstance(spec.groups, tuple) and getattr(m, spec.groups[0], None) == spec.groups[1]
+    ):
+        groups = (int(getattr(m, spec.group_attrs[0])), int(getattr(m, spec.group_attrs[1])))
+    return {
+        "groups": groups,
+        "normalise": bool(_attr(m, spec.normalise, False)),  # absent flag: no renormalisation
+        "norm_eps": float(_attr(m, spec.norm_eps)),
+        "scaling": None if spec.scaling is None else float(_attr(m, spec.scaling)),
+    }
 
 
 def route(
@@ -236,46 +503,76 @@ def route(
     logit_bias: Tensor | None = None,
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
+    input_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Route `logits` [T, E] the way `handle`'s router does (its live settings).
 
-    `correction_bias` overrides a DeepSeek-V3 router's own `e_score_correction_bias` (e.g. the
-    base's); it is ignored for softmax routers.
+    `correction_bias` overrides the router's own correction bias (e.g. the base's); routers
+    without one ignore it. `input_dtype`: the dtype of the router's input, for families whose
+    gate weights follow it (default: the logits' dtype).
     """
-    m = handle.module
-    if handle.kind == "softmax":
-        return route_softmax(
-            logits,
-            handle.top_k,
-            norm_topk_prob=handle.spec.always_normalise
-            or bool(getattr(m, "norm_topk_prob", False)),
-            float_weights=handle.spec.float_weights,
-            logit_bias=logit_bias,
-            selection_bias=selection_bias,
-            forced_indices=forced_indices,
-        )
     bias = handle.correction_bias if correction_bias is _DEFAULT else correction_bias
-    return route_deepseek_v3(
+    if not handle.has_correction_bias:
+        bias = None
+    return route_spec(
+        handle.spec,
         logits,
         handle.top_k,
-        correction_bias=bias.to(logits.device),
-        n_group=m.num_group,
-        topk_group=m.topk_group,
-        norm_topk_prob=m.norm_topk_prob,
-        routed_scaling_factor=m.routed_scaling_factor,
+        correction_bias=bias,
+        input_dtype=input_dtype,
         logit_bias=logit_bias,
         selection_bias=selection_bias,
         forced_indices=forced_indices,
+        **_settings(handle),
     )
 
 
+def router_logits(
+    spec: RouterSpec,
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    like: Tensor,
+) -> Tensor:
+    """z = W h (+ b) computed along the library's dtype path, so z0 == z bitwise when W == W0;
+    `like` is the router's own logits (their dtype follows autocast and the model's dtype)."""
+    h = hidden.reshape(-1, weight.shape[-1])
+    if spec.linear_float32:
+        return F.linear(h.float(), weight.float(), None if bias is None else bias.float())
+    if spec.logits_float32:  # linear in the compute dtype, then cast to float32
+        dtype = (
+            torch.get_autocast_dtype(h.device.type)
+            if torch.is_autocast_enabled(h.device.type)
+            else h.dtype
+        )
+    else:
+        dtype = like.dtype
+    z = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    return z.float() if spec.logits_float32 else z
+
+
 def selection_scores(kind: str, logits: Tensor, correction_bias: Tensor | None = None) -> Tensor:
-    """A router's native selection score [T, E] (float32): the logits for softmax routers (they
-    rank like log p), sigmoid(logits) + correction bias for DeepSeek-V3."""
+    """A router's native selection score [T, E] (float32) by kind: the logits for softmax
+    routers (they rank like log p), sigmoid(logits) (+ correction bias) otherwise."""
     if kind == "softmax":
         return logits.float()
     scores = logits.float().sigmoid()
     return scores if correction_bias is None else scores + correction_bias.to(scores.device)
+
+
+def handle_selection_scores(
+    handle: RouterHandle, logits: Tensor, correction_bias: Tensor | None
+) -> Tensor:
+    """The score `handle`'s router ranks experts by [T, E] (float32), what a selection bias is
+    added to: logits, or the (softmax/sigmoid) score plus the correction bias."""
+    spec = handle.spec
+    bias = (
+        correction_bias.reshape(-1)
+        if handle.has_correction_bias and correction_bias is not None
+        else None
+    )
+    scores = None if spec.order == "topk_score" else _scores(spec, logits.float())
+    return _selection_base(spec, logits, scores, bias).float()
 
 
 def routing_probs(kind: str, logits: Tensor) -> Tensor:
@@ -294,6 +591,272 @@ def routing_log_probs(kind: str, logits: Tensor) -> Tensor:
     return log_scores - torch.logsumexp(log_scores, dim=-1, keepdim=True)
 
 
+# --------------------------------------------------------------------------- output adapters
+
+
+def parse_output(spec: RouterSpec, output: Any, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A router's native output -> (logits [T, E], weights [T, k], indices [T, k])."""
+    if spec.output == "triple":
+        logits, weights, indices = output
+        return logits, weights, indices
+    if spec.output == "scores_logits":  # Llama-4: dense [T, E] gate scores, 0 off the top-k
+        dense, logits = output
+        indices = torch.topk(logits, top_k, dim=1)[1]
+        return logits, dense.gather(1, indices), indices
+    # JetMoE: (index_sorted_experts, batch_index, batch_gates, expert_size, logits)
+    order, _, batch_gates, expert_size, logits = output
+    t, n_experts = logits.shape
+    flat_gates = batch_gates.new_empty(t * top_k)
+    flat_gates[order] = batch_gates
+    sorted_experts = torch.repeat_interleave(
+        torch.arange(n_experts, device=logits.device),
+        torch.tensor(expert_size, device=logits.device),
+    )
+    flat_idx = torch.empty(t * top_k, dtype=torch.long, device=logits.device)
+    flat_idx[order] = sorted_experts
+    return logits, flat_gates.view(t, top_k), flat_idx.view(t, top_k)
+
+
+def build_output(spec: RouterSpec, logits: Tensor, weights: Tensor, indices: Tensor) -> Any:
+    """(logits, weights, indices) -> the router's own output form, built as the library does."""
+    if spec.output == "triple":
+        return logits, weights, indices
+    if spec.output == "scores_logits":
+        dense = torch.zeros_like(logits).scatter(1, indices, weights.to(logits.dtype))
+        return dense, logits
+    t, n_experts = logits.shape
+    k = indices.shape[1]
+    gates = torch.zeros(t, n_experts, dtype=weights.dtype, device=weights.device)
+    expert_size = gates.scatter(1, indices, 1).long().sum(0).tolist()
+    _, order = indices.flatten().sort(0)
+    batch_index = order.div(k, rounding_mode="trunc")
+    return order, batch_index, weights.flatten()[order], expert_size, logits
+
+
+# --------------------------------------------------------------------------- self-check
+
+_CHECKED: dict[tuple[Any, ...], RouterSpec] = {}
+_PROBE_TOKENS = 64
+
+
+def _signature(module: nn.Module, entry: Registered) -> tuple[Any, ...]:
+    """What the check result depends on: class, description(s), dtypes, shapes and the
+    attributes a description reads (not the weight values: the probe draws its own)."""
+    specs = entry if isinstance(entry, tuple) else (entry,)
+    attrs = set()
+    for s in specs:
+        if isinstance(s, RouterSpec):
+            for v in (s.normalise, s.norm_eps, s.scaling, s.top_k, s.num_experts):
+                if isinstance(v, str):
+                    attrs.add(v)
+            if isinstance(s.groups, tuple):
+                attrs.add(s.groups[0])
+            attrs.update(s.group_attrs)
+    values = tuple((a, repr(getattr(module, a, None))) for a in sorted(attrs))
+    tensors = tuple(
+        (n, tuple(t.shape), t.dtype)
+        for n, t in list(module.named_parameters()) + list(module.named_buffers())
+    )
+    return (type(module), entry, values, tensors)
+
+
+def _checked_spec(module: nn.Module, entry: Registered, parent: nn.Module | None) -> RouterSpec:
+    """The description of `module` that reproduces its forward (cached), else a one-line error."""
+    assert not isinstance(entry, UnsupportedRouter)
+    key = _signature(module, entry)
+    cached = _CHECKED.get(key)
+    if cached is not None:
+        return cached
+    candidates = entry if isinstance(entry, tuple) else (entry,)
+    if len(candidates) > 1:
+        candidates = _with_weight_paths(module, candidates)
+    failures = []
+    for spec in candidates:
+        problem = check_router(module, spec, raise_error=False)
+        if problem is None:
+            _CHECKED[key] = spec
+            return spec
+        failures.append(problem)
+    name = type(module).__name__
+    if len(candidates) == 1:
+        raise ValueError(f"router class {name}: {failures[0]}")
+    closest = max(failures, key=_progress)
+    raise ValueError(
+        f"router class {name}: none of {len(candidates)} candidate descriptions reproduces its "
+        f"forward (closest: {closest}); describe it with a RouterSpec in register_router"
+    )
+
+
+# How far a candidate got through the check, to report the closest miss.
+_STAGES = (
+    "forward or output",
+    "routing failed",
+    "router logits differ",
+    "dtype",
+    "indices differ",
+    "gate weights differ",
+    "rebuilt",
+)
+
+
+def _progress(problem: str) -> int:
+    return max((i + 1 for i, key in enumerate(_STAGES) if key in problem), default=0)
+
+
+def _with_weight_paths(module: nn.Module, specs: tuple[RouterSpec, ...]) -> tuple[RouterSpec, ...]:
+    """Candidates for a router whose weight is not `.weight`: every 2-D parameter as the weight,
+    with and without the bias [E] beside it as a router logit bias."""
+    if isinstance(getattr(module, "weight", None), Tensor):
+        return specs
+    params = dict(module.named_parameters())
+    paths: list[tuple[str, str | None]] = []
+    for name, p in params.items():
+        if p.dim() == 2:
+            paths.append((name, None))
+            bias = name.rsplit(".", 1)[0] + ".bias" if "." in name else "bias"
+            if bias in params and tuple(params[bias].shape) == (p.shape[0],):
+                paths.append((name, bias))
+    out = []
+    for spec in specs:
+        for weight, bias in paths:
+            v = spec.replace(weight=weight, router_bias=bias or spec.router_bias)
+            if v not in out:
+                out.append(v)
+    return tuple(out) or specs
+
+
+def _probe_copy(module: nn.Module) -> nn.Module:
+    """A CPU copy of the router with plain tensors (works for sharded or meta weights too) and
+    no hooks; the module itself is never run or modified."""
+    memo: dict[int, Any] = {}
+    for t in list(module.parameters()) + list(module.buffers()):
+        memo[id(t)] = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+    clone = copy.deepcopy(module, memo)
+    for sub in clone.modules():
+        sub._forward_hooks.clear()
+        sub._forward_pre_hooks.clear()
+        for store in (sub._parameters, sub._buffers):
+            for key, t in list(store.items()):
+                if t is not None:
+                    fresh = torch.empty(tuple(t.shape), dtype=t.dtype)
+                    store[key] = (
+                        nn.Parameter(fresh, requires_grad=False)
+                        if store is sub._parameters
+                        else fresh
+                    )
+    return clone.eval()
+
+
+def _max_diff(a: Tensor, b: Tensor) -> float:
+    if a.shape != b.shape:
+        return math.inf
+    if not a.dtype.is_floating_point:
+        return float((a != b).sum())  # number of differing entries
+    return float((a.double() - b.double()).abs().nan_to_num(math.inf).max()) if a.numel() else 0.0
+
+
+def _paired(indices: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+    order = indices.argsort(dim=-1)
+    return indices.gather(1, order), weights.gather(1, order)
+
+
+def check_router(
+    module: nn.Module, spec: RouterSpec, *, seed: int = 0, raise_error: bool = True
+) -> str | None:
+    """Run `spec`'s routing against `module`'s own forward on a probe batch, bit-exactly.
+
+    A copy of the module gets random weights and biases (so ties and zero-initialised weights
+    cannot hide a difference); rpb's logits, gate weights, indices and dtypes must equal the
+    module's exactly, unbiased and with zero logit/selection biases, and the output adapter must
+    rebuild the module's own output. Returns None if all match, else (or raises) a one-line
+    description naming the field that differs and the maximum difference.
+    """
+    problem = _check(module, spec, seed)
+    if problem is not None and raise_error:
+        raise ValueError(f"router class {type(module).__name__}: {problem}")
+    return problem
+
+
+def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
+    try:
+        clone = _probe_copy(module)
+        handle = _make_handle("probe", clone, None, spec, 0, 0)
+    except ValueError as e:
+        return str(e)
+    g = torch.Generator().manual_seed(seed)
+    weight = handle.weight
+    e, hdim = handle.num_experts, handle.hidden_size
+    with torch.no_grad():
+        for t in list(clone.parameters()) + list(clone.buffers()):
+            if t.dtype.is_floating_point:
+                t.copy_(0.1 * torch.randn(t.shape, generator=g))
+        weight.copy_(torch.randn(weight.shape, generator=g) / math.sqrt(hdim))
+        hidden = torch.randn(_PROBE_TOKENS, hdim, generator=g).to(weight.dtype)
+        kwargs = {}
+        arg_bias = None
+        if spec.correction_bias_arg is not None:
+            arg_bias = 0.1 * torch.randn(e, generator=g)
+            kwargs[spec.correction_bias_arg] = arg_bias
+        try:
+            native = clone(hidden, **kwargs)
+            logits, w_ref, i_ref = parse_output(spec, native, handle.top_k)
+        except Exception as err:  # the module's own forward or its output shape
+            return (
+                f"its forward or output does not fit the description ({type(err).__name__}: "
+                f"{str(err).splitlines()[0] if str(err) else ''})"
+            )
+        bias = arg_bias if arg_bias is not None else handle.correction_bias
+        z = router_logits(spec, hidden, weight, handle.router_bias, logits)
+        if z.dtype != logits.dtype or not torch.equal(z, logits):
+            return (
+                f"rpb's router logits differ from the module's (max |diff| "
+                f"{_max_diff(z, logits):.3g}, dtype {z.dtype} vs {logits.dtype}; "
+                "RouterSpec.weight, router_bias, linear_float32, logits_float32)"
+            )
+        zeros = torch.zeros(e)
+        variants: list[tuple[str, dict[str, Any]]] = [
+            ("unbiased", {}),
+            ("zero selection bias", {"selection_bias": zeros}),
+            ("zero logit and selection bias", {"logit_bias": zeros, "selection_bias": zeros}),
+        ]
+        ref_i, ref_w = _paired(i_ref, w_ref)
+        for label, extra in variants:
+            try:
+                _, w, i = route(
+                    handle, logits, correction_bias=bias, input_dtype=hidden.dtype, **extra
+                )
+            except Exception as err:  # e.g. a group count that does not divide the experts
+                return f"rpb's routing failed on it ({type(err).__name__}: {err})"
+            if w.dtype != w_ref.dtype:
+                return (
+                    f"gate weights dtype {w.dtype} vs the module's {w_ref.dtype} ({label}; "
+                    "RouterSpec.weights_dtype)"
+                )
+            got_i, got_w = _paired(i, w)
+            if not torch.equal(got_i, ref_i):
+                n_bad = int((got_i != ref_i).any(-1).sum())
+                return f"expert indices differ on {n_bad}/{len(ref_i)} probe tokens ({label})"
+            if not torch.equal(got_w, ref_w):
+                return f"gate weights differ (max |diff| {_max_diff(got_w, ref_w):.3g}, {label})"
+            if not extra:
+                rebuilt = build_output(spec, logits, w, i)
+                for a, b in zip(_flat(rebuilt), _flat(native), strict=False):
+                    if (
+                        type(a) is not type(b)
+                        or (isinstance(a, Tensor) and (a.dtype != b.dtype or not torch.equal(a, b)))
+                        or (not isinstance(a, Tensor) and a != b)
+                    ):
+                        return (
+                            f"rebuilt {spec.output!r} output differs from the module's "
+                            "(RouterSpec.output)"
+                        )
+    return None
+
+
+def _flat(output: Any) -> list[Any]:
+    return list(output) if isinstance(output, tuple | list) else [output]
+
+
 # --------------------------------------------------------------------------- control hooks
 
 
@@ -307,9 +870,11 @@ class RouterRecord:
     indices: Tensor  # [T, k] experts the tokens were sent to
     base_logits: Tensor | None  # [T, E] z0 = W0 h on the same input (no grad), if a base is set
     steered: bool = False  # whether a policy replaced the router's output
-    # ||W - W0||_F^2 in float32 (with grad), taken inside the forward where FSDP has the full W;
-    # only with RouterControl(weight_distance=True).
+    # ||W - W0||_F^2 (+ ||b - b0||^2 for a router logit bias) in float32 (with grad), taken inside
+    # the forward where FSDP has the full W; only with RouterControl(weight_distance=True).
     weight_sq_dist: Tensor | None = None
+    # The correction bias the router received as a forward argument (lfm2-style), if any.
+    correction_bias: Tensor | None = field(default=None, repr=False)
 
 
 PolicyValue = Tensor | Callable[[RouterRecord], Tensor] | None
@@ -334,9 +899,10 @@ class RoutingPolicy:
 class RouterControl:
     """Forward hooks on every router: record routing, optionally bias or force it.
 
-    `base_weights` (one [E, H] tensor per MoE layer) enables base logits z0 = W0 h on the router's
-    own input; they live on this object, never on the model, so state_dict keys are unchanged.
-    For DeepSeek-V3 the base correction bias defaults to the routers' biases at construction.
+    `base_weights` (one [E, H] tensor per MoE layer) enables base logits z0 = W0 h (+ b0) on the
+    router's own input; they live on this object, never on the model, so state_dict keys are
+    unchanged. The base correction bias (`base_correction_bias`) and router logit bias b0
+    (`base_router_bias`, gpt_oss) default to the routers' own at construction.
     Policies apply only to routers in training mode unless `keep_at_eval`; recording always runs.
     Under gradient checkpointing the hooks fire again on recompute and simply overwrite records.
 
@@ -352,6 +918,7 @@ class RouterControl:
         base_weights: list[Tensor] | None = None,
         *,
         base_correction_bias: list[Tensor | None] | None = None,
+        base_router_bias: list[Tensor | None] | None = None,
         keep_at_eval: bool = False,
         weight_distance: bool = False,
     ) -> None:
@@ -384,7 +951,28 @@ class RouterControl:
             )
             for i, h in enumerate(self.handles)
         ]
-        self._base_bias = [None if b is None else b.detach().clone() for b in self._base_bias]
+        self._base_bias = [
+            None if b is None else b.detach().reshape(-1).clone() for b in self._base_bias
+        ]
+        if base_router_bias is not None and len(base_router_bias) != n:
+            raise ValueError(f"base_router_bias has {len(base_router_bias)} layers, not {n}")
+        self._base_router_bias: list[Tensor | None] = []
+        for i, h in enumerate(self.handles):
+            given = base_router_bias[i] if base_router_bias is not None else None
+            live = h.router_bias
+            if given is not None and live is None:
+                raise ValueError(f"base_router_bias[{i}] given but router {h.name} has no bias")
+            if given is None and live is not None and base_weights is not None:
+                # z0 = W0 h + b0 needs the base's b0; the live one would silently be wrong
+                # once training has moved it.
+                raise ValueError(
+                    f"router {h.name} ({type(h.module).__name__}) has a logit bias: pass "
+                    "base_router_bias (the prior's router_bias) with base_weights"
+                )
+            b = given if given is not None else live
+            self._base_router_bias.append(None if b is None else b.detach().clone())
+        # Forward-argument positions of correction biases passed into the router (lfm2-style).
+        self._bias_arg: list[tuple[str, int] | None] = [_arg_position(h) for h in self.handles]
         self._base_cache: dict[int, Tensor] = {}
         self._base_fp32_cache: dict[int, Tensor] = {}
         self.records: list[RouterRecord | None] = [None] * n
@@ -408,6 +996,9 @@ class RouterControl:
 
     def base_correction_bias(self, layer: int) -> Tensor | None:
         return self._base_bias[layer]
+
+    def base_router_bias(self, layer: int) -> Tensor | None:
+        return self._base_router_bias[layer]
 
     def set_policy(
         self,
@@ -435,10 +1026,8 @@ class RouterControl:
 
     def base_scores(self, record: RouterRecord) -> Tensor:
         """The base router's native selection score s0 [T, E] on the record's hidden state."""
-        return selection_scores(
-            self.handles[record.layer].kind,
-            self._need_base(record),
-            self._base_bias[record.layer],
+        return handle_selection_scores(
+            self.handles[record.layer], self._need_base(record), self._base_bias[record.layer]
         )
 
     def base_topk(self, record: RouterRecord) -> Tensor:
@@ -454,7 +1043,11 @@ class RouterControl:
         if not record.steered:
             return record.indices
         with torch.no_grad():
-            return route(self.handles[record.layer], record.logits.detach())[2]
+            return route(
+                self.handles[record.layer],
+                record.logits.detach(),
+                correction_bias=self._live_bias(record),
+            )[2]
 
     def remove(self) -> None:
         """Remove every hook; the model routes natively again."""
@@ -490,6 +1083,9 @@ class RouterControl:
             self._base_cache[layer] = cached
         return cached
 
+    def _live_bias(self, record: RouterRecord) -> Any:
+        return _DEFAULT if record.correction_bias is None else record.correction_bias
+
     def _base_fp32(self, layer: int, device: torch.device) -> Tensor:
         # A cache of its own: `_base_on` follows the logits' dtype (bf16 under autocast).
         cached = self._base_fp32_cache.get(layer)
@@ -507,21 +1103,35 @@ class RouterControl:
         module: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        output: tuple[Tensor, Tensor, Tensor],
-    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        output: Any,
+    ) -> Any:
         handle = self.handles[layer]
-        logits, weights, indices = output
+        spec = handle.spec
+        logits, weights, indices = parse_output(spec, output, handle.top_k)
+        hidden = args[0] if args else next(iter(kwargs.values()))
+        arg_bias = None
+        if self._bias_arg[layer] is not None:
+            name, pos = self._bias_arg[layer]
+            arg_bias = kwargs.get(name, args[pos] if len(args) > pos else None)
         base_logits = None
         if self._base is not None:
-            hidden = args[0] if args else next(iter(kwargs.values()))
             with torch.no_grad():
-                # Same dtype path as the library's logits, so z0 == z bitwise when W == W0.
-                h = hidden.reshape(-1, handle.hidden_size).to(logits.dtype)
-                base_logits = F.linear(h, self._base_on(layer, logits))
+                base_logits = router_logits(
+                    spec,
+                    hidden,
+                    self._base_on(layer, logits),
+                    self._base_router_bias[layer],
+                    logits,
+                )
         record = RouterRecord(layer, logits, weights, indices, base_logits)
+        record.correction_bias = arg_bias
         if self.weight_distance:
-            w = module.weight  # the full weight here, even when FSDP shards it between forwards
-            record.weight_sq_dist = (w.float() - self._base_fp32(layer, w.device)).pow(2).sum()
+            w = handle.weight  # the full weight here, even when FSDP shards it between forwards
+            dist = (w.float() - self._base_fp32(layer, w.device)).pow(2).sum()
+            b, b0 = handle.router_bias, self._base_router_bias[layer]
+            if b is not None and b0 is not None:
+                dist = dist + (b.float() - b0.to(b.device, torch.float32)).pow(2).sum()
+            record.weight_sq_dist = dist
         self.records[layer] = record
         policy = self.policies[layer]
         if not policy.active or not (module.training or self.keep_at_eval):
@@ -539,24 +1149,20 @@ class RouterControl:
         if forced is not None:
             forced = self._check_forced(forced, layer, t, handle)
         if policy.use_base_logits:
-            out = route(
-                handle,
-                self._need_base(record),
-                correction_bias=self._base_bias[layer],
-                logit_bias=logit_bias,
-                selection_bias=selection_bias,
-                forced_indices=forced,
-            )
+            source, bias = self._need_base(record), self._base_bias[layer]
         else:
-            out = route(
-                handle,
-                logits,
-                logit_bias=logit_bias,
-                selection_bias=selection_bias,
-                forced_indices=forced,
-            )
+            source, bias = logits, self._live_bias(record)
+        out = route(
+            handle,
+            source,
+            correction_bias=bias,
+            logit_bias=logit_bias,
+            selection_bias=selection_bias,
+            forced_indices=forced,
+            input_dtype=hidden.dtype,
+        )
         record.weights, record.indices, record.steered = out[1], out[2], True
-        return out
+        return build_output(spec, *out)
 
     @staticmethod
     def _check_forced(forced: Tensor, layer: int, t: int, handle: RouterHandle) -> Tensor:
@@ -574,3 +1180,16 @@ class RouterControl:
                 f"forced_indices for MoE layer {layer} out of range [0, {handle.num_experts})"
             )
         return forced.long()
+
+
+def _arg_position(handle: RouterHandle) -> tuple[str, int] | None:
+    name = handle.spec.correction_bias_arg
+    if name is None:
+        return None
+    params = list(inspect.signature(handle.module.forward).parameters)
+    if name not in params:
+        raise ValueError(
+            f"router class {type(handle.module).__name__}: its forward has no argument {name!r} "
+            "(RouterSpec.correction_bias_arg)"
+        )
+    return name, params.index(name)
