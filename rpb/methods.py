@@ -234,7 +234,7 @@ class RouterMethod:
         """Records for a differentiable term; refuses logits cut off from the router weights."""
         records = self._records(control)
         if torch.is_grad_enabled() and any(
-            h.module.weight.requires_grad and not r.logits.requires_grad
+            h.weight.requires_grad and not r.logits.requires_grad
             for h, r in zip(control.handles, records, strict=True)
         ):
             # e.g. reentrant gradient checkpointing runs the first forward under no_grad

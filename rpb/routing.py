@@ -704,24 +704,37 @@ def _progress(problem: str) -> int:
 
 
 def _with_weight_paths(module: nn.Module, specs: tuple[RouterSpec, ...]) -> tuple[RouterSpec, ...]:
-    """Candidates for a router whose weight is not `.weight`: every 2-D parameter as the weight,
-    with and without the bias [E] beside it as a router logit bias."""
-    if isinstance(getattr(module, "weight", None), Tensor):
-        return specs
+    """Candidates for a router whose weight is not where a description looks: every 2-D
+    parameter as the weight (a description's other paths moved along when the weight is found
+    under a prefix, e.g. a wrapped router), with and without the bias [E] beside it."""
     params = dict(module.named_parameters())
-    paths: list[tuple[str, str | None]] = []
-    for name, p in params.items():
-        if p.dim() == 2:
-            paths.append((name, None))
-            bias = name.rsplit(".", 1)[0] + ".bias" if "." in name else "bias"
-            if bias in params and tuple(params[bias].shape) == (p.shape[0],):
-                paths.append((name, bias))
     out = []
     for spec in specs:
-        for weight, bias in paths:
-            v = spec.replace(weight=weight, router_bias=bias or spec.router_bias)
-            if v not in out:
-                out.append(v)
+        if isinstance(params.get(spec.weight), Tensor):
+            out.append(spec)
+            continue
+        for name, p in params.items():
+            if p.dim() != 2:
+                continue
+            if name.endswith("." + spec.weight):
+                prefix = name[: -len(spec.weight)]
+
+                def moved(path: str | None, prefix: str = prefix) -> str | None:
+                    return path if path is None or path.startswith("../") else prefix + path
+
+                variants = [
+                    spec.replace(
+                        weight=name,
+                        router_bias=moved(spec.router_bias),
+                        correction_bias=moved(spec.correction_bias),
+                    )
+                ]
+            else:
+                variants = [spec.replace(weight=name)]
+                bias = name.rsplit(".", 1)[0] + ".bias" if "." in name else "bias"
+                if bias in params and tuple(params[bias].shape) == (p.shape[0],):
+                    variants.append(spec.replace(weight=name, router_bias=bias))
+            out.extend(v for v in variants if v not in out)
     return tuple(out) or specs
 
 
