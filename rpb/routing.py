@@ -748,6 +748,9 @@ def _probe_copy(module: nn.Module) -> nn.Module:
     for sub in clone.modules():
         sub._forward_hooks.clear()
         sub._forward_pre_hooks.clear()
+        # accelerate (device_map, offload) wraps `forward` per instance: use the class's own
+        sub.__dict__.pop("forward", None)
+        sub.__dict__.pop("_hf_hook", None)
         for store in (sub._parameters, sub._buffers):
             for key, t in list(store.items()):
                 if t is not None:
@@ -790,9 +793,17 @@ def check_router(
     return problem
 
 
+def _one_line(err: Exception) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"
+
+
 def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
     try:
         clone = _probe_copy(module)
+    except Exception as err:  # an exotic module that cannot be copied
+        return f"it could not be copied for the probe ({_one_line(err)})"
+    try:
         handle = _make_handle("probe", clone, None, spec, 0, 0)
     except ValueError as e:
         return str(e)
@@ -806,64 +817,83 @@ def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
         weight.copy_(torch.randn(weight.shape, generator=g) / math.sqrt(hdim))
         hidden = torch.randn(_PROBE_TOKENS, hdim, generator=g).to(weight.dtype)
         kwargs = {}
-        arg_bias = None
         if spec.correction_bias_arg is not None:
-            arg_bias = 0.1 * torch.randn(e, generator=g)
-            kwargs[spec.correction_bias_arg] = arg_bias
-        try:
-            native = clone(hidden, **kwargs)
-            logits, w_ref, i_ref = parse_output(spec, native, handle.top_k)
-        except Exception as err:  # the module's own forward or its output shape
-            return (
-                f"its forward or output does not fit the description ({type(err).__name__}: "
-                f"{str(err).splitlines()[0] if str(err) else ''})"
-            )
-        bias = arg_bias if arg_bias is not None else handle.correction_bias
-        z = router_logits(spec, hidden, weight, handle.router_bias, logits)
-        if z.dtype != logits.dtype or not torch.equal(z, logits):
-            return (
-                f"rpb's router logits differ from the module's (max |diff| "
-                f"{_max_diff(z, logits):.3g}, dtype {z.dtype} vs {logits.dtype}; "
-                "RouterSpec.weight, router_bias, linear_float32, logits_float32)"
-            )
-        zeros = torch.zeros(e)
-        variants: list[tuple[str, dict[str, Any]]] = [
-            ("unbiased", {}),
-            ("zero selection bias", {"selection_bias": zeros}),
-            ("zero logit and selection bias", {"logit_bias": zeros, "selection_bias": zeros}),
-        ]
-        ref_i, ref_w = _paired(i_ref, w_ref)
-        for label, extra in variants:
-            try:
-                _, w, i = route(
-                    handle, logits, correction_bias=bias, input_dtype=hidden.dtype, **extra
-                )
-            except Exception as err:  # e.g. a group count that does not divide the experts
-                return f"rpb's routing failed on it ({type(err).__name__}: {err})"
-            if w.dtype != w_ref.dtype:
-                return (
-                    f"gate weights dtype {w.dtype} vs the module's {w_ref.dtype} ({label}; "
-                    "RouterSpec.weights_dtype)"
-                )
-            got_i, got_w = _paired(i, w)
-            if not torch.equal(got_i, ref_i):
-                n_bad = int((got_i != ref_i).any(-1).sum())
-                return f"expert indices differ on {n_bad}/{len(ref_i)} probe tokens ({label})"
-            if not torch.equal(got_w, ref_w):
-                return f"gate weights differ (max |diff| {_max_diff(got_w, ref_w):.3g}, {label})"
-            if not extra:
-                rebuilt = build_output(spec, logits, w, i)
-                for a, b in zip(_flat(rebuilt), _flat(native), strict=False):
-                    if (
-                        type(a) is not type(b)
-                        or (isinstance(a, Tensor) and (a.dtype != b.dtype or not torch.equal(a, b)))
-                        or (not isinstance(a, Tensor) and a != b)
-                    ):
-                        return (
-                            f"rebuilt {spec.output!r} output differs from the module's "
-                            "(RouterSpec.output)"
-                        )
+            kwargs[spec.correction_bias_arg] = 0.1 * torch.randn(e, generator=g)
+        # Both modes: a router that samples while training (or otherwise changes) must not pass.
+        for training in (False, True):
+            clone.train(training)
+            with torch.random.fork_rng(devices=[]):
+                problem = _compare(clone, handle, spec, hidden, kwargs)
+            if problem is not None:
+                return problem + (" in training mode" if training else "")
     return None
+
+
+def _compare(
+    clone: nn.Module,
+    handle: RouterHandle,
+    spec: RouterSpec,
+    hidden: Tensor,
+    kwargs: dict[str, Tensor],
+) -> str | None:
+    try:
+        native = clone(hidden, **kwargs)
+        logits, w_ref, i_ref = parse_output(spec, native, handle.top_k)
+    except Exception as err:  # the module's own forward or its output shape
+        return f"its forward or output does not fit the description ({_one_line(err)})"
+    bias = kwargs.get(spec.correction_bias_arg or "", handle.correction_bias)
+    z = router_logits(spec, hidden, handle.weight, handle.router_bias, logits)
+    if z.dtype != logits.dtype or not torch.equal(z, logits):
+        return (
+            f"rpb's router logits differ from the module's (max |diff| "
+            f"{_max_diff(z, logits):.3g}, dtype {z.dtype} vs {logits.dtype}; "
+            "RouterSpec.weight, router_bias, linear_float32, logits_float32)"
+        )
+    zeros = torch.zeros(handle.num_experts)
+    variants: list[tuple[str, dict[str, Any]]] = [
+        ("unbiased", {}),
+        ("zero selection bias", {"selection_bias": zeros}),
+        ("zero logit and selection bias", {"logit_bias": zeros, "selection_bias": zeros}),
+    ]
+    ref_i, ref_w = _paired(i_ref, w_ref)
+    for label, extra in variants:
+        try:
+            _, w, i = route(handle, logits, correction_bias=bias, input_dtype=hidden.dtype, **extra)
+        except Exception as err:  # e.g. a group count that does not divide the experts
+            return f"rpb's routing failed on it ({_one_line(err)})"
+        if w.dtype != w_ref.dtype:
+            return (
+                f"gate weights dtype {w.dtype} vs the module's {w_ref.dtype} ({label}; "
+                "RouterSpec.weights_dtype)"
+            )
+        got_i, got_w = _paired(i, w)
+        if not torch.equal(got_i, ref_i):
+            n_bad = int((got_i != ref_i).any(-1).sum())
+            return f"expert indices differ on {n_bad}/{len(ref_i)} probe tokens ({label})"
+        if not torch.equal(got_w, ref_w):
+            return f"gate weights differ (max |diff| {_max_diff(got_w, ref_w):.3g}, {label})"
+        if not extra:
+            rebuilt = build_output(spec, logits, w, i)
+            if not _same_output(rebuilt, native):
+                return (
+                    f"rebuilt {spec.output!r} output differs from the module's (RouterSpec.output)"
+                )
+    return None
+
+
+def _same_output(a: Any, b: Any) -> bool:
+    xs, ys = _flat(a), _flat(b)
+    if len(xs) != len(ys):
+        return False
+    for x, y in zip(xs, ys, strict=True):
+        if isinstance(x, Tensor) != isinstance(y, Tensor):
+            return False
+        if isinstance(x, Tensor):
+            if x.dtype != y.dtype or not torch.equal(x, y):
+                return False
+        elif x != y:
+            return False
+    return True
 
 
 def _flat(output: Any) -> list[Any]:

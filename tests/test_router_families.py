@@ -353,7 +353,7 @@ def test_an_unknown_router_class_is_described_by_the_check(registry):
     chosen = find_routers(nn.ModuleDict({"gate": gate}))[0].spec
     assert (chosen.weight, chosen.router_bias, chosen.normalise) == ("w_gate", "bias", True)
     assert check_router(gate, chosen) is None
-    with pytest.raises(ValueError, match="CustomGate: rpb.s router logits differ"):
+    with pytest.raises(ValueError, match=r"CustomGate: rpb's router logits differ"):
         check_router(gate, chosen.replace(router_bias=None))
 
 
