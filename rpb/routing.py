@@ -152,12 +152,20 @@ def register_router(
         entry = tuple(kind)
         if not entry or not all(isinstance(s, RouterSpec) for s in entry):
             raise ValueError("register_router: kind must be a RouterSpec, a list of them or None")
+    if example is not None and not isinstance(example, cls):
+        raise ValueError(f"register_router: example is a {type(example).__name__}, not a {cls}")
+    previous = ROUTER_REGISTRY.get(cls)
     ROUTER_REGISTRY[cls] = entry
     _CHECKED.clear()
     if example is not None:
-        if not isinstance(example, cls):
-            raise ValueError(f"register_router: example is a {type(example).__name__}, not a {cls}")
-        _checked_spec(example, entry, parent=None)
+        try:
+            _checked_spec(example, entry, parent=None)
+        except ValueError:  # a refused description is not left registered
+            if previous is None:
+                del ROUTER_REGISTRY[cls]
+            else:
+                ROUTER_REGISTRY[cls] = previous
+            raise
 
 
 def _entry_of(cls: type) -> Registered | None:
@@ -601,8 +609,9 @@ def parse_output(spec: RouterSpec, output: Any, top_k: int) -> tuple[Tensor, Ten
         return logits, weights, indices
     if spec.output == "scores_logits":  # Llama-4: dense [T, E] gate scores, 0 off the top-k
         dense, logits = output
-        indices = torch.topk(logits, top_k, dim=1)[1]
-        return logits, dense.gather(1, indices), indices
+        # Read the experts from the scores, not the logits: an earlier hook may have steered them.
+        weights, indices = torch.topk(dense, top_k, dim=1)
+        return logits, weights, indices
     # JetMoE: (index_sorted_experts, batch_index, batch_gates, expert_size, logits)
     order, _, batch_gates, expert_size, logits = output
     t, n_experts = logits.shape
@@ -908,10 +917,10 @@ class RouterRecord:
     """What one router saw and did in the latest forward (tokens flattened to T = batch * seq)."""
 
     layer: int
-    logits: Tensor  # [T, E] live router logits z = W h, as the library computed them (with grad)
+    logits: Tensor  # [T, E] live router logits z = W h (+ b), as the library computed them
     weights: Tensor  # [T, k] gate weights the experts received
     indices: Tensor  # [T, k] experts the tokens were sent to
-    base_logits: Tensor | None  # [T, E] z0 = W0 h on the same input (no grad), if a base is set
+    base_logits: Tensor | None  # [T, E] z0 = W0 h (+ b0) on the same input (no grad), if set
     steered: bool = False  # whether a policy replaced the router's output
     # ||W - W0||_F^2 (+ ||b - b0||^2 for a router logit bias) in float32 (with grad), taken inside
     # the forward where FSDP has the full W; only with RouterControl(weight_distance=True).
@@ -944,8 +953,9 @@ class RouterControl:
 
     `base_weights` (one [E, H] tensor per MoE layer) enables base logits z0 = W0 h (+ b0) on the
     router's own input; they live on this object, never on the model, so state_dict keys are
-    unchanged. The base correction bias (`base_correction_bias`) and router logit bias b0
-    (`base_router_bias`, gpt_oss) default to the routers' own at construction.
+    unchanged. The base correction bias (`base_correction_bias`) defaults to the routers' own at
+    construction; a router logit bias b0 (gpt_oss) must come with base_weights
+    (`base_router_bias`), since the live one stops being the base's once training moves it.
     Policies apply only to routers in training mode unless `keep_at_eval`; recording always runs.
     Under gradient checkpointing the hooks fire again on recompute and simply overwrite records.
 

@@ -231,6 +231,20 @@ def test_hard_sends_exactly_the_base_top_k(model_type):
     assert moved  # the perturbed live router would have chosen differently somewhere
 
 
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "llama4_text", "jetmoe"])
+def test_a_second_control_records_what_the_first_one_sent(model_type):
+    """Evaluation routing plus analysis hooks: the recorder must read the steered output."""
+    model, batch = _model(model_type).train(), make_batch()
+    t = batch["input_ids"].numel()
+    forced = (torch.arange(t)[:, None] * 3 + torch.arange(2)) % 8
+    with RouterControl(model) as steer, RouterControl(model) as recorder:
+        steer.set_policy(forced_indices=forced)
+        model(**batch)
+        for rec in recorder.records:
+            assert torch.equal(rec.indices.sort(-1)[0], forced.sort(-1)[0])
+            assert not rec.steered
+
+
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_prior_extraction_and_loading(model_type, tmp_path):
     model, prior = _model(model_type), _prior(model_type)
