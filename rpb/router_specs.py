@@ -44,6 +44,7 @@ class RouterSpec:
     # "softmax" (softmax of the logits), "deepseek_v3" or "sigmoid" (normalised sigmoid scores).
     kind: str = "softmax"
     score: str = "softmax"  # "softmax" | "sigmoid"
+    score_float32: bool = False  # sigmoid of the logits cast to float32 (softmax always is)
     # "score_topk": score all experts, select the top-k scores, gate = score at the chosen ones;
     # "topk_score": select the top-k logits, gate = score over those k logits only.
     order: str = "score_topk"
@@ -156,6 +157,20 @@ _LFM2 = RouterSpec(
     scaling="routed_scaling_factor",
 )
 
+_SIGMOID_ARG_BIAS = RouterSpec(  # MiniMax-M2: the MoE block passes its bias to the router
+    kind="sigmoid",
+    score="sigmoid",
+    score_float32=True,
+    correction_bias="../e_score_correction_bias",
+    correction_bias_arg="e_score_correction_bias",
+    sorted=False,
+    normalise=True,
+    weights_dtype="float32",
+)
+_HY_V3 = _SIGMOID_ARG_BIAS.replace(
+    score_float32=False, linear_float32=True, norm_eps=1e-20, scaling="router_scaling_factor"
+)
+
 _M = "transformers.models"
 # model_type -> (router class path, description or refusal). The README's family list and the
 # pipeline's accepted `model_type`s are generated from this table.
@@ -182,6 +197,20 @@ FAMILY_ROUTERS: dict[str, tuple[str, RouterSpec | UnsupportedRouter]] = {
     "jetmoe": (f"{_M}.jetmoe.modeling_jetmoe.JetMoeTopKGating", _JETMOE),
     "llama4": (f"{_M}.llama4.modeling_llama4.Llama4Router", _LLAMA4),
     "lfm2_moe": (f"{_M}.lfm2_moe.modeling_lfm2_moe.Lfm2MoeTopKRouter", _LFM2),
+    "glm4_moe_lite": (
+        f"{_M}.glm4_moe_lite.modeling_glm4_moe_lite.Glm4MoeLiteTopkRouter",
+        _DEEPSEEK_V3,
+    ),
+    "exaone_moe": (f"{_M}.exaone_moe.modeling_exaone_moe.ExaoneMoeTopkRouter", _DEEPSEEK_V3),
+    "solar_open": (f"{_M}.solar_open.modeling_solar_open.SolarOpenTopkRouter", _DEEPSEEK_V3),
+    "kimi_linear": (f"{_M}.kimi_linear.modeling_kimi_linear.KimiLinearTopkRouter", _DEEPSEEK_V3),
+    "granitemoeshared": (
+        f"{_M}.granitemoeshared.modeling_granitemoeshared.GraniteMoeSharedTopKRouter",
+        _GRANITE,
+    ),
+    "jamba": (f"{_M}.jamba.modeling_jamba.JambaTopKRouter", RouterSpec(weights_dtype="input")),
+    "minimax_m2": (f"{_M}.minimax_m2.modeling_minimax_m2.MiniMaxM2TopKRouter", _SIGMOID_ARG_BIAS),
+    "hy_v3": (f"{_M}.hy_v3.modeling_hy_v3.HYV3TopKRouter", _HY_V3),
     "phimoe": (
         f"{_M}.phimoe.modeling_phimoe.PhimoeTopKRouter",
         UnsupportedRouter(
@@ -279,3 +308,21 @@ def families_markdown() -> str:
         names = ", ".join(f"`{n}`" for n in [family, *aliases])
         rows.append(f"| {names} | `{cls}` | {spec.kind} | {describe(spec)} |")
     return "\n".join([*rows, "", *refused]) + "\n"
+
+
+def update_readme(path: str = "README.md") -> bool:
+    """Rewrite the generated family table between the README's markers; True if it changed."""
+    from pathlib import Path
+
+    readme = Path(path)
+    text = readme.read_text()
+    start, end = "<!-- families:start -->\n", "<!-- families:end -->"
+    head, rest = text.split(start, 1)
+    tail = rest.split(end, 1)[1]
+    new = head + start + families_markdown() + end + tail
+    readme.write_text(new)
+    return new != text
+
+
+if __name__ == "__main__":  # python -m rpb.router_specs: refresh the README's family table
+    print("README.md updated" if update_readme() else "README.md already up to date")

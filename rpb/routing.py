@@ -383,7 +383,7 @@ def route_deepseek_v3(
 def _scores(spec: RouterSpec, logits: Tensor) -> Tensor:
     if spec.score == "softmax":
         return F.softmax(logits, dim=-1, dtype=torch.float)
-    return logits.sigmoid()
+    return logits.float().sigmoid() if spec.score_float32 else logits.sigmoid()
 
 
 def _selection_base(
@@ -824,18 +824,36 @@ def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
             if t.dtype.is_floating_point:
                 t.copy_(0.1 * torch.randn(t.shape, generator=g))
         weight.copy_(torch.randn(weight.shape, generator=g) / math.sqrt(hdim))
-        hidden = torch.randn(_PROBE_TOKENS, hdim, generator=g).to(weight.dtype)
+        hidden = torch.randn(_PROBE_TOKENS, hdim, generator=g)
         kwargs = {}
         if spec.correction_bias_arg is not None:
             kwargs[spec.correction_bias_arg] = 0.1 * torch.randn(e, generator=g)
-        # Both modes: a router that samples while training (or otherwise changes) must not pass.
-        for training in (False, True):
-            clone.train(training)
-            with torch.random.fork_rng(devices=[]):
-                problem = _compare(clone, handle, spec, hidden, kwargs)
-            if problem is not None:
-                return problem + (" in training mode" if training else "")
+        # The router's own dtype, and bfloat16 as a model cast to it would run: dtype paths
+        # (where a cast happens) only show in low precision.
+        dtypes = [weight.dtype] + ([torch.bfloat16] if weight.dtype == torch.float32 else [])
+        for dtype in dtypes:
+            if dtype != weight.dtype:
+                clone = clone.to(dtype)
+                handle = _make_handle("probe", clone, None, spec, 0, 0)
+                if _native_fails(clone, hidden.to(dtype), kwargs):
+                    continue  # the router itself does not run in this dtype
+            # Both modes: a router that samples while training (or otherwise changes) fails.
+            for training in (False, True):
+                clone.train(training)
+                with torch.random.fork_rng(devices=[]):
+                    problem = _compare(clone, handle, spec, hidden.to(dtype), kwargs)
+                if problem is not None:
+                    where = [str(dtype).removeprefix("torch.")] + (["training"] if training else [])
+                    return f"{problem} [{', '.join(where)}]"
     return None
+
+
+def _native_fails(clone: nn.Module, hidden: Tensor, kwargs: dict[str, Tensor]) -> bool:
+    try:
+        clone(hidden, **kwargs)
+    except Exception:
+        return True
+    return False
 
 
 def _compare(

@@ -312,6 +312,9 @@ WRONG = {
     "llama4_text": ({"output": "triple"}, r"forward or output does not fit"),
     "jetmoe": ({"output": "triple"}, r"forward or output does not fit"),
     "lfm2_moe": ({"norm_eps": 0.0}, r"gate weights differ"),
+    # only visible in low precision: the probe also runs the router cast to bfloat16
+    "minimax_m2": ({"score_float32": False}, r"gate weights .*\[bfloat16\]$"),
+    "hy_v3": ({"scaling": None}, r"gate weights differ"),
 }
 
 
@@ -374,7 +377,7 @@ def test_an_unknown_router_class_is_described_by_the_check(registry):
 def test_readme_lists_the_registry_families():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- families:start -->\n", 1)[1].split("<!-- families:end -->", 1)[0]
-    assert section == families_markdown()
+    assert section == families_markdown(), "refresh it with: python -m rpb.router_specs"
     assert all(f"`{t}`" in section for t in routed_model_types())
 
 
