@@ -6,7 +6,7 @@ and a correction (expert) bias live, expert groups, normalisation, scaling, outp
 shape of the router's output. `BUILTIN_ROUTERS` describes the router classes of the transformers
 families rpb knows (keyed by class path, so no modelling module is imported until a model uses
 it); `rpb.routing.register_router` adds others, and every description is checked against the
-module's own forward before rpb routes with it (rpb.routing.check_router).
+module's own forward before rpb routes with it (rpb.router_check).
 """
 
 from __future__ import annotations

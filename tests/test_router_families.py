@@ -25,6 +25,7 @@ from rpb.architectures import (
 from rpb.config_check import ConfigError, check_config
 from rpb.methods import make_method
 from rpb.prior import RouterPrior, extract_prior
+from rpb.router_check import CHECKED, check_router
 from rpb.router_specs import (
     FAMILY_ROUTERS,
     MODEL_TYPE_ALIASES,
@@ -32,10 +33,8 @@ from rpb.router_specs import (
     routed_model_types,
 )
 from rpb.routing import (
-    _CHECKED,
     ROUTER_REGISTRY,
     RouterControl,
-    check_router,
     find_routers,
     parse_output,
     register_router,
@@ -117,7 +116,7 @@ def registry():
     yield
     ROUTER_REGISTRY.clear()
     ROUTER_REGISTRY.update(saved)
-    _CHECKED.clear()
+    CHECKED.clear()
 
 
 def test_every_registered_family_has_a_tiny_model():

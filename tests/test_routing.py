@@ -301,13 +301,14 @@ def test_build_config_accepts_head_dim_where_the_model_reads_it(tmp_path):
 
 @pytest.fixture
 def saved_registry():
-    from rpb.routing import _CHECKED, ROUTER_REGISTRY
+    from rpb.router_check import CHECKED
+    from rpb.routing import ROUTER_REGISTRY
 
     saved = dict(ROUTER_REGISTRY)
     yield
     ROUTER_REGISTRY.clear()
     ROUTER_REGISTRY.update(saved)
-    _CHECKED.clear()
+    CHECKED.clear()
 
 
 class _NoisyGate(nn.Module):
