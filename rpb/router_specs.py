@@ -251,10 +251,11 @@ def describe(spec: RouterSpec) -> str:
     """One line saying what a described router computes (for the README's family table)."""
     score = spec.score
     if spec.correction_bias is not None:
-        where = spec.correction_bias.replace("../", "MoE block's ")
-        via = f", passed in as `{spec.correction_bias_arg}`" if spec.correction_bias_arg else ""
+        path = spec.correction_bias
+        where = f"`{path[3:]}` of the MoE block" if path.startswith("../") else f"`{path}`"
+        via = "passed to the router; " if spec.correction_bias_arg else ""
         extra = " and weights" if spec.correction_in_weights else ""
-        score += f" + correction bias `{where}`{via} (selection{extra})"
+        score += f" + correction bias {where} ({via}selection{extra})"
     if spec.order == "score_topk":
         steps = [score, "top-k"]
     else:
