@@ -17,7 +17,15 @@ import torch
 from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-__all__ = ["PRETRAIN_MODEL_TYPES", "SUPPORTED_MODEL_TYPES", "build_config", "random_model"]
+from rpb.router_specs import routed_model_types
+
+__all__ = [
+    "PRETRAIN_MODEL_TYPES",
+    "SUPPORTED_MODEL_TYPES",
+    "TINY_MODEL_TYPES",
+    "build_config",
+    "random_model",
+]
 
 _COMMON: dict[str, Any] = {
     "vocab_size": 64,
@@ -269,7 +277,9 @@ _FAMILY.update(
     }
 )
 
-SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILY)
+# Every model type with a tiny config (phimoe only to show that rpb refuses it); those rpb routes.
+TINY_MODEL_TYPES: tuple[str, ...] = tuple(_FAMILY)
+SUPPORTED_MODEL_TYPES: tuple[str, ...] = tuple(t for t in _FAMILY if t in routed_model_types())
 
 # Fields the modelling code reads (getattr with a fallback) that the config class does not declare.
 # Qwen3-30B-A3B sets head_dim 128 while hidden_size / num_attention_heads is 64.
@@ -294,7 +304,7 @@ def build_config(model_type: str, **overrides: Any) -> PretrainedConfig:
     """transformers' config for `model_type` with tiny defaults; `overrides` replace any field."""
     if model_type not in _FAMILY:
         raise ValueError(
-            f"unsupported model_type {model_type!r} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            f"unsupported model_type {model_type!r} (supported: {', '.join(TINY_MODEL_TYPES)})"
         )
     config_cls = CONFIG_MAPPING[model_type]
     known = _known_keys(config_cls) | _READ_BY_MODEL.get(model_type, set())

@@ -19,6 +19,7 @@ from transformers import AutoModelForCausalLM
 from rpb.architectures import (
     PRETRAIN_MODEL_TYPES,
     SUPPORTED_MODEL_TYPES,
+    TINY_MODEL_TYPES,
     build_config,
     random_model,
 )
@@ -120,7 +121,8 @@ def registry():
 
 
 def test_every_registered_family_has_a_tiny_model():
-    assert set(_TINY_TYPE.values()) <= set(SUPPORTED_MODEL_TYPES)
+    assert set(_TINY_TYPE.values()) <= set(TINY_MODEL_TYPES)
+    assert sorted(SUPPORTED_MODEL_TYPES) == sorted(FAMILIES)
     assert set(PRETRAIN_MODEL_TYPES) < set(FAMILIES)
 
 
