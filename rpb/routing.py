@@ -910,6 +910,12 @@ class RouterControl:
         if self._bias_arg[layer] is not None:
             name, pos = self._bias_arg[layer]
             arg_bias = kwargs.get(name, args[pos] if len(args) > pos else None)
+            if arg_bias is not None and handle.correction_bias is None:
+                # the base's bias (and any routing outside this forward) would be missing
+                raise ValueError(
+                    f"router {handle.name} ({type(module).__name__}) is passed a correction bias "
+                    f"but RouterSpec.correction_bias {handle.spec.correction_bias!r} finds none"
+                )
         base_logits = None
         if self._base is not None:
             with torch.no_grad():

@@ -407,3 +407,13 @@ def test_schema_accepts_any_registered_family_for_hub_models():
     bad["models"]["tinyA"]["model_type"] = "gpt_oss"  # pretrain: only the five tiny-base types
     with pytest.raises(ConfigError, match=r"models\.tinyA\.model_type"):
         check_config(bad, schema)
+
+
+def test_a_passed_in_bias_the_description_cannot_find_is_refused(registry):
+    """LFM2's block passes its expert bias to the router: a description pointing elsewhere would
+    route the base (and everything outside the forward) without it."""
+    model = _model("lfm2_moe")
+    handle = find_routers(model)[0]
+    register_router(type(handle.module), handle.spec.replace(correction_bias="../no_such_bias"))
+    with RouterControl(model), pytest.raises(ValueError, match=r"is passed a correction bias"):
+        model(**make_batch())
