@@ -556,6 +556,8 @@ def router_logits(
     """z = W h (+ b) computed along the library's dtype path, so z0 == z bitwise when W == W0;
     `like` is the router's own logits (their dtype follows autocast and the model's dtype)."""
     h = hidden.reshape(-1, weight.shape[-1])
+    if bias is not None:
+        bias = bias.to(h.device)  # the prior's b0 lives on the CPU
     if spec.linear_float32:
         return F.linear(h.float(), weight.float(), None if bias is None else bias.float())
     if spec.logits_float32:  # linear in the compute dtype, then cast to float32
