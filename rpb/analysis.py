@@ -137,6 +137,7 @@ def routing_pass(
         model,
         base_weights=prior.base_weights if prior is not None else None,
         base_correction_bias=prior.correction_bias if prior is not None else None,
+        base_router_bias=prior.router_bias if prior is not None else None,
     )
     n_layers = control.num_layers
     counter = CoactivationCounter(n_layers, control.handles[0].num_experts)

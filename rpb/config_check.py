@@ -318,10 +318,25 @@ def _check_architecture(name: str, model_type: str, arch: Mapping[str, Any]) -> 
         )
 
 
+def _check_hub_model_type(name: str, spec: Mapping[str, Any]) -> None:
+    """A hub model may be of any family rpb routes (the registry decides, not a fixed list)."""
+    from rpb.router_specs import routed_model_types  # pure data: no torch import
+
+    model_type = spec.get("model_type")
+    known = routed_model_types()
+    if spec.get("source") == "hub" and model_type not in known:
+        hint = _suggest(str(model_type), known)
+        raise ConfigError(
+            f"models.{name}.model_type: '{model_type}' is not a family rpb routes "
+            f"({hint}known: {', '.join(known)})"
+        )
+
+
 def _cross_key_errors(config: Mapping[str, Any]) -> None:
     for name in config["models"]:
         if not MODEL_NAME.fullmatch(str(name)):
             raise ConfigError(f"models.{name}: model names may use only letters, digits and _")
+        _check_hub_model_type(name, config["models"][name])
     for name, spec in config["models"].items():
         _check_architecture(name, spec["model_type"], spec.get("architecture") or {})
     for label, entry in config["methods"].items():

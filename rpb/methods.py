@@ -184,6 +184,7 @@ class RouterMethod:
             model,
             base_weights=prior.base_weights if prior is not None else None,
             base_correction_bias=prior.correction_bias if prior is not None else None,
+            base_router_bias=prior.router_bias if prior is not None else None,
             keep_at_eval=bool(self.options.get("keep_bias_at_eval", False)),
             weight_distance=self.needs_weight_distance,
         )
@@ -296,7 +297,7 @@ class RouterMethod:
         """Records for a differentiable term; refuses logits cut off from the router weights."""
         records = self._records(control)
         if torch.is_grad_enabled() and any(
-            h.module.weight.requires_grad and not r.logits.requires_grad
+            h.weight.requires_grad and not r.logits.requires_grad
             for h, r in zip(control.handles, records, strict=True)
         ):
             # e.g. reentrant gradient checkpointing runs the first forward under no_grad

@@ -1,7 +1,8 @@
 """The router prior: what the base router is and how it routes the post-training corpus.
 
-One inference pass over the corpus records, per MoE layer, the base router weight (and DeepSeek-V3
-correction bias), the mean routing distribution, expert usage and co-activation counts. Saved as
+One inference pass over the corpus records, per MoE layer, the base router weight (and, where the
+family has them, its correction bias and router logit bias), the mean routing distribution,
+expert usage and co-activation counts. Saved as
 one .safetensors file (tensors, with the metadata JSON in the safetensors header) plus a sidecar
 .json for humans.
 """
@@ -48,7 +49,7 @@ class RouterPrior:
     """Per-MoE-layer base routing facts (L layers, E experts, hidden size H)."""
 
     base_weights: list[Tensor]  # L x [E, H] float32
-    correction_bias: list[Tensor] | None  # L x [E] float32 (DeepSeek-V3), else None
+    correction_bias: list[Tensor] | None  # L x [E] float32 (DeepSeek-V3-style), else None
     mean_probs: Tensor  # [L, E] mean routing distribution over non-pad tokens
     usage: Tensor  # [L, E] int64 top-k selection counts
     coactivation: Tensor  # [L, E, E] int64, tokens selecting both i and j; diagonal = usage
@@ -63,6 +64,7 @@ class RouterPrior:
     hidden_size: int
     kind: str
     decoder_layers: list[int] = field(default_factory=list)
+    router_bias: list[Tensor] | None = None  # L x [E] float32: b in z = W h + b (gpt_oss)
     source: str | None = field(default=None, compare=False, repr=False)  # file it was loaded from
 
     def __post_init__(self) -> None:
@@ -79,6 +81,10 @@ class RouterPrior:
             len(self.correction_bias) != L or any(b.shape != (E,) for b in self.correction_bias)
         ):
             problems.append(f"correction_bias must be {L} tensors of shape ({E},)")
+        if self.router_bias is not None and (
+            len(self.router_bias) != L or any(b.shape != (E,) for b in self.router_bias)
+        ):
+            problems.append(f"router_bias must be {L} tensors of shape ({E},)")
         for name, shape in (
             ("mean_probs", (L, E)),
             ("usage", (L, E)),
@@ -120,6 +126,8 @@ class RouterPrior:
             tensors[f"base_weight.{i}"] = w
         for i, b in enumerate(self.correction_bias or []):
             tensors[f"correction_bias.{i}"] = b
+        for i, b in enumerate(self.router_bias or []):
+            tensors[f"router_bias.{i}"] = b
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -155,6 +163,9 @@ class RouterPrior:
                 correction_bias=[tensors[f"correction_bias.{i}"] for i in range(n)]
                 if has_bias
                 else None,
+                router_bias=[tensors[f"router_bias.{i}"] for i in range(n)]
+                if "router_bias.0" in tensors
+                else None,
                 mean_probs=tensors["mean_probs"],
                 usage=tensors["usage"],
                 coactivation=tensors["coactivation"],
@@ -176,6 +187,7 @@ class RouterPrior:
             ("top_k", self.top_k, h.top_k),
             ("hidden size", self.hidden_size, h.hidden_size),
             ("routing kind", self.kind, h.kind),
+            ("router logit bias", self.router_bias is not None, h.router_bias is not None),
         ]
         bad = [
             f"{name} {ours!r} (prior) vs {theirs!r} (model)"
@@ -242,12 +254,16 @@ def extract_prior(
         model.train(was_training)
     if n_tokens == 0:
         raise ValueError("router prior extraction saw no (non-padding) tokens")
-    bias = [h.correction_bias for h in handles]
+
+    def stored(tensors: list[Tensor | None]) -> list[Tensor] | None:
+        if any(t is None for t in tensors):
+            return None
+        return [t.detach().float().cpu().reshape(-1).clone() for t in tensors]
+
     return RouterPrior(
-        base_weights=[h.module.weight.detach().float().cpu().clone() for h in handles],
-        correction_bias=None
-        if any(b is None for b in bias)
-        else [b.detach().float().cpu().clone() for b in bias],
+        base_weights=[h.weight.detach().float().cpu().clone() for h in handles],
+        correction_bias=stored([h.correction_bias for h in handles]),
+        router_bias=stored([h.router_bias for h in handles]),
         mean_probs=(prob_sums / n_tokens).float(),
         usage=counter.usage,
         coactivation=counter.counts.clone(),

@@ -1,15 +1,18 @@
 """Router control for transformers 5.x MoE models: find routers by class, route exactly as the
 library does (optionally biased or forced), and hook every router to record and steer routing.
 
-In transformers 5.x every MoE router (`mlp.gate`) returns `(router_logits, top_k_weights,
-top_k_indices)` and the experts consume exactly that tuple, so a forward hook that returns a
-replacement tuple is all it takes to bias or force routing. The routing functions below reproduce
-the library's routers bit-exactly when no bias is given (tested per architecture).
+Each router class has a `RouterSpec` (rpb.router_specs) describing what its forward computes.
+A forward hook on the router replaces its output with rpb's routing when a policy steers it; the
+output adapters turn (logits, weights, indices) into whatever the router returns (Llama-4's dense
+scores, JetMoE's expert-sorted tuple). Before rpb routes with a description, rpb checks
+it against the module's own forward on a probe batch (rpb.router_check), bit-exactly, with and
+without zero biases; a description that does not reproduce the module is refused in one line.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -23,6 +26,14 @@ from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
+from rpb.router_specs import (
+    BUILTIN_ROUTERS,
+    RouterSpec,
+    UnsupportedRouter,
+    class_path,
+    supported_families,
+)
+
 __all__ = [
     "KINDS",
     "ROUTER_REGISTRY",
@@ -30,54 +41,183 @@ __all__ = [
     "RouterHandle",
     "RouterKind",
     "RouterRecord",
+    "RouterSpec",
     "RoutingPolicy",
     "find_routers",
     "register_router",
     "route",
     "route_deepseek_v3",
     "route_softmax",
+    "route_spec",
     "routing_log_probs",
     "routing_probs",
     "selection_scores",
 ]
 
-KINDS = ("softmax", "deepseek_v3")
+KINDS = ("softmax", "deepseek_v3", "sigmoid")
+_LEGACY_KINDS = ("softmax", "deepseek_v3")
 
 
 @dataclass(frozen=True)
 class RouterKind:
-    """How a router class routes: its kind plus the small numeric quirks of its family."""
+    """The former two-kind description, kept for `register_router(cls, kind, ...)` callers."""
 
     kind: str
-    # Mixtral renormalises the top-k weights unconditionally (it has no norm_topk_prob).
     always_normalise: bool = False
-    # Mixtral returns float32 weights; Qwen/OLMoE cast them back to the logits' dtype.
     float_weights: bool = False
 
+    def to_spec(self) -> RouterSpec:
+        if self.kind == "deepseek_v3":
+            return BUILTIN_ROUTERS[class_path(DeepseekV3TopkRouter)]  # type: ignore[return-value]
+        return RouterSpec(
+            normalise=True if self.always_normalise else "norm_topk_prob",
+            weights_dtype="float32" if self.float_weights else "logits",
+        )
 
-ROUTER_REGISTRY: dict[type[nn.Module], RouterKind] = {
-    Qwen3MoeTopKRouter: RouterKind("softmax"),
-    Qwen2MoeTopKRouter: RouterKind("softmax"),
-    OlmoeTopKRouter: RouterKind("softmax"),
-    MixtralTopKRouter: RouterKind("softmax", always_normalise=True, float_weights=True),
-    DeepseekV3TopkRouter: RouterKind("deepseek_v3"),
+
+Registered = RouterSpec | UnsupportedRouter | tuple[RouterSpec, ...]
+
+# User registrations (and the five original classes); built-in families are looked up by class
+# path in rpb.router_specs.BUILTIN_ROUTERS, so their modelling code is imported only when used.
+ROUTER_REGISTRY: dict[type[nn.Module], Registered] = {
+    cls: BUILTIN_ROUTERS[class_path(cls)]  # type: ignore[misc]
+    for cls in (
+        Qwen3MoeTopKRouter,
+        Qwen2MoeTopKRouter,
+        OlmoeTopKRouter,
+        MixtralTopKRouter,
+        DeepseekV3TopkRouter,
+    )
 }
 
 
+def _auto_candidates() -> tuple[RouterSpec, ...]:
+    """Every distinct built-in description, each with the plausible weight dtypes and
+    normalisations: what `register_router(cls)` tries when the user gives no description."""
+    seen: list[RouterSpec] = []
+    for spec in BUILTIN_ROUTERS.values():
+        if not isinstance(spec, RouterSpec):
+            continue
+        variants = [spec]
+        if spec.order == "score_topk":
+            variants += [
+                spec.replace(normalise=n, weights_dtype=d)
+                for n in ("norm_topk_prob", True, False)
+                for d in ("logits", "float32", "input")
+            ]
+        for v in variants:
+            if v not in seen:
+                seen.append(v)
+    return tuple(seen)
+
+
 def register_router(
-    cls: type[nn.Module], kind: str, *, always_normalise: bool = False, float_weights: bool = False
+    cls: type[nn.Module],
+    kind: str | RouterSpec | Sequence[RouterSpec] | None = None,
+    *,
+    always_normalise: bool | None = None,
+    float_weights: bool | None = None,
+    example: nn.Module | None = None,
 ) -> None:
-    """Teach rpb another router class (its forward must follow the 5.x router contract)."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown routing kind {kind!r} (known: {', '.join(KINDS)})")
-    ROUTER_REGISTRY[cls] = RouterKind(kind, always_normalise, float_weights)
+    """Teach rpb another router class.
+
+    `kind` is a `RouterSpec` (or several: the first that reproduces the module is used), one of
+    the former kinds "softmax"/"deepseek_v3" (with `always_normalise`/`float_weights`; a flag left
+    None is chosen by the self-check), or None: try every built-in description. The description
+    is checked against the module's forward on the first router of this class rpb meets (or now,
+    on `example`), and refused in one line if it does not reproduce it bit-exactly.
+    """
+    if kind is None:
+        entry: Registered = _auto_candidates()
+    elif isinstance(kind, RouterSpec):
+        entry = kind
+    elif isinstance(kind, str):
+        if kind not in _LEGACY_KINDS:
+            raise ValueError(
+                f"unknown routing kind {kind!r} (known: {', '.join(_LEGACY_KINDS)}; "
+                "or pass a RouterSpec)"
+            )
+        if kind == "deepseek_v3" or (always_normalise is not None and float_weights is not None):
+            entry = RouterKind(kind, bool(always_normalise), bool(float_weights)).to_spec()
+        else:
+            entry = tuple(
+                RouterKind(kind, a, f).to_spec()
+                for a in ((always_normalise,) if always_normalise is not None else (False, True))
+                for f in ((float_weights,) if float_weights is not None else (False, True))
+            )
+    else:
+        entry = tuple(kind)
+        if not entry or not all(isinstance(s, RouterSpec) for s in entry):
+            raise ValueError("register_router: kind must be a RouterSpec, a list of them or None")
+    if example is not None and not isinstance(example, cls):
+        raise ValueError(f"register_router: example is a {type(example).__name__}, not a {cls}")
+    previous = ROUTER_REGISTRY.get(cls)
+    ROUTER_REGISTRY[cls] = entry
+    _forget_checks()
+    if example is not None:
+        try:
+            checked_spec(example, entry, parent=None)
+        except ValueError:  # a refused description is not left registered
+            if previous is None:
+                del ROUTER_REGISTRY[cls]
+            else:
+                ROUTER_REGISTRY[cls] = previous
+            raise
 
 
-def _kind_of(cls: type) -> RouterKind | None:
+def checked_spec(module: nn.Module, entry: Registered, parent: nn.Module | None) -> RouterSpec:
+    from rpb.router_check import checked_spec as check  # the check routes with this module
+
+    return check(module, entry, parent)
+
+
+def _forget_checks() -> None:
+    from rpb.router_check import CHECKED
+
+    CHECKED.clear()
+
+
+def _entry_of(cls: type) -> Registered | None:
     for base in cls.__mro__:  # subclasses of a registered router route the same way
         if base in ROUTER_REGISTRY:
-            return ROUTER_REGISTRY[base]
+            entry = ROUTER_REGISTRY[base]
+            # a RouterKind put straight into the registry, as the former API allowed
+            return entry.to_spec() if isinstance(entry, RouterKind) else entry
+        spec = BUILTIN_ROUTERS.get(class_path(base))
+        if spec is not None:
+            return spec
     return None
+
+
+# --------------------------------------------------------------------------- handles
+
+
+def _get_path(module: nn.Module, parent: nn.Module | None, path: str | None) -> Any:
+    if path is None:
+        return None
+    obj: Any = module
+    if path.startswith("../"):
+        obj, path = parent, path[3:]
+        if obj is None:
+            return None
+    for part in path.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+_MISSING = object()
+
+
+def _attr(module: nn.Module, value: Any, default: Any = _MISSING) -> Any:
+    """A setting's value: itself, or the router attribute it names."""
+    if not isinstance(value, str):
+        return value
+    found = getattr(module, value, default)
+    if found is _MISSING:
+        raise ValueError(f"router class {type(module).__name__} has no attribute {value!r}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -92,12 +232,28 @@ class RouterHandle:
     num_experts: int
     top_k: int
     hidden_size: int
-    spec: RouterKind = field(repr=False)
+    spec: RouterSpec = field(repr=False)
+    parent: nn.Module | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def weight(self) -> Tensor:
+        """The router weight [E, H] (wherever the family keeps it)."""
+        return _get_path(self.module, self.parent, self.spec.weight)
+
+    @property
+    def router_bias(self) -> Tensor | None:
+        """The bias inside the router logits, z = W h + b (gpt_oss), else None."""
+        return _get_path(self.module, self.parent, self.spec.router_bias)
 
     @property
     def correction_bias(self) -> Tensor | None:
-        """DeepSeek-V3's live `e_score_correction_bias` (None for softmax routers)."""
-        return getattr(self.module, "e_score_correction_bias", None)
+        """The live correction (expert) bias [E] added to the scores for selection, else None."""
+        bias = _get_path(self.module, self.parent, self.spec.correction_bias)
+        return None if bias is None else bias.reshape(-1)
+
+    @property
+    def has_correction_bias(self) -> bool:
+        return self.spec.correction_bias is not None
 
 
 def _decoder_layer_index(model: nn.Module, name: str, fallback: int) -> int:
@@ -110,33 +266,72 @@ def _decoder_layer_index(model: nn.Module, name: str, fallback: int) -> int:
     return fallback
 
 
-def find_routers(model: nn.Module) -> list[RouterHandle]:
-    """Every registered router module of `model`, in module order, found by class."""
+def _refuse(cls: type, reason: str) -> ValueError:
+    return ValueError(f"router class {cls.__name__} is not supported by rpb: {reason}")
+
+
+def _make_handle(
+    name: str, module: nn.Module, parent: nn.Module | None, spec: RouterSpec, ordinal: int, d: int
+) -> RouterHandle:
+    cls = type(module)
+    weight = _get_path(module, parent, spec.weight)
+    if not isinstance(weight, Tensor) or weight.dim() != 2:
+        raise _refuse(cls, f"no [experts, hidden] weight at {spec.weight!r} (RouterSpec.weight)")
+    rows = int(weight.shape[0])
+    n_experts = rows if spec.num_experts is None else getattr(module, spec.num_experts, rows)
+    if not isinstance(n_experts, int) or n_experts != rows:
+        # e.g. zero-compute experts: more logit columns than routed experts
+        raise _refuse(cls, f"its weight has {rows} rows but {spec.num_experts} is {n_experts}")
+    top_k = getattr(module, spec.top_k, None)
+    if not isinstance(top_k, int):
+        raise _refuse(cls, f"no integer top-k at attribute {spec.top_k!r} (RouterSpec.top_k)")
+    return RouterHandle(
+        moe_layer=ordinal,
+        decoder_layer=d,
+        name=name,
+        module=module,
+        kind=spec.kind,
+        num_experts=rows,
+        top_k=top_k,
+        hidden_size=int(weight.shape[1]),
+        spec=spec,
+        parent=parent,
+    )
+
+
+def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
+    """Every registered router module of `model`, in module order, found by class.
+
+    With `check` (the default) each router's description is first verified against the module's
+    own forward (rpb.router_check; cached per class and configuration).
+    """
     handles: list[RouterHandle] = []
+    parents: dict[str, nn.Module] = {}
     for name, module in model.named_modules():
-        spec = _kind_of(type(module))
-        if spec is None:
+        for child_name, _child in module.named_children():
+            parents[f"{name}.{child_name}" if name else child_name] = module
+        entry = _entry_of(type(module))
+        if entry is None:
             continue
-        weight = module.weight
+        if isinstance(entry, UnsupportedRouter):
+            raise _refuse(type(module), entry.reason)
+        parent = parents.get(name)
+        first = entry[0] if isinstance(entry, tuple) else entry
+        if first.parent is not None and type(parent).__name__ != first.parent:
+            continue  # the same class used outside an MoE block (JetMoE's attention experts)
+        spec = checked_spec(module, entry, parent) if check else first
         ordinal = len(handles)
         handles.append(
-            RouterHandle(
-                moe_layer=ordinal,
-                decoder_layer=_decoder_layer_index(model, name, ordinal),
-                name=name,
-                module=module,
-                kind=spec.kind,
-                num_experts=int(getattr(module, "num_experts", weight.shape[0])),
-                top_k=int(module.top_k),
-                hidden_size=int(getattr(module, "hidden_dim", weight.shape[1])),
-                spec=spec,
+            _make_handle(
+                name, module, parent, spec, ordinal, _decoder_layer_index(model, name, ordinal)
             )
         )
     if not handles:
         known = ", ".join(sorted(c.__name__ for c in ROUTER_REGISTRY))
         raise ValueError(
-            f"no MoE router found in {type(model).__name__} (known router classes: {known}; "
-            "add others with rpb.routing.register_router)"
+            f"no MoE router found in {type(model).__name__} (known router classes: {known} and "
+            f"those of the families {', '.join(supported_families())}; add others with "
+            "rpb.routing.register_router)"
         )
     return handles
 
@@ -154,29 +349,18 @@ def route_softmax(
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """Softmax top-k routing (Qwen2/3-MoE, OLMoE, Mixtral) -> (logits, weights, indices).
-
-    `logit_bias` is added to the logits before everything; `selection_bias` only to the
-    selection score (the logits); `forced_indices` [T, k] replaces the selection. Gate weights are
-    always the (biased-logit) softmax at the chosen experts.
-    """
-    if logit_bias is not None:
-        logits = logits + logit_bias.to(logits.dtype)
-    probs = F.softmax(logits, dim=-1, dtype=torch.float)
-    if forced_indices is not None:
-        indices = forced_indices
-    elif selection_bias is None:
-        indices = torch.topk(probs, top_k, dim=-1)[1]  # exactly the library's selection
-    else:
-        # Rank by biased logits, not softmax(biased logits): a large bias would saturate the
-        # softmax into ties, and softmax is monotone so the ranking is the same otherwise.
-        indices = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
-    weights = probs.gather(1, indices)
-    if norm_topk_prob:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    if not float_weights:
-        weights = weights.to(logits.dtype)
-    return logits, weights, indices
+    """Softmax top-k routing (Qwen2/3-MoE, OLMoE, Mixtral) -> (logits, weights, indices)."""
+    spec = RouterSpec(
+        normalise=norm_topk_prob, weights_dtype="float32" if float_weights else "logits"
+    )
+    return route_spec(
+        spec,
+        logits,
+        top_k,
+        logit_bias=logit_bias,
+        selection_bias=selection_bias,
+        forced_indices=forced_indices,
+    )
 
 
 def route_deepseek_v3(
@@ -192,40 +376,142 @@ def route_deepseek_v3(
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """DeepSeek-V3 sigmoid/noaux_tc routing -> (logits, weights, indices).
+    """DeepSeek-V3 sigmoid/noaux_tc routing -> (logits, weights, indices)."""
+    spec = BUILTIN_ROUTERS[class_path(DeepseekV3TopkRouter)]
+    assert isinstance(spec, RouterSpec)
+    return route_spec(
+        spec.replace(normalise=norm_topk_prob, scaling=routed_scaling_factor),
+        logits,
+        top_k,
+        correction_bias=correction_bias,
+        groups=(n_group, topk_group),
+        logit_bias=logit_bias,
+        selection_bias=selection_bias,
+        forced_indices=forced_indices,
+    )
 
-    Selection is top-k of sigmoid(logits) + correction_bias (+ `selection_bias`) within the
-    `topk_group` best groups of that same sum; weights are the sigmoid scores at the chosen
-    experts, renormalised and scaled as the library does.
+
+def _scores(spec: RouterSpec, logits: Tensor) -> Tensor:
+    if spec.score == "softmax":
+        return F.softmax(logits, dim=-1, dtype=torch.float)
+    return logits.float().sigmoid() if spec.score_float32 else logits.sigmoid()
+
+
+def _selection_base(
+    spec: RouterSpec, logits: Tensor, scores: Tensor | None, bias: Tensor | None
+) -> Tensor:
+    """The score a selection bias is added to: softmax routers without a correction bias rank
+    by their logits (a large bias would saturate the softmax into ties; the ranking is the same
+    otherwise); everything else by the score (+ correction bias) the library ranks."""
+    if spec.order == "topk_score" or (spec.score == "softmax" and bias is None):
+        return logits.float()
+    assert scores is not None
+    return scores if bias is None else scores + bias.to(scores.device)
+
+
+def _group_limit(choice: Tensor, n_group: int, topk_group: int, score: str, fill: float) -> Tensor:
+    n_experts = choice.shape[-1]
+    grouped = choice.view(-1, n_group, n_experts // n_group)
+    if score == "top2_sum":
+        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
+    else:
+        group_scores = grouped.max(dim=-1).values
+    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = (
+        group_mask.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts)
+    )
+    return choice.masked_fill(~score_mask.bool(), fill)
+
+
+def route_spec(
+    spec: RouterSpec,
+    logits: Tensor,
+    top_k: int,
+    *,
+    correction_bias: Tensor | None = None,
+    groups: tuple[int, int] | None = None,
+    normalise: bool | None = None,
+    norm_eps: float | None = None,
+    scaling: float | None = None,
+    input_dtype: torch.dtype | None = None,
+    logit_bias: Tensor | None = None,
+    selection_bias: Tensor | None = None,
+    forced_indices: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Route `logits` [T, E] as `spec` describes -> (logits, weights [T, k], indices [T, k]).
+
+    Attribute-valued settings of `spec` are given resolved (`groups` = (n_group, topk_group) or
+    None, `normalise`, `norm_eps`, `scaling`). `logit_bias` is added to the logits before
+    everything; `selection_bias` only to the selection score; `forced_indices` [T, k] replaces
+    the selection. Without biases this is, operation for operation, the library's routing.
     """
     if logit_bias is not None:
         logits = logits + logit_bias.to(logits.dtype)
-    scores = logits.sigmoid()
-    if forced_indices is not None:
-        indices = forced_indices
+    bias = None if correction_bias is None else correction_bias.reshape(-1).to(logits.device)
+    if spec.order == "score_topk":
+        scores = _scores(spec, logits)
+        if forced_indices is not None:
+            indices = forced_indices
+        else:
+            if selection_bias is None:
+                choice = scores if bias is None else scores + bias
+                fill = spec.group_fill
+            else:
+                choice = _selection_base(spec, logits, scores, bias) + selection_bias
+                fill = float("-inf")  # a bias may be negative: masked experts must stay out
+            if groups is not None:
+                choice = _group_limit(choice, groups[0], groups[1], spec.group_score, fill)
+            indices = torch.topk(choice, top_k, dim=-1, sorted=spec.sorted)[1]
+        gates = scores + bias if spec.correction_in_weights and bias is not None else scores
+        weights = gates.gather(1, indices)
     else:
-        choice = scores + correction_bias
-        if selection_bias is not None:
-            choice = choice + selection_bias
-        n_experts = choice.shape[-1]
-        group_scores = choice.view(-1, n_group, n_experts // n_group).topk(2, dim=-1)[0].sum(-1)
-        group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-        group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-        score_mask = (
-            group_mask.unsqueeze(-1)
-            .expand(-1, n_group, n_experts // n_group)
-            .reshape(-1, n_experts)
-        )
-        choice = choice.masked_fill(~score_mask.bool(), float("-inf"))
-        indices = torch.topk(choice, k=top_k, dim=-1, sorted=False)[1]
-    weights = scores.gather(1, indices)
-    if norm_topk_prob:
-        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    weights = weights * routed_scaling_factor
+        if forced_indices is not None:
+            indices = forced_indices
+        elif selection_bias is None:
+            indices = torch.topk(logits, top_k, dim=-1)[1]
+        else:
+            indices = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
+        top = logits.gather(1, indices)
+        if spec.score == "softmax":
+            weights = F.softmax(top, dim=-1, dtype=top.dtype)
+        else:
+            weights = top.float().sigmoid().to(logits.dtype)
+    do_norm = spec.normalise if normalise is None else normalise
+    if do_norm is True:
+        total = weights.sum(dim=-1, keepdim=True)
+        eps = float(spec.norm_eps if norm_eps is None else norm_eps)
+        if spec.norm_clamp:
+            weights = weights / torch.clamp(total, min=eps)
+        else:
+            weights = weights / (total + eps if eps else total)
+    factor = spec.scaling if scaling is None else scaling
+    if factor is not None and not isinstance(factor, str):
+        weights = weights * factor
+    if spec.weights_dtype == "logits":
+        weights = weights.to(logits.dtype)
+    elif spec.weights_dtype == "input":
+        weights = weights.to(input_dtype or logits.dtype)
     return logits, weights, indices
 
 
 _DEFAULT = object()
+
+
+def _settings(handle: RouterHandle) -> dict[str, Any]:
+    """The spec's attribute-valued settings, read from the live router."""
+    spec, m = handle.spec, handle.module
+    groups = None
+    if spec.groups is True or (
+        isinstance(spec.groups, tuple) and getattr(m, spec.groups[0], None) == spec.groups[1]
+    ):
+        groups = (int(getattr(m, spec.group_attrs[0])), int(getattr(m, spec.group_attrs[1])))
+    return {
+        "groups": groups,
+        "normalise": bool(_attr(m, spec.normalise, False)),  # absent flag: no renormalisation
+        "norm_eps": float(_attr(m, spec.norm_eps)),
+        "scaling": None if spec.scaling is None else float(_attr(m, spec.scaling)),
+    }
 
 
 def route(
@@ -236,46 +522,78 @@ def route(
     logit_bias: Tensor | None = None,
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
+    input_dtype: torch.dtype | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Route `logits` [T, E] the way `handle`'s router does (its live settings).
 
-    `correction_bias` overrides a DeepSeek-V3 router's own `e_score_correction_bias` (e.g. the
-    base's); it is ignored for softmax routers.
+    `correction_bias` overrides the router's own correction bias (e.g. the base's); routers
+    without one ignore it. `input_dtype`: the dtype of the router's input, for families whose
+    gate weights follow it (default: the logits' dtype).
     """
-    m = handle.module
-    if handle.kind == "softmax":
-        return route_softmax(
-            logits,
-            handle.top_k,
-            norm_topk_prob=handle.spec.always_normalise
-            or bool(getattr(m, "norm_topk_prob", False)),
-            float_weights=handle.spec.float_weights,
-            logit_bias=logit_bias,
-            selection_bias=selection_bias,
-            forced_indices=forced_indices,
-        )
     bias = handle.correction_bias if correction_bias is _DEFAULT else correction_bias
-    return route_deepseek_v3(
+    if not handle.has_correction_bias:
+        bias = None
+    return route_spec(
+        handle.spec,
         logits,
         handle.top_k,
-        correction_bias=bias.to(logits.device),
-        n_group=m.num_group,
-        topk_group=m.topk_group,
-        norm_topk_prob=m.norm_topk_prob,
-        routed_scaling_factor=m.routed_scaling_factor,
+        correction_bias=bias,
+        input_dtype=input_dtype,
         logit_bias=logit_bias,
         selection_bias=selection_bias,
         forced_indices=forced_indices,
+        **_settings(handle),
     )
 
 
+def router_logits(
+    spec: RouterSpec,
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    like: Tensor,
+) -> Tensor:
+    """z = W h (+ b) computed along the library's dtype path, so z0 == z bitwise when W == W0;
+    `like` is the router's own logits (their dtype follows autocast and the model's dtype)."""
+    h = hidden.reshape(-1, weight.shape[-1])
+    if bias is not None:
+        bias = bias.to(h.device)  # the prior's b0 lives on the CPU
+    if spec.linear_float32:
+        return F.linear(h.float(), weight.float(), None if bias is None else bias.float())
+    if spec.logits_float32:  # linear in the compute dtype, then cast to float32
+        dtype = (
+            torch.get_autocast_dtype(h.device.type)
+            if torch.is_autocast_enabled(h.device.type)
+            else h.dtype
+        )
+    else:
+        dtype = like.dtype
+    z = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+    return z.float() if spec.logits_float32 else z
+
+
 def selection_scores(kind: str, logits: Tensor, correction_bias: Tensor | None = None) -> Tensor:
-    """A router's native selection score [T, E] (float32): the logits for softmax routers (they
-    rank like log p), sigmoid(logits) + correction bias for DeepSeek-V3."""
+    """A router's native selection score [T, E] (float32) by kind: the logits for softmax
+    routers (they rank like log p), sigmoid(logits) (+ correction bias) otherwise."""
     if kind == "softmax":
         return logits.float()
     scores = logits.float().sigmoid()
     return scores if correction_bias is None else scores + correction_bias.to(scores.device)
+
+
+def handle_selection_scores(
+    handle: RouterHandle, logits: Tensor, correction_bias: Tensor | None
+) -> Tensor:
+    """The score `handle`'s router ranks experts by [T, E] (float32), what a selection bias is
+    added to: logits, or the (softmax/sigmoid) score plus the correction bias."""
+    spec = handle.spec
+    bias = (
+        correction_bias.reshape(-1)
+        if handle.has_correction_bias and correction_bias is not None
+        else None
+    )
+    scores = None if spec.order == "topk_score" else _scores(spec, logits.float())
+    return _selection_base(spec, logits, scores, bias).float()
 
 
 def routing_probs(kind: str, logits: Tensor) -> Tensor:
@@ -294,6 +612,49 @@ def routing_log_probs(kind: str, logits: Tensor) -> Tensor:
     return log_scores - torch.logsumexp(log_scores, dim=-1, keepdim=True)
 
 
+# --------------------------------------------------------------------------- output adapters
+
+
+def parse_output(spec: RouterSpec, output: Any, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """A router's native output -> (logits [T, E], weights [T, k], indices [T, k])."""
+    if spec.output == "triple":
+        logits, weights, indices = output
+        return logits, weights, indices
+    if spec.output == "scores_logits":  # Llama-4: dense [T, E] gate scores, 0 off the top-k
+        dense, logits = output
+        # Read the experts from the scores, not the logits: an earlier hook may have steered them.
+        weights, indices = torch.topk(dense, top_k, dim=1)
+        return logits, weights, indices
+    # JetMoE: (index_sorted_experts, batch_index, batch_gates, expert_size, logits)
+    order, _, batch_gates, expert_size, logits = output
+    t, n_experts = logits.shape
+    flat_gates = batch_gates.new_empty(t * top_k)
+    flat_gates[order] = batch_gates
+    sorted_experts = torch.repeat_interleave(
+        torch.arange(n_experts, device=logits.device),
+        torch.tensor(expert_size, device=logits.device),
+    )
+    flat_idx = torch.empty(t * top_k, dtype=torch.long, device=logits.device)
+    flat_idx[order] = sorted_experts
+    return logits, flat_gates.view(t, top_k), flat_idx.view(t, top_k)
+
+
+def build_output(spec: RouterSpec, logits: Tensor, weights: Tensor, indices: Tensor) -> Any:
+    """(logits, weights, indices) -> the router's own output form, built as the library does."""
+    if spec.output == "triple":
+        return logits, weights, indices
+    if spec.output == "scores_logits":
+        dense = torch.zeros_like(logits).scatter(1, indices, weights.to(logits.dtype))
+        return dense, logits
+    t, n_experts = logits.shape
+    k = indices.shape[1]
+    gates = torch.zeros(t, n_experts, dtype=weights.dtype, device=weights.device)
+    expert_size = gates.scatter(1, indices, 1).long().sum(0).tolist()
+    _, order = indices.flatten().sort(0)
+    batch_index = order.div(k, rounding_mode="trunc")
+    return order, batch_index, weights.flatten()[order], expert_size, logits
+
+
 # --------------------------------------------------------------------------- control hooks
 
 
@@ -302,14 +663,16 @@ class RouterRecord:
     """What one router saw and did in the latest forward (tokens flattened to T = batch * seq)."""
 
     layer: int
-    logits: Tensor  # [T, E] live router logits z = W h, as the library computed them (with grad)
+    logits: Tensor  # [T, E] live router logits z = W h (+ b), as the library computed them
     weights: Tensor  # [T, k] gate weights the experts received
     indices: Tensor  # [T, k] experts the tokens were sent to
-    base_logits: Tensor | None  # [T, E] z0 = W0 h on the same input (no grad), if a base is set
+    base_logits: Tensor | None  # [T, E] z0 = W0 h (+ b0) on the same input (no grad), if set
     steered: bool = False  # whether a policy replaced the router's output
-    # ||W - W0||_F^2 in float32 (with grad), taken inside the forward where FSDP has the full W;
-    # only with RouterControl(weight_distance=True).
+    # ||W - W0||_F^2 (+ ||b - b0||^2 for a router logit bias) in float32 (with grad), taken inside
+    # the forward where FSDP has the full W; only with RouterControl(weight_distance=True).
     weight_sq_dist: Tensor | None = None
+    # The correction bias the router received as a forward argument (lfm2-style), if any.
+    correction_bias: Tensor | None = field(default=None, repr=False)
 
 
 PolicyValue = Tensor | Callable[[RouterRecord], Tensor] | None
@@ -334,9 +697,11 @@ class RoutingPolicy:
 class RouterControl:
     """Forward hooks on every router: record routing, optionally bias or force it.
 
-    `base_weights` (one [E, H] tensor per MoE layer) enables base logits z0 = W0 h on the router's
-    own input; they live on this object, never on the model, so state_dict keys are unchanged.
-    For DeepSeek-V3 the base correction bias defaults to the routers' biases at construction.
+    `base_weights` (one [E, H] tensor per MoE layer) enables base logits z0 = W0 h (+ b0) on the
+    router's own input; they live on this object, never on the model, so state_dict keys are
+    unchanged. The base correction bias (`base_correction_bias`) defaults to the routers' own at
+    construction; a router logit bias b0 (gpt_oss) must come with base_weights
+    (`base_router_bias`), since the live one stops being the base's once training moves it.
     Policies apply only to routers in training mode unless `keep_at_eval`; recording always runs.
     Under gradient checkpointing the hooks fire again on recompute and simply overwrite records.
 
@@ -352,6 +717,7 @@ class RouterControl:
         base_weights: list[Tensor] | None = None,
         *,
         base_correction_bias: list[Tensor | None] | None = None,
+        base_router_bias: list[Tensor | None] | None = None,
         keep_at_eval: bool = False,
         weight_distance: bool = False,
     ) -> None:
@@ -384,7 +750,28 @@ class RouterControl:
             )
             for i, h in enumerate(self.handles)
         ]
-        self._base_bias = [None if b is None else b.detach().clone() for b in self._base_bias]
+        self._base_bias = [
+            None if b is None else b.detach().reshape(-1).clone() for b in self._base_bias
+        ]
+        if base_router_bias is not None and len(base_router_bias) != n:
+            raise ValueError(f"base_router_bias has {len(base_router_bias)} layers, not {n}")
+        self._base_router_bias: list[Tensor | None] = []
+        for i, h in enumerate(self.handles):
+            given = base_router_bias[i] if base_router_bias is not None else None
+            live = h.router_bias
+            if given is not None and live is None:
+                raise ValueError(f"base_router_bias[{i}] given but router {h.name} has no bias")
+            if given is None and live is not None and base_weights is not None:
+                # z0 = W0 h + b0 needs the base's b0; the live one would silently be wrong
+                # once training has moved it.
+                raise ValueError(
+                    f"router {h.name} ({type(h.module).__name__}) has a logit bias: pass "
+                    "base_router_bias (the prior's router_bias) with base_weights"
+                )
+            b = given if given is not None else live
+            self._base_router_bias.append(None if b is None else b.detach().clone())
+        # Forward-argument positions of correction biases passed into the router (lfm2-style).
+        self._bias_arg: list[tuple[str, int] | None] = [_arg_position(h) for h in self.handles]
         self._base_cache: dict[int, Tensor] = {}
         self._base_fp32_cache: dict[int, Tensor] = {}
         self.records: list[RouterRecord | None] = [None] * n
@@ -408,6 +795,9 @@ class RouterControl:
 
     def base_correction_bias(self, layer: int) -> Tensor | None:
         return self._base_bias[layer]
+
+    def base_router_bias(self, layer: int) -> Tensor | None:
+        return self._base_router_bias[layer]
 
     def set_policy(
         self,
@@ -435,10 +825,8 @@ class RouterControl:
 
     def base_scores(self, record: RouterRecord) -> Tensor:
         """The base router's native selection score s0 [T, E] on the record's hidden state."""
-        return selection_scores(
-            self.handles[record.layer].kind,
-            self._need_base(record),
-            self._base_bias[record.layer],
+        return handle_selection_scores(
+            self.handles[record.layer], self._need_base(record), self._base_bias[record.layer]
         )
 
     def base_topk(self, record: RouterRecord) -> Tensor:
@@ -454,7 +842,11 @@ class RouterControl:
         if not record.steered:
             return record.indices
         with torch.no_grad():
-            return route(self.handles[record.layer], record.logits.detach())[2]
+            return route(
+                self.handles[record.layer],
+                record.logits.detach(),
+                correction_bias=self._live_bias(record),
+            )[2]
 
     def remove(self) -> None:
         """Remove every hook; the model routes natively again."""
@@ -490,6 +882,9 @@ class RouterControl:
             self._base_cache[layer] = cached
         return cached
 
+    def _live_bias(self, record: RouterRecord) -> Any:
+        return _DEFAULT if record.correction_bias is None else record.correction_bias
+
     def _base_fp32(self, layer: int, device: torch.device) -> Tensor:
         # A cache of its own: `_base_on` follows the logits' dtype (bf16 under autocast).
         cached = self._base_fp32_cache.get(layer)
@@ -507,21 +902,41 @@ class RouterControl:
         module: nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        output: tuple[Tensor, Tensor, Tensor],
-    ) -> tuple[Tensor, Tensor, Tensor] | None:
+        output: Any,
+    ) -> Any:
         handle = self.handles[layer]
-        logits, weights, indices = output
+        spec = handle.spec
+        logits, weights, indices = parse_output(spec, output, handle.top_k)
+        hidden = args[0] if args else next(iter(kwargs.values()))
+        arg_bias = None
+        if self._bias_arg[layer] is not None:
+            name, pos = self._bias_arg[layer]
+            arg_bias = kwargs.get(name, args[pos] if len(args) > pos else None)
+            if arg_bias is not None and handle.correction_bias is None:
+                # the base's bias (and any routing outside this forward) would be missing
+                raise ValueError(
+                    f"router {handle.name} ({type(module).__name__}) is passed a correction bias "
+                    f"but RouterSpec.correction_bias {handle.spec.correction_bias!r} finds none"
+                )
         base_logits = None
         if self._base is not None:
-            hidden = args[0] if args else next(iter(kwargs.values()))
             with torch.no_grad():
-                # Same dtype path as the library's logits, so z0 == z bitwise when W == W0.
-                h = hidden.reshape(-1, handle.hidden_size).to(logits.dtype)
-                base_logits = F.linear(h, self._base_on(layer, logits))
+                base_logits = router_logits(
+                    spec,
+                    hidden,
+                    self._base_on(layer, logits),
+                    self._base_router_bias[layer],
+                    logits,
+                )
         record = RouterRecord(layer, logits, weights, indices, base_logits)
+        record.correction_bias = arg_bias
         if self.weight_distance:
-            w = module.weight  # the full weight here, even when FSDP shards it between forwards
-            record.weight_sq_dist = (w.float() - self._base_fp32(layer, w.device)).pow(2).sum()
+            w = handle.weight  # the full weight here, even when FSDP shards it between forwards
+            dist = (w.float() - self._base_fp32(layer, w.device)).pow(2).sum()
+            b, b0 = handle.router_bias, self._base_router_bias[layer]
+            if b is not None and b0 is not None:
+                dist = dist + (b.float() - b0.to(b.device, torch.float32)).pow(2).sum()
+            record.weight_sq_dist = dist
         self.records[layer] = record
         policy = self.policies[layer]
         if not policy.active or not (module.training or self.keep_at_eval):
@@ -539,24 +954,20 @@ class RouterControl:
         if forced is not None:
             forced = self._check_forced(forced, layer, t, handle)
         if policy.use_base_logits:
-            out = route(
-                handle,
-                self._need_base(record),
-                correction_bias=self._base_bias[layer],
-                logit_bias=logit_bias,
-                selection_bias=selection_bias,
-                forced_indices=forced,
-            )
+            source, bias = self._need_base(record), self._base_bias[layer]
         else:
-            out = route(
-                handle,
-                logits,
-                logit_bias=logit_bias,
-                selection_bias=selection_bias,
-                forced_indices=forced,
-            )
+            source, bias = logits, self._live_bias(record)
+        out = route(
+            handle,
+            source,
+            correction_bias=bias,
+            logit_bias=logit_bias,
+            selection_bias=selection_bias,
+            forced_indices=forced,
+            input_dtype=hidden.dtype,
+        )
         record.weights, record.indices, record.steered = out[1], out[2], True
-        return out
+        return build_output(spec, *out)
 
     @staticmethod
     def _check_forced(forced: Tensor, layer: int, t: int, handle: RouterHandle) -> Tensor:
@@ -574,3 +985,16 @@ class RouterControl:
                 f"forced_indices for MoE layer {layer} out of range [0, {handle.num_experts})"
             )
         return forced.long()
+
+
+def _arg_position(handle: RouterHandle) -> tuple[str, int] | None:
+    name = handle.spec.correction_bias_arg
+    if name is None:
+        return None
+    params = list(inspect.signature(handle.module.forward).parameters)
+    if name not in params:
+        raise ValueError(
+            f"router class {type(handle.module).__name__}: its forward has no argument {name!r} "
+            "(RouterSpec.correction_bias_arg)"
+        )
+    return name, params.index(name)

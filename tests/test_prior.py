@@ -128,3 +128,23 @@ def test_inconsistent_prior_is_rejected():
     prior = _extract(make_model("qwen3_moe"), [make_batch()])
     with pytest.raises(ValueError, match=r"usage shape \(2, 7\) != \(2, 8\)"):
         RouterPrior(**{**vars(prior), "usage": torch.zeros(2, 7, dtype=torch.long)})
+
+
+def test_router_logit_bias_is_stored_and_checked(tmp_path):
+    """gpt_oss routers have z = W h + b: the prior carries b0 and a model without it differs."""
+    model = random_model("gpt_oss")
+    prior = _extract(model, [make_batch()])
+    handles = find_routers(model)
+    assert all(
+        torch.equal(b, h.router_bias) for b, h in zip(prior.router_bias, handles, strict=True)
+    )
+    loaded = RouterPrior.load(prior.save(tmp_path / "prior.safetensors"))
+    assert all(
+        torch.equal(a, b) for a, b in zip(loaded.router_bias, prior.router_bias, strict=True)
+    )
+    with pytest.raises(ValueError, match=r"router_bias must be 2 tensors of shape \(8,\)"):
+        RouterPrior(**{**vars(prior), "router_bias": [torch.zeros(7)] * 2})
+    plain = _extract(make_model("qwen3_moe"), [make_batch()])
+    assert plain.router_bias is None
+    with pytest.raises(ValueError, match=r"router logit bias False \(prior\) vs True \(model\)"):
+        plain.check_compatible(model)

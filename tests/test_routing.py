@@ -297,3 +297,88 @@ def test_build_config_accepts_head_dim_where_the_model_reads_it(tmp_path):
     assert AutoConfig.from_pretrained(tmp_path).head_dim == 32
     with pytest.raises(ValueError, match="unknown olmoe config field"):
         build_config("olmoe", head_dim=32)  # its q/k norms assume hidden_size: not supported
+
+
+@pytest.fixture
+def saved_registry():
+    from rpb.router_check import CHECKED
+    from rpb.routing import ROUTER_REGISTRY
+
+    saved = dict(ROUTER_REGISTRY)
+    yield
+    ROUTER_REGISTRY.clear()
+    ROUTER_REGISTRY.update(saved)
+    CHECKED.clear()
+
+
+class _NoisyGate(nn.Module):
+    """Qwen-style softmax top-k router that, while training, selects on noisy probabilities:
+    a sampling router no top-k description reproduces."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(8, 32))
+        self.top_k, self.num_experts, self.norm_topk_prob = 2, 8, True
+
+    def forward(self, hidden: torch.Tensor):
+        logits = torch.nn.functional.linear(hidden, self.weight)
+        probs = logits.softmax(-1, dtype=torch.float)
+        choice = probs + torch.rand_like(probs) if self.training else probs
+        idx = choice.topk(2, dim=-1)[1]
+        w = probs.gather(1, idx)
+        return logits, (w / w.sum(-1, keepdim=True)).to(logits.dtype), idx
+
+
+def test_a_router_that_samples_while_training_is_refused(saved_registry):
+    from rpb.routing import RouterSpec, register_router
+
+    gate = _NoisyGate()
+    with pytest.raises(
+        ValueError,
+        match=r"^router class _NoisyGate: expert indices differ .* \[float32, training\]$",
+    ):
+        register_router(_NoisyGate, RouterSpec(normalise="norm_topk_prob"), example=gate)
+
+
+def test_register_router_rejects_unknown_kinds_and_settings(saved_registry):
+    from rpb.routing import RouterSpec, register_router
+
+    with pytest.raises(ValueError, match="unknown routing kind 'topk'"):
+        register_router(_NoisyGate, "topk")
+    with pytest.raises(
+        ValueError, match=r"RouterSpec.score must be one of \('softmax', 'sigmoid'\)"
+    ):
+        RouterSpec(score="relu")
+    with pytest.raises(ValueError, match="example is a Linear"):
+        register_router(_NoisyGate, RouterSpec(), example=nn.Linear(2, 2))
+
+
+def test_former_routing_functions_still_route_like_the_library(tiny_model, arch):
+    from rpb.routing import route_deepseek_v3, route_softmax
+
+    handle = find_routers(tiny_model)[0]
+    h = _hidden(handle)
+    with torch.no_grad():
+        logits, lib_w, lib_i = handle.module(h)
+    m = handle.module
+    if handle.kind == "softmax":
+        mixtral = ARCHS[arch][0] == "mixtral"
+        out = route_softmax(
+            logits,
+            2,
+            norm_topk_prob=mixtral or m.norm_topk_prob,
+            float_weights=mixtral,
+        )
+    else:
+        out = route_deepseek_v3(
+            logits,
+            2,
+            correction_bias=m.e_score_correction_bias,
+            n_group=m.num_group,
+            topk_group=m.topk_group,
+            norm_topk_prob=m.norm_topk_prob,
+            routed_scaling_factor=m.routed_scaling_factor,
+        )
+    got_i, got_w = _paired(out[2], out[1])
+    ref_i, ref_w = _paired(lib_i, lib_w)
+    assert torch.equal(got_i, ref_i) and torch.equal(got_w, ref_w)

@@ -1,0 +1,419 @@
+"""Every registered transformers MoE family, on a tiny random model of its own config class:
+zero-bias equivalence, the step-0 invariant of every method, anchor terms, hard routing, the
+prior, and refusals (unsupported routers, wrong descriptions) in one line."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import re
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import make_batch
+from torch import nn
+from transformers import AutoModelForCausalLM
+
+from rpb.architectures import (
+    PRETRAIN_MODEL_TYPES,
+    SUPPORTED_MODEL_TYPES,
+    TINY_MODEL_TYPES,
+    build_config,
+    random_model,
+)
+from rpb.config_check import ConfigError, check_config
+from rpb.methods import make_method
+from rpb.prior import RouterPrior, extract_prior
+from rpb.router_check import CHECKED, check_router
+from rpb.router_specs import (
+    FAMILY_ROUTERS,
+    MODEL_TYPE_ALIASES,
+    families_markdown,
+    routed_model_types,
+)
+from rpb.routing import (
+    ROUTER_REGISTRY,
+    RouterControl,
+    find_routers,
+    parse_output,
+    register_router,
+    route,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+# The tiny model type that stands for each family (text-only configs of multimodal families).
+_TINY_TYPE = {family: family for family in FAMILY_ROUTERS} | {
+    f: alias for alias, f in MODEL_TYPE_ALIASES.items()
+}
+FAMILIES = [_TINY_TYPE[f] for f in FAMILY_ROUTERS if f != "phimoe"]
+
+# Every method variant that must compute exactly the base model's outputs at step 0 (all but
+# rpb_marginal and bias_on: logits, which bias routing by design).
+STEP0_EXACT = [
+    ("none", {}),
+    ("lbl", {}),
+    ("rpb", {}),
+    ("rpb", {"keep_bias_at_eval": True}),
+    ("rpb_adaptive", {}),
+    ("anchor_weight", {}),
+    ("anchor_logit", {}),
+    ("anchor_kl", {}),
+    ("hard", {}),
+    ("hard", {"gate_from": "base"}),
+]
+
+
+@functools.cache
+def _base(model_type: str) -> nn.Module:
+    return random_model(model_type, seed=0)
+
+
+def _model(model_type: str) -> nn.Module:
+    return copy.deepcopy(_base(model_type))
+
+
+@functools.cache
+def _prior(model_type: str) -> RouterPrior:
+    batches = [make_batch(seed=s) for s in range(2)]
+    return extract_prior(
+        _base(model_type), batches, model_id="tiny", revision="r0", corpus_hash="0", progress=False
+    )
+
+
+def _perturb(model: nn.Module, seed: int = 1) -> None:
+    """Move every router weight (and logit bias) away from the base, as fine-tuning would."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for h in find_routers(model):
+            for t in (h.weight, h.router_bias):
+                if t is not None:
+                    t.add_(0.5 * t.std() * torch.randn(t.shape, generator=g))
+
+
+def _paired(indices: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    order = indices.argsort(dim=-1)
+    return indices.gather(1, order), weights.gather(1, order)
+
+
+def _mask(indices: torch.Tensor, n_experts: int) -> torch.Tensor:
+    return torch.zeros(indices.shape[0], n_experts, dtype=torch.bool).scatter(1, indices, True)
+
+
+def _sent(spec, output, top_k: int) -> torch.Tensor:
+    """[T, E] which experts a router's output sends each token to, read from the output itself
+    (Llama-4's dense scores are nonzero exactly at the chosen experts)."""
+    if spec.output == "scores_logits":
+        return output[0] != 0
+    logits, _, indices = parse_output(spec, output, top_k)
+    return _mask(indices, logits.shape[1])
+
+
+@pytest.fixture
+def registry():
+    """Restores rpb's router registry after a test that registers classes."""
+    saved = dict(ROUTER_REGISTRY)
+    yield
+    ROUTER_REGISTRY.clear()
+    ROUTER_REGISTRY.update(saved)
+    CHECKED.clear()
+
+
+def test_every_registered_family_has_a_tiny_model():
+    assert set(_TINY_TYPE.values()) <= set(TINY_MODEL_TYPES)
+    assert sorted(SUPPORTED_MODEL_TYPES) == sorted(FAMILIES)
+    assert set(PRETRAIN_MODEL_TYPES) < set(FAMILIES)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_zero_bias_routing_is_the_library_routing(model_type):
+    model = _model(model_type).train()
+    batch = make_batch()
+    handles = find_routers(model)
+    assert len(handles) == 2 and {(h.num_experts, h.top_k) for h in handles} == {(8, 2)}
+    ref = model(**batch).logits
+    base = [h.weight for h in handles]
+    router_bias = [h.router_bias for h in handles]
+    with RouterControl(model, base, base_router_bias=router_bias) as control:
+        model(**batch)
+        native = [(r.logits, r.weights, r.indices) for r in control.records]
+        zeros = torch.zeros(8)
+        control.set_policy(logit_bias=zeros, selection_bias=lambda r: torch.zeros_like(r.logits))
+        out = model(**batch).logits
+        for h, rec, (z, w, i) in zip(handles, control.records, native, strict=True):
+            assert rec.steered and torch.equal(rec.base_logits, rec.logits)  # z0 == z at W == W0
+            # rpb's routing of the library's logits is the library's routing, bit for bit
+            arg = {} if rec.correction_bias is None else {"correction_bias": rec.correction_bias}
+            _, w2, i2 = route(h, z, **arg)
+            for got in (_paired(i2, w2), _paired(rec.indices, rec.weights)):
+                assert all(torch.equal(a, b) for a, b in zip(got, _paired(i, w), strict=True))
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "granitemoe", "glm4_moe", "jetmoe"])
+def test_zero_bias_routing_is_exact_in_bfloat16(model_type):
+    model = _model(model_type).to(torch.bfloat16).train()
+    batch = make_batch()
+    ref = model(**batch).logits
+    handles = find_routers(model)
+    base = [h.weight for h in handles]
+    with RouterControl(model, base, base_router_bias=[h.router_bias for h in handles]) as control:
+        control.set_policy(selection_bias=torch.zeros(8))
+        out = model(**batch).logits
+        assert all(torch.equal(r.base_logits, r.logits) for r in control.records)
+    assert torch.equal(out, ref)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_step0_every_method_computes_the_base_outputs(model_type):
+    model, prior, batch = _model(model_type), _prior(model_type), make_batch()
+    for training in (True, False):
+        model.train(training)
+        ref = model(**batch).logits
+        for name, options in STEP0_EXACT:
+            with make_method(name, **options).attach(model, prior) as method:
+                out = model(**batch).logits
+                method.router_loss(batch["attention_mask"])
+            assert torch.equal(out, ref), (name, options, training)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_anchor_terms_are_zero_at_step0_and_pull_after_a_perturbation(model_type):
+    model, prior, batch = _model(model_type).train(), _prior(model_type), make_batch()
+    for name in ("anchor_weight", "anchor_logit", "anchor_kl"):
+        with make_method(name).attach(model, prior) as method:
+            model(**batch)
+            assert method.router_loss(batch["attention_mask"]).item() == 0.0, name
+    _perturb(model)
+    for name in ("anchor_weight", "anchor_logit", "anchor_kl"):
+        model.zero_grad()
+        with make_method(name).attach(model, prior) as method:
+            model(**batch)
+            loss = method.router_loss(batch["attention_mask"])
+            assert loss.item() > 0, name
+            loss.backward()
+        for h in find_routers(model):
+            assert h.weight.grad is not None and h.weight.grad.abs().sum() > 0, name
+            if h.router_bias is not None and name != "anchor_logit":
+                assert h.router_bias.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_hard_sends_exactly_the_base_top_k(model_type):
+    model, prior, batch = _model(model_type).train(), _prior(model_type), make_batch()
+    _perturb(model)
+    base_handles = find_routers(_base(model_type))
+    seen = {}
+
+    def spy(layer, module, args, kwargs, output):
+        seen[layer] = (args[0] if args else next(iter(kwargs.values())), kwargs, args, output)
+
+    with make_method("hard").attach(model, prior) as method:
+        handles = method.control.handles
+        # registered after rpb's hooks, so they see what the experts receive
+        spies = [
+            h.module.register_forward_hook(functools.partial(spy, i), with_kwargs=True)
+            for i, h in enumerate(handles)
+        ]
+        model(**batch)
+        moved = False
+        for i, (h, bh) in enumerate(zip(handles, base_handles, strict=True)):
+            hidden, kwargs, args, output = seen[i]
+            sent = _sent(h.spec, output, h.top_k)
+            with torch.no_grad():
+                # the base router itself, natively, on the same input (incl. a forward-arg bias)
+                own = _sent(bh.spec, bh.module(hidden, *args[1:], **kwargs), bh.top_k)
+            assert torch.equal(sent, own), i
+            live = method.control.live_topk(method.control.records[i])
+            moved |= not torch.equal(_mask(live, own.shape[1]), own)
+        for s in spies:
+            s.remove()
+    assert moved  # the perturbed live router would have chosen differently somewhere
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "llama4_text", "jetmoe"])
+def test_a_second_control_records_what_the_first_one_sent(model_type):
+    """Evaluation routing plus analysis hooks: the recorder must read the steered output."""
+    model, batch = _model(model_type).train(), make_batch()
+    t = batch["input_ids"].numel()
+    forced = (torch.arange(t)[:, None] * 3 + torch.arange(2)) % 8
+    with RouterControl(model) as steer, RouterControl(model) as recorder:
+        steer.set_policy(forced_indices=forced)
+        model(**batch)
+        for rec in recorder.records:
+            assert torch.equal(rec.indices.sort(-1)[0], forced.sort(-1)[0])
+            assert not rec.steered
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_prior_extraction_and_loading(model_type, tmp_path):
+    model, prior = _model(model_type), _prior(model_type)
+    handles = find_routers(model)
+    assert prior.kind == handles[0].kind and prior.num_layers == 2
+    for w, h in zip(prior.base_weights, handles, strict=True):
+        assert torch.equal(w, h.weight.float())
+    for field, attr in (("correction_bias", "correction_bias"), ("router_bias", "router_bias")):
+        live = [getattr(h, attr) for h in handles]
+        stored = getattr(prior, field)
+        assert (stored is None) == (live[0] is None), field
+        if stored is not None:
+            assert all(torch.equal(a, b.float()) for a, b in zip(stored, live, strict=True))
+    assert torch.allclose(prior.mean_probs.sum(-1), torch.ones(2))
+    assert (prior.usage.sum(-1) == prior.n_tokens * prior.top_k).all()
+    loaded = RouterPrior.load(prior.save(tmp_path / "prior.safetensors"))
+    assert loaded.meta == prior.meta
+    for name in ("base_weights", "correction_bias", "router_bias"):
+        a, b = getattr(loaded, name), getattr(prior, name)
+        assert (a is None) == (b is None) and all(
+            torch.equal(x, y) for x, y in zip(a or [], b or [], strict=True)
+        )
+    loaded.check_compatible(model)
+
+
+def test_a_router_bias_needs_the_base_bias():
+    """gpt_oss: z0 = W0 h + b0; without b0, z0 would drop or misplace the bias silently."""
+    model = _model("gpt_oss")
+    handles = find_routers(model)
+    with pytest.raises(ValueError, match=r"GptOssTopKRouter\) has a logit bias: pass base_rou"):
+        RouterControl(model, [h.weight for h in handles])
+
+
+def test_unsupported_router_is_refused_in_one_line():
+    model = AutoModelForCausalLM.from_config(build_config("phimoe"))
+    for call in (
+        lambda: find_routers(model),
+        lambda: make_method("rpb").attach(model, _prior("qwen3_moe")),
+    ):
+        with pytest.raises(ValueError) as err:
+            call()
+        msg = str(err.value)
+        assert "\n" not in msg
+        assert msg.startswith("router class PhimoeTopKRouter is not supported by rpb: ")
+        assert "sparsemixer" in msg
+
+
+def test_more_logit_columns_than_experts_is_refused():
+    model = _model("qwen3_moe")
+    find_routers(model)[0].module.num_experts = 6  # e.g. zero-compute experts
+    with pytest.raises(ValueError, match=r"Qwen3MoeTopKRouter .*weight has 8 rows but num_exp"):
+        find_routers(model)
+
+
+# family -> (a wrong description, what the one-line refusal must say)
+WRONG = {
+    "qwen3_5_moe_text": ({"normalise": "norm_topk_prob"}, r"gate weights differ \(max \|diff\| "),
+    "gpt_oss": ({"router_bias": None}, r"router logits differ from the module's \(max \|diff\| "),
+    "ernie4_5_moe": ({"correction_bias": None}, r"expert indices differ on \d+/64 probe tokens"),
+    "deepseek_v2": ({"groups": False}, r"expert indices differ on \d+/64 probe tokens"),
+    "granitemoe": ({"order": "score_topk"}, r"gate weights differ"),
+    "minimax": ({"weights_dtype": "logits", "normalise": False}, r"gate weights differ"),
+    "glm4_moe": ({"scaling": None}, r"gate weights differ"),
+    "hunyuan_v1_moe": ({"weight": "weight"}, r"no \[experts, hidden\] weight at 'weight'"),
+    "llama4_text": ({"output": "triple"}, r"forward or output does not fit"),
+    "jetmoe": ({"output": "triple"}, r"forward or output does not fit"),
+    "lfm2_moe": ({"norm_eps": 0.0}, r"gate weights differ"),
+    # only visible in low precision: the probe also runs the router cast to bfloat16
+    "minimax_m2": ({"score_float32": False}, r"gate weights .*\[bfloat16\]$"),
+    "hy_v3": ({"scaling": None}, r"gate weights differ"),
+}
+
+
+@pytest.mark.parametrize("model_type", list(WRONG))
+def test_a_wrong_description_is_refused_in_one_line(model_type, registry):
+    model = _model(model_type)
+    handle = find_routers(model)[0]
+    changes, message = WRONG[model_type]
+    cls = type(handle.module)
+    register_router(cls, handle.spec.replace(**changes))
+    with pytest.raises(ValueError) as err:
+        find_routers(model)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"router class {cls.__name__}: ")
+    assert re.search(message, msg), msg
+    with pytest.raises(ValueError, match=message):
+        make_method("rpb").attach(model, _prior(model_type))
+
+
+def test_the_check_picks_the_settings_that_reproduce_the_module(registry):
+    """The former flags a user had to guess: qwen3_5_moe renormalises unconditionally."""
+    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
+
+    model = _model("qwen3_5_moe_text")
+    register_router(Qwen3_5MoeTopKRouter, "softmax")  # flags left to the check
+    assert find_routers(model)[0].spec.normalise is True
+    register_router(Qwen3_5MoeTopKRouter, "softmax", always_normalise=False, float_weights=False)
+    with pytest.raises(ValueError, match="Qwen3_5MoeTopKRouter: gate weights differ"):
+        find_routers(model)
+
+
+def test_an_unknown_router_class_is_described_by_the_check(registry):
+    """A router class the registry has never seen, with its weight under another name and a
+    logit bias: register_router without a description tries the built-in ones (and weight
+    locations) and keeps the one that reproduces the module."""
+
+    class CustomGate(nn.Module):
+        def __init__(self, hidden: int = 32, experts: int = 8, top_k: int = 2) -> None:
+            super().__init__()
+            self.w_gate = nn.Parameter(torch.randn(experts, hidden))
+            self.bias = nn.Parameter(torch.zeros(experts))
+            self.top_k, self.num_experts = top_k, experts
+
+        def forward(self, hidden: torch.Tensor):
+            logits = nn.functional.linear(hidden, self.w_gate, self.bias)
+            probs = logits.softmax(-1, dtype=torch.float)
+            top, idx = probs.topk(self.top_k, dim=-1)
+            return logits, (top / top.sum(-1, keepdim=True)).to(logits.dtype), idx
+
+    gate = CustomGate()
+    register_router(CustomGate, example=gate)
+    assert isinstance(ROUTER_REGISTRY[CustomGate], tuple)  # candidates; the check picks:
+    chosen = find_routers(nn.ModuleDict({"gate": gate}))[0].spec
+    assert (chosen.weight, chosen.router_bias, chosen.normalise) == ("w_gate", "bias", True)
+    assert check_router(gate, chosen) is None
+    with pytest.raises(ValueError, match=r"CustomGate: rpb's router logits differ"):
+        check_router(gate, chosen.replace(router_bias=None))
+
+
+def test_readme_lists_the_registry_families():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- families:start -->\n", 1)[1].split("<!-- families:end -->", 1)[0]
+    assert section == families_markdown(), "refresh it with: python -m rpb.router_specs"
+    assert all(f"`{t}`" in section for t in routed_model_types())
+
+
+def test_schema_accepts_any_registered_family_for_hub_models():
+    schema = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+    raw = yaml.safe_load(schema.read_text())
+    pretrain = raw["$defs"]["model"]["allOf"][0]["then"]["properties"]["model_type"]["enum"]
+    assert sorted(pretrain) == sorted(PRETRAIN_MODEL_TYPES)
+
+    def config_with(model_type: str) -> dict:
+        config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+        config["models"]["hubmodel"] = {
+            "family": "A",
+            "source": "hub",
+            "model_type": model_type,
+            "hf_id": "someone/some-moe",
+            "revision": "0" * 40,
+        }
+        return config
+
+    for model_type in routed_model_types():
+        check_config(config_with(model_type), schema)
+    with pytest.raises(ConfigError, match=r"^models\.hubmodel\.model_type: 'phimoe' is not a fam"):
+        check_config(config_with("phimoe"), schema)
+    bad = config_with("qwen3_moe")
+    bad["models"]["tinyA"]["model_type"] = "gpt_oss"  # pretrain: only the five tiny-base types
+    with pytest.raises(ConfigError, match=r"models\.tinyA\.model_type"):
+        check_config(bad, schema)
+
+
+def test_a_passed_in_bias_the_description_cannot_find_is_refused(registry):
+    """LFM2's block passes its expert bias to the router: a description pointing elsewhere would
+    route the base (and everything outside the forward) without it."""
+    model = _model("lfm2_moe")
+    handle = find_routers(model)[0]
+    register_router(type(handle.module), handle.spec.replace(correction_bias="../no_such_bias"))
+    with RouterControl(model), pytest.raises(ValueError, match=r"is passed a correction bias"):
+        model(**make_batch())
