@@ -10,30 +10,12 @@ import math
 import pytest
 import torch
 from conftest import SOFTMAX_ARCHS, make_batch, make_model, perturb_routers
+from method_variants import STEP0_EXACT
 from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
 
 from rpb.methods import GRADIENT_PATHS, METHODS, anneal_factor, make_method, switch_lbl
 from rpb.prior import extract_prior
 from rpb.routing import RouterControl, find_routers
-
-# Every method variant that must compute exactly the base model's outputs at step 0.
-STEP0_EXACT = [
-    ("none", {}),
-    ("lbl", {}),
-    ("rpb", {}),
-    ("rpb", {"keep_bias_at_eval": True}),
-    ("rpb_interp", {}),
-    ("rpb_interp", {"strength": 1.0}),
-    ("rpb_anneal", {}),
-    ("rpb_anneal", {"schedule": "linear", "bias_on": "logits", "strength": 0.0}),
-    ("rpb_adaptive", {}),
-    ("anchor_weight", {}),
-    ("anchor_logit", {}),
-    ("anchor_kl", {}),
-    ("hard", {}),
-    ("hard", {"gate_from": "base"}),
-    ("hard", {"keep_bias_at_eval": False}),
-]
 
 
 def _prior(model):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from conftest import make_batch
+from method_variants import STEP0_EXACT
 from torch import nn
 from transformers import AutoModelForCausalLM
 
@@ -51,18 +52,6 @@ FAMILIES = [_TINY_TYPE[f] for f in FAMILY_ROUTERS if f != "phimoe"]
 
 # Every method variant that must compute exactly the base model's outputs at step 0 (all but
 # rpb_marginal and bias_on: logits, which bias routing by design).
-STEP0_EXACT = [
-    ("none", {}),
-    ("lbl", {}),
-    ("rpb", {}),
-    ("rpb", {"keep_bias_at_eval": True}),
-    ("rpb_adaptive", {}),
-    ("anchor_weight", {}),
-    ("anchor_logit", {}),
-    ("anchor_kl", {}),
-    ("hard", {}),
-    ("hard", {"gate_from": "base"}),
-]
 
 
 @functools.cache
