@@ -45,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rpb.specs import EVAL_SETS
+
 GENERATOR_VERSION = "1"
 
 # --- alphabets (single source of truth for the tokenizer) --------------------------------------
@@ -98,8 +100,9 @@ DOMAIN_TOKENS: dict[str, tuple[str, ...]] = {
     "math": (*DIGITS, *MATH_WORDS, MATH_MARK),
     "math2": (*DIGITS, *MATH2_WORDS, MATH2_MARK),
 }
-PRETRAIN_DOMAINS = ("addition", "facts", "reverse", "sort", "grammar")
-POST_TASKS = ("math", "math2")
+# The names come from rpb.specs, which the config check and the rules read too.
+PRETRAIN_DOMAINS = EVAL_SETS["ood"]
+POST_TASKS = EVAL_SETS["in_domain"]
 EVAL_TASKS = (*PRETRAIN_DOMAINS, *POST_TASKS)
 MEMORISED_TASKS = ("facts",)  # eval probes training knowledge by design; see module docstring
 HELD_OUT_TASKS = tuple(t for t in EVAL_TASKS if t not in MEMORISED_TASKS)
