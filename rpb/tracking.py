@@ -171,6 +171,18 @@ def scrub(params: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
+def scrub_tree(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`scrub`, nested again (for a config artifact): what `scrub` keeps, in the original shape."""
+    tree: dict[str, Any] = {}
+    for key, value in scrub(params).items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
+
+
 def read_run_id(output_dir: Path) -> str | None:
     """The MLflow run id a finished job recorded beside its outputs, if any."""
     path = Path(output_dir) / RUN_FILE
@@ -393,7 +405,11 @@ def start_invocation(
     }
     run = client.create_run(experiment_id, run_name=f"{INVOCATION_STAGE}/{stamp}", tags=tags)
     run_id = run.info.run_id
-    _log_params_batched(client, run_id, config)
+    # A few params (every config key would crowd the job runs' params in the UI's menus); the
+    # whole config is the run's artifact config.json.
+    picked = {k: config[k] for k in ("scale", "results_dir", "seeds") if k in config}
+    _log_params_batched(client, run_id, {**picked, "configfiles": files})
+    client.log_dict(run_id, scrub_tree(config), "config.json")
     evaluation = config.get("evaluation") or {}
     payload = {
         "run_id": run_id,
