@@ -60,11 +60,11 @@ PROJECT_NOTE = (
     "router methods (none, load balancing, anchors, RPB, ...) are post-trained on a base MoE and "
     "compared on in-domain and out-of-domain accuracy and on how much of the base's expert "
     "co-activation structure they keep.\n\n"
-    "One parent run per `snakemake` invocation (`invocation/<time>`); inside it one run per job, "
-    "named `{stage}/{model}/{method}/seed{seed}`. Table 1 in the UI: filter "
-    "`params.stage = 'eval'` or group the runs by `method` and read the columns `in_domain`, "
-    "`ood_mean`, `ood_<task>` (eval runs) and `community_nmi`, `coact_cosine`, "
-    "`topk_overlap_with_base` (analysis runs)."
+    "One parent run per `snakemake` invocation (`invocation/<UTC time>`); every job's run is "
+    "nested under it, named `{stage}/{model}/{method}/seed{seed}`. Table 1 here: Chart view, "
+    "Group by, `method` (the param): the bars of `in_domain`, `ood_mean`, `ood_<task>`, "
+    "`community_nmi`, `coact_cosine` and `topk_overlap_with_base` are table 1's columns per "
+    "method (means over seeds)."
 )
 
 
