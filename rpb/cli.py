@@ -182,7 +182,6 @@ def cmd_train(args: argparse.Namespace) -> None:
         else contextlib.nullcontext()
     )
     with run:
-        log_datasets([args.corpus], "training")
         summary = posttrain(
             base_dir=args.base,
             prior_path=args.prior,
@@ -194,6 +193,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
         if main:
             mlflow.log_artifact(str(args.out / "train_history.json"))
+            log_datasets([args.corpus], "training")
             log.info("post-training done: %s", summary["final"])
 
 
@@ -230,7 +230,6 @@ def cmd_eval(args: argparse.Namespace) -> None:
     from rpb.tracking import eval_sets, log_datasets, log_eval_summary
 
     with _model_job_run(args, "eval"):
-        log_datasets(eval_sets(args.eval_dir, args.tasks), "evaluation")
         result = evaluate_model(
             args.model,
             args.eval_dir,
@@ -247,6 +246,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
         }
         mlflow.log_metrics(scores)
         log_eval_summary(result, args.corpus_name)
+        log_datasets(eval_sets(args.eval_dir, args.tasks), "evaluation")
         mlflow.log_artifact(str(args.out))
 
 
@@ -257,7 +257,6 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     from rpb.tracking import eval_sets, log_analysis_summary, log_datasets
 
     with _model_job_run(args, "analysis"):
-        log_datasets(eval_sets(args.eval_dir, args.tasks), "probe")
         summary = analyze_model(
             model_dir=args.model,
             base_dir=args.base,
@@ -269,6 +268,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
             trust_remote_code=args.trust_remote_code,
         )
         log_analysis_summary(summary)
+        log_datasets(eval_sets(args.eval_dir, args.tasks), "probe")
         mlflow.log_artifact(str(args.out))
 
 

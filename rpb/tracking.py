@@ -597,7 +597,8 @@ def jsonl_dataset(path: Path) -> Any:
     from mlflow.data.sources import LocalArtifactDatasetSource
 
     path = Path(path)
-    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    with path.open("rb") as f:
+        sha = hashlib.file_digest(f, "sha256").hexdigest()
     found = _manifest_entry(path)
     name = path.stem
     if found is not None:
@@ -613,7 +614,8 @@ def jsonl_dataset(path: Path) -> Any:
 def log_datasets(paths: Iterable[Path | str | None], context: str) -> list[str]:
     """Log each existing JSONL file in `paths` as an input dataset of the active run (`context`:
     training, prior, evaluation, probe); returns the names logged. Others (lm-eval's own tasks at
-    paper scale) are skipped; no active run (a non-main rank): nothing."""
+    paper scale) are skipped; no active run (a non-main rank): nothing. Jobs call it after their
+    work, so a malformed file is reported by the loader that names its line."""
     import mlflow
 
     if mlflow.active_run() is None:
