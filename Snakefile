@@ -22,6 +22,31 @@ include: "workflow/rules/tables.smk"
 include: "workflow/rules/diagnostics.smk"
 
 
+# One MLflow parent run per invocation that runs jobs (not for dry runs or "nothing to be done").
+onstart:
+    from rpb.tracking import start_invocation
+
+    start_invocation(
+        TRACKING_INVOCATION,
+        TRACKING_URI,
+        EXPERIMENT,
+        config=config,
+        configfiles=workflow.overwrite_configfiles or [],
+    )
+
+
+onsuccess:
+    from rpb.tracking import end_invocation
+
+    end_invocation(TRACKING_INVOCATION, "FINISHED")
+
+
+onerror:
+    from rpb.tracking import end_invocation
+
+    end_invocation(TRACKING_INVOCATION, "FAILED")
+
+
 rule all:
     default_target: True
     input:

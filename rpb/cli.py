@@ -86,7 +86,7 @@ def cmd_corpora(args: argparse.Namespace) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.tracking import tracked_run
+    from rpb.tracking import log_datasets, tracked_run
     from rpb.training import TrainSpec, pretrain
 
     spec = TrainSpec.from_dict(args.spec)
@@ -118,6 +118,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
             out_dir=args.out,
         )
         mlflow.log_artifact(str(args.out / "train_history.json"))
+        log_datasets([args.corpus], "training")
         log.info("pretraining done: %s", summary["final"])
 
 
@@ -125,7 +126,7 @@ def cmd_prior(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.analysis import extract_prior_from_corpus
-    from rpb.tracking import tracked_run
+    from rpb.tracking import log_datasets, tracked_run
 
     parents = _lineage(base=_run_dir_of(args.model), corpora=args.corpus.parent.parent)
     with tracked_run(
@@ -146,6 +147,7 @@ def cmd_prior(args: argparse.Namespace) -> None:
             trust_remote_code=args.trust_remote_code,
         )
         mlflow.log_metrics({"tokens": float(prior.meta["n_tokens"])})
+        log_datasets([args.corpus], "prior")
         mlflow.log_artifact(str(args.out.with_suffix(".json")))
 
 
@@ -154,7 +156,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     (the others have none, so their metric logging is a no-op) and writes outputs."""
     import mlflow
 
-    from rpb.tracking import tracked_run
+    from rpb.tracking import log_datasets, tracked_run
     from rpb.training import MethodSpec, TrainSpec, is_main_process, posttrain
 
     if args.trainable is not None:  # overrides the spec's `trainable` (posttrain.trainable)
@@ -193,6 +195,7 @@ def cmd_train(args: argparse.Namespace) -> None:
         )
         if main:
             mlflow.log_artifact(str(args.out / "train_history.json"))
+            log_datasets([args.corpus], "training")
             log.info("post-training done: %s", summary["final"])
 
 
@@ -226,7 +229,7 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
 def _model_job_run(args: argparse.Namespace, stage: str):
     """The MLflow run of a job that reads one trained model (eval, analysis), with lineage to the
     training run that made it and its run record beside the job's output."""
-    from rpb.tracking import tracked_run
+    from rpb.tracking import model_job_params, tracked_run
 
     return tracked_run(
         stage=stage,
@@ -234,7 +237,15 @@ def _model_job_run(args: argparse.Namespace, stage: str):
         method=args.label,
         seed=args.seed,
         corpus=args.corpus_name,
-        params={"tasks": args.tasks, "limit": args.limit, "model_dir": str(args.model)},
+        params=model_job_params(
+            model=args.name,
+            method=args.label,
+            seed=args.seed,
+            corpus=args.corpus_name,
+            model_dir=args.model,
+            tasks=args.tasks,
+            limit=args.limit,
+        ),
         parents=_lineage(trained=_run_dir_of(args.model)),
         run_dir=args.out.parent / f"{args.out.stem}.run",
         **_track_kwargs(args),
@@ -245,6 +256,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.evaluation import evaluate_model
+    from rpb.tracking import eval_sets, log_datasets, log_eval_summary
 
     with _model_job_run(args, "eval"):
         result = evaluate_model(
@@ -262,6 +274,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
             for task, entry in result["tasks"].items()
         }
         mlflow.log_metrics(scores)
+        log_eval_summary(result, args.corpus_name)
+        log_datasets(eval_sets(args.eval_dir, args.tasks), "evaluation")
         mlflow.log_artifact(str(args.out))
 
 
@@ -269,6 +283,7 @@ def cmd_analyze(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.analysis import analyze_model
+    from rpb.tracking import eval_sets, log_analysis_summary, log_datasets
 
     with _model_job_run(args, "analysis"):
         summary = analyze_model(
@@ -281,7 +296,8 @@ def cmd_analyze(args: argparse.Namespace) -> None:
             out_json=args.out,
             trust_remote_code=args.trust_remote_code,
         )
-        mlflow.log_metrics({f"mean.{k}": float(v) for k, v in summary["mean"].items()})
+        log_analysis_summary(summary)
+        log_datasets(eval_sets(args.eval_dir, args.tasks), "probe")
         mlflow.log_artifact(str(args.out))
 
 

@@ -1,9 +1,14 @@
-"""MLflow tracking: one run per pipeline job, named and tagged for lineage (DESIGN section 7).
+"""MLflow tracking: one run per pipeline job, named and tagged for lineage, nested under one
+parent run per `snakemake` invocation (docs/tracking.md).
 
 The store defaults to a sqlite file under `results/`; `MLFLOW_TRACKING_URI` or the config's
 `tracking.uri` override it. A fresh sqlite store must be created by one process before jobs fan out
 (concurrent first use races on schema migrations), which `init_store` does. Every job writes the id
 of its run next to its outputs (`mlflow_run.json`) so downstream jobs can tag what they consumed.
+
+Snakemake's onstart creates the invocation's parent run (`start_invocation`) and records it in a
+file under the results folder, which every job of that invocation reads (`current_invocation`),
+also on other nodes of a cluster; onsuccess/onerror end it (`end_invocation`).
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +45,27 @@ SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bbearer\s+\S+", re.IGNORECASE
 # Tags naming the process of a run, so a rerun can tell a dead job's run from a live one.
 HOST_TAG, PID_TAG, JOB_DIR_TAG = "rpb.host", "rpb.pid", "rpb.job_dir"
 END_REASON_TAG = "rpb.end_reason"
+# MLflow's own tags: the experiment kind the UI opens an experiment with ("custom_model_development"
+# is its "Machine learning" kind: the runs table of the "Model training" view, not GenAI traces),
+# descriptions (experiment and run), and nesting.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+NOTE_TAG = "mlflow.note.content"
+PARENT_RUN_TAG = "mlflow.parentRunId"
+# Where a job finds its invocation's record (set by the workflow for every job it starts).
+INVOCATION_ENV = "RPB_MLFLOW_INVOCATION"
+INVOCATION_STAGE = "invocation"
+PROJECT_NOTE = (
+    'rpb reproduces the MoE post-training paper "Router Prior Bias" (arXiv:2609.08115): '
+    "router methods (none, load balancing, anchors, RPB, ...) are post-trained on a base MoE and "
+    "compared on in-domain and out-of-domain accuracy and on how much of the base's expert "
+    "co-activation structure they keep.\n\n"
+    "One parent run per `snakemake` invocation (`invocation/<UTC time>`); every job's run is "
+    "nested under it, named `{stage}/{model}/{method}/seed{seed}`. Table 1 here: Chart view, "
+    "Group by, `method` (the param): the bars of `in_domain`, `ood_mean`, `ood_<task>`, "
+    "`community_nmi`, `coact_cosine` and `topk_overlap_with_base` are table 1's columns per "
+    "method (means over seeds)."
+)
 
 
 class JobTerminated(SystemExit):
@@ -61,17 +89,29 @@ def artifact_location(uri: str) -> str | None:
     return (Path(uri[len(prefix) :]).parent / "mlartifacts").resolve().as_uri()
 
 
-def init_store(uri: str, experiment: str = DEFAULT_EXPERIMENT) -> str:
-    """Create the store's schema and the experiment from this one process; returns its id."""
+def init_store(uri: str, experiment: str = DEFAULT_EXPERIMENT, note: str | None = None) -> str:
+    """Create the store's schema and the experiment from this one process; returns its id.
+
+    The experiment is a model-training one (`EXPERIMENT_KIND_TAG`), so the UI opens its runs
+    table; `note` (default `PROJECT_NOTE`) becomes its description. An existing experiment gets the
+    kind if it has none (a kind set in the UI stays) and `note` if one is given.
+    """
     import mlflow
 
-    mlflow.set_tracking_uri(uri)
-    found = mlflow.get_experiment_by_name(experiment)
-    experiment_id = (
-        found.experiment_id
-        if found
-        else mlflow.create_experiment(experiment, artifact_location=artifact_location(uri))
-    )
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        experiment_id = client.create_experiment(
+            experiment,
+            artifact_location=artifact_location(uri),
+            tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING_KIND, NOTE_TAG: note or PROJECT_NOTE},
+        )
+    else:
+        experiment_id = found.experiment_id
+        if EXPERIMENT_KIND_TAG not in found.tags:
+            client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+        if note or NOTE_TAG not in found.tags:
+            client.set_experiment_tag(experiment_id, NOTE_TAG, note or PROJECT_NOTE)
     log.info(
         "MLflow store ready at %s (experiment %s = %s)", redact_uri(uri), experiment, experiment_id
     )
@@ -129,6 +169,18 @@ def scrub(params: Mapping[str, Any]) -> dict[str, Any]:
 
     walk("", params)
     return flat
+
+
+def scrub_tree(params: Mapping[str, Any]) -> dict[str, Any]:
+    """`scrub`, nested again (for a config artifact): what `scrub` keeps, in the original shape."""
+    tree: dict[str, Any] = {}
+    for key, value in scrub(params).items():
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree
 
 
 def read_run_id(output_dir: Path) -> str | None:
@@ -248,6 +300,9 @@ def tracked_run(
     for role, run_id in (parents or {}).items():
         if run_id:
             tags[f"parent.{role}"] = run_id
+    invocation = current_invocation(mlflow.get_tracking_uri(), found.experiment_id)
+    if invocation:
+        tags[PARENT_RUN_TAG] = invocation["run_id"]
     run = mlflow.start_run(run_name=name, tags=tags)
     try:
         with _sigterm_raises():
@@ -269,3 +324,310 @@ def tracked_run(
                 json.dumps({"run_id": run.info.run_id, "name": name}) + "\n"
             )
         mlflow.end_run(status="FINISHED")
+
+
+# --- the invocation's parent run ----------------------------------------------------------------
+
+
+def _log_params_batched(client: Any, run_id: str, params: Mapping[str, Any]) -> None:
+    """Log params through `log_batch`, 100 at a time (MLflow's per-request limit)."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in scrub(params).items()]
+    for start in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[start : start + 100])
+
+
+def start_invocation(
+    record: Path,
+    uri: str,
+    experiment: str = DEFAULT_EXPERIMENT,
+    *,
+    config: Mapping[str, Any] | None = None,
+    configfiles: Sequence[str] = (),
+    command: Sequence[str] | None = None,
+) -> str | None:
+    """Open the parent run of one pipeline invocation and write `record` (JSON: run id, store,
+    experiment, and the config's evaluation split that eval jobs summarise with); returns the id.
+
+    Called once, from Snakemake's onstart (one process, before any job: it also creates a fresh
+    store). A record left by an invocation that never reached onsuccess/onerror (Snakemake
+    SIGKILLed) names a run still RUNNING: it is marked KILLED first. Without mlflow in
+    Snakemake's own environment (jobs in conda environments) it says so and returns None: the
+    jobs' runs are then not nested.
+    """
+    try:
+        import mlflow
+    except ImportError:
+        print(
+            "rpb: mlflow is not importable where Snakemake runs: no invocation run", file=sys.stderr
+        )
+        return None
+
+    config = dict(config or {})
+    command = list(sys.argv if command is None else command)
+    record = Path(record)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    stale = read_invocation(record)
+    if stale and stale.get("tracking_uri") == uri:
+        with contextlib.suppress(Exception):  # a record of a store since deleted
+            if client.get_run(stale["run_id"]).info.status == "RUNNING":
+                client.set_tag(
+                    stale["run_id"],
+                    END_REASON_TAG,
+                    "found RUNNING by the next invocation: Snakemake ended without its handlers",
+                )
+                client.set_terminated(stale["run_id"], status="KILLED")
+    files = ", ".join(["config/config.yaml", *map(str, configfiles)])
+    chash = config_hash(config)
+    note = (
+        f"{PROJECT_NOTE}\n\nLatest invocation: config {files} (scale {config.get('scale', '-')}, "
+        f"config_hash {chash}), results in {config.get('results_dir', 'results')}."
+    )
+    experiment_id = init_store(uri, experiment, note=note)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    tags = {
+        "stage": INVOCATION_STAGE,
+        "model": "-",
+        "method": "-",
+        "seed": "-",
+        "corpus": "-",
+        "git_commit": git_commit(),
+        "config_hash": chash,
+        "configfiles": files,
+        HOST_TAG: socket.gethostname(),
+        PID_TAG: str(os.getpid()),
+        NOTE_TAG: (
+            f"`{' '.join(command)}`\n\nConfig: {files} (config_hash {chash}). Each job of this "
+            "invocation is a child run; jobs whose outputs were up to date did not run and "
+            "are found under the invocation that made them."
+        ),
+    }
+    run = client.create_run(experiment_id, run_name=f"{INVOCATION_STAGE}/{stamp}", tags=tags)
+    run_id = run.info.run_id
+    # A few params (every config key would crowd the job runs' params in the UI's menus); the
+    # whole config is the run's artifact config.json.
+    picked = {k: config[k] for k in ("scale", "results_dir", "seeds") if k in config}
+    _log_params_batched(client, run_id, {**picked, "configfiles": files})
+    client.log_dict(run_id, scrub_tree(config), "config.json")
+    evaluation = config.get("evaluation") or {}
+    payload = {
+        "run_id": run_id,
+        "tracking_uri": uri,
+        "experiment": experiment,
+        "experiment_id": experiment_id,
+        "summary": {
+            "ood": list(evaluation.get("ood") or []),
+            "corpus_tasks": dict(evaluation.get("corpus_tasks") or {}),
+        },
+    }
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(record)  # jobs never read half a record
+    log.info("invocation run %s (%s)", run_id, redact_uri(uri))
+    return run_id
+
+
+def read_invocation(record: Path) -> dict[str, Any] | None:
+    """The invocation record at `record`, or None if there is none."""
+    try:
+        return json.loads(Path(record).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def current_invocation(uri: str | None = None, experiment_id: str | None = None) -> dict | None:
+    """The record of the invocation this job belongs to (`INVOCATION_ENV` names its file), if it
+    is for the same store and experiment; None for a job started by hand."""
+    path = os.environ.get(INVOCATION_ENV)
+    record = read_invocation(Path(path)) if path else None
+    if not record:
+        return None
+    if uri is not None and record.get("tracking_uri") != uri:
+        return None
+    if experiment_id is not None and record.get("experiment_id") != experiment_id:
+        return None
+    return record
+
+
+def end_invocation(record: Path, status: str = "FINISHED") -> str | None:
+    """End the parent run `record` names with `status` (Snakemake's onsuccess: FINISHED, onerror:
+    FAILED), tag it with its jobs' statuses, and remove the record; returns the run id."""
+    found = read_invocation(Path(record))
+    if not found:
+        return None
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=found["tracking_uri"])
+    run_id = found["run_id"]
+    children = client.search_runs(
+        [found["experiment_id"]],
+        filter_string=f"tags.`{PARENT_RUN_TAG}` = '{run_id}'",
+        max_results=50000,
+    )
+    counts: dict[str, int] = {}
+    for child in children:
+        counts[child.info.status] = counts.get(child.info.status, 0) + 1
+    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs"
+    client.set_tag(run_id, "rpb.jobs", summary)
+    client.set_terminated(run_id, status=status)
+    Path(record).unlink(missing_ok=True)
+    log.info("invocation run %s ended %s (%s)", run_id, status, summary)
+    return run_id
+
+
+# --- what eval and analysis runs carry, for comparing methods in the UI -------------------------
+
+
+def model_job_params(
+    *,
+    model: str,
+    method: str,
+    seed: int | str,
+    corpus: str,
+    model_dir: Path,
+    **extra: Any,
+) -> dict[str, Any]:
+    """Params of a job reading one trained model (eval, analysis): which model, method (label),
+    kind, strength and options, corpus and seed, so the UI groups and compares runs by them.
+
+    Kind, strength and options come from the training job's record beside the model
+    (`train_history.json`: what it actually trained with); the base is kind `base`.
+    """
+    spec: dict[str, Any] = {}
+    history = Path(model_dir).parent / "train_history.json"
+    if method != "base" and history.is_file():
+        spec = json.loads(history.read_text()).get("method") or {}
+    strength = spec.get("strength")
+    return {
+        "model": model,
+        "method": method,
+        "kind": spec.get("name", method),
+        "strength": "-" if strength is None else strength,
+        "options": json.dumps(spec.get("options") or {}, sort_keys=True),
+        "corpus": corpus,
+        "seed": seed,
+        **extra,
+        "model_dir": str(model_dir),
+    }
+
+
+def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]) -> dict:
+    """Table 1's accuracy columns for one evaluation output (percent): `in_domain` (the corpus's
+    in-domain items pooled), `ood_<task>` for each OOD task and `ood_mean`, computed by the same
+    functions as table 1 (rpb.tables), so that table 1's cell is the mean of these over seeds.
+    A task the output lacks leaves its metric (and `ood_mean`) out, with a warning."""
+    import numpy as np
+
+    from rpb.tables import exact_match_items, in_domain_items
+
+    where = Path(f"<eval {corpus}>")
+    metrics: dict[str, float] = {}
+    try:
+        metrics["in_domain"] = 100.0 * float(
+            in_domain_items(dict(result), dict(spec), corpus, where).mean()
+        )
+    except ValueError as err:
+        log.warning("no in_domain metric: %s", err)
+    ood = []
+    for task in spec.get("ood", []):
+        try:
+            score = 100.0 * float(exact_match_items(dict(result), task, where).mean())
+        except ValueError as err:
+            log.warning("no ood_%s metric: %s", task, err)
+            continue
+        metrics[f"ood_{task}"] = score
+        ood.append(score)
+    if ood and len(ood) == len(spec.get("ood", [])):
+        metrics["ood_mean"] = float(np.mean(ood))
+    return metrics
+
+
+def log_eval_summary(result: Mapping[str, Any], corpus: str) -> dict[str, float]:
+    """Log `eval_summary` to the active run, with the invocation's evaluation split (the config's
+    `evaluation.ood` and `corpus_tasks`); a job started by hand has none and logs only its
+    per-task scores."""
+    import mlflow
+
+    invocation = current_invocation()
+    if mlflow.active_run() is None or not invocation:
+        log.info("no invocation record: table 1's summary metrics are not logged")
+        return {}
+    metrics = eval_summary(result, corpus, invocation["summary"])
+    mlflow.log_metrics(metrics)
+    return metrics
+
+
+def log_analysis_summary(summary: Mapping[str, Any]) -> dict[str, float]:
+    """Log an analysis output's layer means under table 1's column names (`community_nmi`,
+    `coact_cosine`, `modularity`, `topk_overlap_with_base`, ...); non-finite values are left out,
+    as table 1 shows them empty."""
+    import math
+
+    import mlflow
+
+    metrics = {k: float(v) for k, v in summary["mean"].items() if math.isfinite(float(v))}
+    if mlflow.active_run() is not None:
+        mlflow.log_metrics(metrics)
+    return metrics
+
+
+# --- datasets ------------------------------------------------------------------------------------
+
+
+def _manifest_entry(path: Path) -> tuple[Path, dict[str, Any]] | None:
+    """The data folder's `manifest.json` entry for `path` (its root and the entry), if listed."""
+    for root in Path(path).resolve().parents[:3]:
+        manifest = root / "manifest.json"
+        if manifest.is_file():
+            files = json.loads(manifest.read_text()).get("files", {})
+            key = Path(path).resolve().relative_to(root).as_posix()
+            if key in files:
+                return root, files[key]
+    return None
+
+
+def jsonl_dataset(path: Path) -> Any:
+    """An MLflow dataset of one JSONL file: its rows (schema and row count in the UI), named by
+    its place in the data folder (`post/math`, `eval/addition`), its digest the file's sha256 as
+    the corpora manifest records it (first 36 hex digits: MLflow's limit)."""
+    import mlflow.data
+    import pandas as pd
+    from mlflow.data.sources import LocalArtifactDatasetSource
+
+    path = Path(path)
+    with path.open("rb") as f:
+        sha = hashlib.file_digest(f, "sha256").hexdigest()
+    found = _manifest_entry(path)
+    name = path.stem
+    if found is not None:
+        root, entry = found
+        name = path.resolve().relative_to(root).with_suffix("").as_posix()
+        if entry.get("sha256") not in (None, sha):
+            log.warning("%s: sha256 %s, but the manifest records %s", path, sha, entry["sha256"])
+    frame = pd.read_json(path, lines=True, dtype=False)
+    source = LocalArtifactDatasetSource(str(path.resolve()))
+    return mlflow.data.from_pandas(frame, source=source, name=name, digest=sha[:36])
+
+
+def log_datasets(paths: Iterable[Path | str | None], context: str) -> list[str]:
+    """Log each existing JSONL file in `paths` as an input dataset of the active run (`context`:
+    training, prior, evaluation, probe); returns the names logged. Others (lm-eval's own tasks at
+    paper scale) are skipped; no active run (a non-main rank): nothing. Jobs call it after their
+    work, so a malformed file is reported by the loader that names its line."""
+    import mlflow
+
+    if mlflow.active_run() is None:
+        return []
+    files = [Path(p) for p in paths if p is not None and Path(p).suffix == ".jsonl"]
+    datasets = [jsonl_dataset(p) for p in files if p.is_file()]
+    if datasets:
+        n = len(datasets)
+        mlflow.log_inputs(datasets=datasets, contexts=[context] * n, tags_list=[None] * n)
+    return [d.name for d in datasets]
+
+
+def eval_sets(eval_dir: Path, tasks: Iterable[str]) -> list[Path]:
+    """The JSONL eval sets of `tasks` in `eval_dir` (`<task>.jsonl`)."""
+    return [Path(eval_dir) / f"{task}.jsonl" for task in tasks]

@@ -304,7 +304,8 @@ def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
 
     if mlflow.active_run() is None:
         return
-    finite = {k.replace("/", "."): v for k, v in metrics.items() if math.isfinite(v)}
+    # Names as in train_history.json ("layer0/kl_to_base"): MLflow accepts "/".
+    finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
     mlflow.log_metrics(finite, step=step)
 
 

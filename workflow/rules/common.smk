@@ -24,6 +24,11 @@ TRACKING_URI = (
 )
 EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
+# The record of this invocation's parent MLflow run (Snakefile's onstart writes it, its jobs nest
+# their runs under it, onsuccess/onerror remove it). A file under the results folder reaches jobs
+# on other nodes too; the variable tells them where it is (a job's Snakemake parses this again).
+TRACKING_INVOCATION = os.path.abspath(f"{RESULTS}/.mlflow_invocation.json")
+os.environ["RPB_MLFLOW_INVOCATION"] = TRACKING_INVOCATION
 # Paper scale adds tiktoken (Moonlight's tokenizer) and lm-eval's math extra: envs/paper.yaml.
 CONDA_ENV = (
     "../../envs/paper.yaml" if config["scale"] == "paper" else "../../envs/rpb.yaml"

@@ -1,0 +1,485 @@
+"""Browser check: what a researcher sees in MLflow's UI and in Snakemake's report, rendered by a
+real (headless) Chromium. Not part of the test suite: it needs a browser and a smoke results folder.
+
+    snakemake --cores 1 --configfile config/smoke.yaml --config results_dir=/tmp/rpb_smoke \\
+        -- /tmp/rpb_smoke/table1.csv
+    python bench/browser_check.py --results /tmp/rpb_smoke      # screenshots to docs/img/
+
+It builds `<results>/report.html` (`snakemake --report`, table 1's target), starts `mlflow server`
+on 127.0.0.1 against `<results>/mlflow.db`, and drives a fresh Chromium profile (Debian's
+`chromium`, installed with apt-get if missing and possible, else the check is skipped with a
+message) through the DevTools protocol over aiohttp's websocket (a dependency of mlflow), with real
+mouse clicks. From the rendered DOM it asserts that
+
+1. the experiment opens in the model-training view and its description names the project;
+2. each invocation is one row whose expander shows the job runs nested under it;
+3. grouping the chart view by `method` (the README's three clicks) gives one group per method of
+   table 1, and the compare page of table 1's eval and analysis runs shows table1.csv's numbers;
+4. report.html lists table 1 and its figure, and shows both when opened.
+
+Screenshots go to `--out` (docs/img/). The server is stopped with SIGINT (SIGTERM orphans its
+workers). Exit status: 0 passed or skipped, 1 a check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WINDOW = (1600, 1000)
+
+
+class CheckFailed(AssertionError):
+    """One of the browser checks did not hold."""
+
+
+def check(condition: Any, what: str) -> None:
+    if not condition:
+        raise CheckFailed(what)
+    print(f"ok   {what}")
+
+
+# --- the browser ----------------------------------------------------------------------------------
+
+
+def find_chromium() -> str | None:
+    """Debian's chromium, installed with apt-get when missing (as root); None if it cannot be."""
+    found = shutil.which("chromium")
+    if found or os.geteuid() != 0 or not shutil.which("apt-get"):
+        return found
+    print("chromium is missing: apt-get install chromium", flush=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for cmd in (
+        ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
+        ["apt-get", "update"],
+        ["apt-get", "install", "-y", "--no-install-recommends", "chromium"],
+    ):
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if cmd[1] == "install" and done.returncode == 0:
+            break
+    return shutil.which("chromium")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=5) as response:
+        return json.load(response)
+
+
+class Page:
+    """One browser tab, driven through the DevTools protocol."""
+
+    def __init__(self, ws: Any):
+        self.ws, self.calls = ws, 0
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.calls += 1
+        await self.ws.send_json({"id": self.calls, "method": method, "params": params})
+        while True:
+            message = await self.ws.receive_json()
+            if message.get("id") == self.calls:
+                if "error" in message:
+                    raise RuntimeError(f"{method}: {message['error']}")
+                return message["result"]
+
+    async def js(self, expression: str) -> Any:
+        result = await self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression[:80]}: {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    async def goto(self, url: str) -> None:
+        await self.call("Page.navigate", url=url)
+
+    async def text(self) -> str:
+        return await self.js("document.body ? document.body.innerText : ''") or ""
+
+    async def wait_for(self, expression: str, timeout: float = 60) -> Any:
+        """The value of `expression` once truthy (polled), or None after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(RuntimeError):
+                value = await self.js(expression)
+                if value:
+                    return value
+            await asyncio.sleep(0.5)
+        return None
+
+    async def wait_text(self, text: str, timeout: float = 60) -> bool:
+        script = f"document.body && document.body.innerText.includes({json.dumps(text)})"
+        return bool(await self.wait_for(script, timeout))
+
+    async def click(self, element: str) -> None:
+        """A real mouse click (press and release) at the centre of the element `element` (a JS
+        expression) evaluates to; menus that open on pointer-down need one."""
+        box = await self.js(
+            f"(() => {{ const e = ({element}); if (!e) return null;"
+            " e.scrollIntoView({block: 'center'}); const r = e.getBoundingClientRect();"
+            " return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        if not box:
+            raise CheckFailed(f"nothing to click: {element}")
+        x, y = box
+        for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
+            extra = {"button": "left", "clickCount": 1} if kind != "mouseMoved" else {}
+            await self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, **extra)
+        await asyncio.sleep(1.0)
+
+    async def screenshot(self, path: Path) -> None:
+        shot = await self.call("Page.captureScreenshot", format="png")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(base64.b64decode(shot["data"]))
+        print(f"     screenshot {path}")
+
+
+@contextlib.contextmanager
+def chromium(binary: str) -> Iterator[str]:
+    """A headless Chromium with a fresh profile; yields its first tab's DevTools websocket URL."""
+    profile = Path(tempfile.mkdtemp(prefix="rpb-chromium-"))
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            binary,
+            *CHROMIUM_FLAGS,
+            f"--user-data-dir={profile}",
+            f"--remote-debugging-port={port}",
+            f"--window-size={WINDOW[0]},{WINDOW[1]}",
+            "about:blank",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            with contextlib.suppress(OSError, ValueError):
+                pages = [
+                    t
+                    for t in _get_json(f"http://127.0.0.1:{port}/json/list")
+                    if t["type"] == "page"
+                ]
+                if pages:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise CheckFailed("chromium did not start")
+            time.sleep(0.2)
+        yield pages[0]["webSocketDebuggerUrl"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+# --- the MLflow server ---------------------------------------------------------------------------
+
+
+def _live_members(group: int) -> list[int]:
+    """Processes of process group `group` that are not zombies."""
+    live = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == group and fields[0] != "Z":
+                live.append(int(stat.parent.name))
+    return live
+
+
+@contextlib.contextmanager
+def mlflow_server(store: str, port: int) -> Iterator[str]:
+    """`mlflow server` on 127.0.0.1:`port` against `store`, without its GenAI job runners (seven
+    more processes); stopped with SIGINT, which it forwards to its workers."""
+    mlflow = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow) if mlflow.exists() else "mlflow", "server", "--backend-store-uri", store]
+    cmd += ["--host", "127.0.0.1", "--port", str(port), "--workers", "1"]
+    env = dict(os.environ, MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false")
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while not _healthy(url):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise CheckFailed(f"mlflow server did not start: {log.read()[-2000:]!r}")
+                time.sleep(0.5)
+            yield url
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise CheckFailed("mlflow server ignored SIGINT for 60 s") from None
+            left = _live_members(proc.pid)
+            if left:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise CheckFailed(f"mlflow server's workers {left} outlived it after SIGINT")
+            print("ok   mlflow server stopped by SIGINT, no worker left")
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+# --- what the checks read -------------------------------------------------------------------------
+
+
+def store_facts(results: Path) -> dict[str, Any]:
+    """Experiment id, invocation runs, and table 1's eval/analysis run ids, from the store."""
+    import pandas as pd
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rpb")
+    if experiment is None:
+        raise CheckFailed(f"{results / 'mlflow.db'} has no experiment 'rpb'")
+    runs = client.search_runs([experiment.experiment_id], max_results=5000)
+    table = pd.read_csv(results / "table1.csv")
+    latest: dict[str, Any] = {}
+    for run in sorted(runs, key=lambda r: r.info.start_time):
+        if run.info.status == "FINISHED":
+            latest[run.info.run_name] = run
+    meta = json.loads((results / "table1.meta.json").read_text())
+    table1_runs = []
+    for method in table["method"]:
+        for seed in [0] if method == "base" else meta["seeds"]:
+            for stage in ("eval", "analysis"):
+                table1_runs.append(latest[f"{stage}/{meta['model']}/{method}/seed{seed}"])
+    return {
+        "experiment_id": experiment.experiment_id,
+        "invocations": [r for r in runs if r.data.tags.get("stage") == "invocation"],
+        "jobs": [r for r in runs if r.data.tags.get("stage") != "invocation"],
+        "table": table,
+        "table1_runs": table1_runs,
+        "meta": meta,
+    }
+
+
+def build_report(results: Path, configfile: str) -> Path:
+    """`snakemake --report` for table 1's target of `results` (reads the outputs, runs nothing)."""
+    report = results / "report.html"
+    cmd = [sys.executable, "-m", "snakemake", "--report", str(report)]
+    cmd += ["--configfile", configfile, "--config", f"results_dir={results}"]
+    cmd += ["--", str(results / "table1.csv")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0 or not report.is_file():
+        raise CheckFailed(f"snakemake --report failed:\n{done.stderr[-3000:]}")
+    return report
+
+
+# --- the checks -----------------------------------------------------------------------------------
+
+BUTTONS = "[...document.querySelectorAll('button')]"
+RUN_NAMES = "[...document.querySelectorAll('a[href*=\"/runs/\"]')].map(a => a.innerText.trim())"
+EXPANDERS = "document.querySelectorAll('button[data-component-id*=\"runnamecellrenderer\"]')"
+
+
+async def close_assistant(page: Page) -> None:
+    """Close MLflow's assistant side panel if it shows (it takes a third of every screenshot)."""
+    close = (
+        "document.querySelector('button[data-component-id=\"mlflow.assistant.chat_panel.close\"]')"
+    )
+    if await page.wait_for(f"!!{close}", 10):
+        await page.click(close)
+
+
+async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -> None:
+    experiment = facts["experiment_id"]
+    # What a first visit shows: the experiment link `mlflow ui` users click, no URL parameters.
+    await page.goto(f"{url}/#/experiments/{experiment}")
+    await page.wait_text("Router Prior Bias")
+    await asyncio.sleep(2)
+    print(f"     a fresh browser profile lands on {await page.js('location.hash')}")
+    await page.goto(f"{url}/#/experiments/{experiment}/runs?workflowType=machine_learning")
+    listed = await page.wait_for(f"{RUN_NAMES}.some(n => n.startsWith('invocation/'))")
+    check(listed, "the model-training runs table lists invocations")
+    check(
+        "Router Prior Bias" in await page.text(), "the experiment's description names the project"
+    )
+    await close_assistant(page)
+    names = await page.js(RUN_NAMES)
+    top = [n for n in names if n.startswith("invocation/")]
+    check(len(top) == len(facts["invocations"]), f"one row per invocation ({len(top)})")
+    job = next(r.info.run_name for r in facts["jobs"] if r.data.tags.get("stage") == "eval")
+    if job not in names:  # collapsed: expand the first invocation, as a user would
+        await page.click(f"{EXPANDERS}[0]")
+    shown = await page.wait_for(f"{RUN_NAMES}.includes({json.dumps(job)})", 20)
+    check(shown, "expanding an invocation shows its job runs")
+    nested = await page.js(RUN_NAMES)
+    check(len(nested) > len(top), f"job runs nested under their invocation ({len(nested)} rows)")
+    await page.screenshot(out / "mlflow_runs_nested.png")
+
+    # Table 1 in three clicks: chart view, Group by, method (a param of eval and analysis runs).
+    await page.click("document.querySelector('input[value=CHART]').closest('label')")
+    await page.click(f"{BUTTONS}.find(b => b.innerText.trim().startsWith('Group by'))")
+    # The menu lists Attributes, Tags, then Params; `method` is both a tag and a param: the last.
+    await page.click(
+        "[...document.querySelectorAll('[role=menuitemcheckbox]')]"
+        ".filter(e => e.innerText.trim() === 'method').pop()"
+    )
+    await page.js("document.activeElement && document.activeElement.blur()")
+    await page.call("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape")
+    methods = list(facts["table"]["method"])
+    groups = json.dumps([f"Group: {m}" for m in methods])
+    grouped = await page.wait_for(f"{groups}.every(g => document.body.innerText.includes(g))", 20)
+    check(grouped, f"grouped by method: one group per method of table 1 {methods}")
+    search = "document.querySelector('input[placeholder=\"Search metric charts\"]')"
+    check(await page.wait_for(f"!!{search}", 10), "the chart view has its metric search")
+    for metric in ("in_domain", "coact_cosine"):  # the smoke models score 0 in-domain
+        await page.click(search)
+        await page.js(f"{search}.select()")
+        await page.call("Input.insertText", text=metric)
+        title = "[...document.querySelectorAll('*')].some(e => e.children.length === 0"
+        shown = await page.wait_for(f"{title} && e.textContent.trim() === {json.dumps(metric)})")
+        check(shown, f"the chart of {metric} by method shows")
+    # The bars' labels are the groups' means over their runs: table 1's column, to 2 decimals.
+    wanted = sorted(f"{v:.2f}" for v in facts["table"]["coact_cosine"])
+    bars = "[...document.querySelectorAll('text.bartext')].map(e => e.textContent.trim()).sort()"
+    compact = json.dumps(wanted, separators=(",", ":"))
+    same = await page.wait_for(f"JSON.stringify({bars}) === {json.dumps(compact)}", 20)
+    shown = "" if same else f": the bars read {await page.js(bars)}"
+    check(same, f"the bars give table 1's coact_cosine per method {wanted}{shown}")
+    await page.screenshot(out / "mlflow_table1_by_method.png")
+
+    # The compare page of table 1's runs: every param and metric table 1 needs, side by side.
+    ids = json.dumps([r.info.run_id for r in facts["table1_runs"]]).replace(" ", "")
+    await page.goto(f"{url}/#/compare-runs?runs={ids}&experiments=[%22{experiment}%22]")
+    check(await page.wait_text("ood_mean"), "the compare page of table 1's runs opens")
+    text = await page.text()
+    ood = [c for c in facts["table"].columns if c.startswith("ood_")]
+    wanted = ["kind", "strength", "options", "seed", "in_domain", *ood]
+    wanted += ["community_nmi", "coact_cosine", "modularity"]
+    missing = [name for name in wanted if name not in text]
+    check(not missing, f"the compare page lists table 1's params and metrics (missing: {missing})")
+
+
+async def check_report(page: Page, report: Path, results: Path, out: Path) -> None:
+    await page.goto(report.resolve().as_uri())
+    link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === {!r})"
+    check(await page.wait_for("!!" + link.format("Results")), "report.html opens")
+    category = None
+    # The report's menu moves while it renders, so a click at a position can hit its neighbour:
+    # its links are clicked as elements.
+    for _ in range(5):
+        await page.js(f"{link.format('Results')}.click()")
+        category = await page.wait_for("!!" + link.format("Table 1"), 4)
+        if category:
+            break
+    check(category, "report.html has the category Table 1")
+    await page.js(f"{link.format('Table 1')}.click()")
+    rows = "[...document.querySelectorAll('tr')]"
+    files = await page.wait_for(f"{rows}.map(r => r.cells[0].innerText.trim()).slice(1)", 10)
+    names = sorted(Path(f).name for f in files or [])
+    check(names == ["table1.csv", "table1_coactivation.png"], f"Table 1 lists {names}")
+    # The table travels in the report as a data: link; it must be table1.csv, byte for byte.
+    href = await page.js(
+        f"{rows}.find(r => r.cells[0].innerText.trim().endsWith('table1.csv'))"
+        ".querySelector('a[iconname=eye]').href"
+    )
+    embedded = base64.b64decode(href.split("base64,", 1)[1])
+    check(embedded == (results / "table1.csv").read_bytes(), "report.html embeds table1.csv")
+    await page.screenshot(out / "report_table1.png")
+    await page.click(
+        f"{rows}.find(r => r.cells[0].innerText.trim().endsWith('.png'))"
+        ".querySelector('a[iconname=eye]')"
+    )
+    shown = await page.wait_for(
+        "[...document.querySelectorAll('img')].some(i => i.naturalWidth > 100"
+        " && i.getBoundingClientRect().width > 100)",
+        20,
+    )
+    check(shown, "opening the co-activation figure in report.html shows the image")
+    await page.screenshot(out / "report_figure.png")
+
+
+async def run_checks(args: argparse.Namespace, binary: str) -> None:
+    import aiohttp
+
+    results = args.results.resolve()
+    facts = store_facts(results)
+    report = build_report(results, args.configfile)
+    store = f"sqlite:///{results / 'mlflow.db'}"
+    with mlflow_server(store, free_port()) as url, chromium(binary) as ws_url:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(ws_url, max_msg_size=0) as ws,
+        ):
+            page = Page(ws)
+            await page.call("Page.enable")
+            await page.call(
+                "Emulation.setDeviceMetricsOverride",
+                width=WINDOW[0],
+                height=WINDOW[1],
+                deviceScaleFactor=1,
+                mobile=False,
+            )
+            # The report first: Chromium does not navigate from an http page to a file: URL.
+            await check_report(page, report, results, args.out)
+            await check_mlflow(page, url, facts, args.out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, required=True, help="a smoke results folder")
+    parser.add_argument("--configfile", default="config/smoke.yaml", help="its config file")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="screenshots")
+    args = parser.parse_args(argv)
+    if not (args.results / "mlflow.db").is_file() or not (args.results / "table1.csv").is_file():
+        parser.error(f"{args.results} has no mlflow.db and table1.csv: run the smoke table 1")
+    binary = find_chromium()
+    if binary is None:
+        print("SKIPPED: no chromium (apt package `chromium`) and it cannot be installed here")
+        return 0
+    try:
+        asyncio.run(run_checks(args, binary))
+    except CheckFailed as failed:
+        print(f"FAIL {failed}")
+        return 1
+    print("browser check passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,295 @@
+"""MLflow as a researcher browses it: a model-training experiment, one parent run per invocation
+with every job's run nested under it, eval and analysis runs that carry table 1's numbers, and the
+corpora and eval sets as datasets (rpb/tracking.py; docs/tracking.md)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rpb import tracking
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A fresh sqlite store, and the invocation record path every job of this test reads."""
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    record = tmp_path / "results" / ".mlflow_invocation.json"
+    monkeypatch.setenv(tracking.INVOCATION_ENV, str(record))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "record": record, "dir": tmp_path}
+    mlflow.set_tracking_uri(previous)
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+CONFIG = {
+    "scale": "smoke",
+    "evaluation": {"in_domain": ["math"], "ood": ["addition", "facts"]},
+    "hub": {"hf_token": "hf_" + "a" * 30},
+}
+
+
+def test_experiment_is_model_training_with_a_description(store: dict[str, Any]) -> None:
+    client = _client(store["uri"])
+    experiment_id = tracking.init_store(store["uri"])
+    tags = client.get_experiment(experiment_id).tags
+    assert tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    assert "Router Prior Bias" in tags[tracking.NOTE_TAG]
+    # A kind chosen in the UI afterwards is the user's: init_store leaves it.
+    client.set_experiment_tag(experiment_id, tracking.EXPERIMENT_KIND_TAG, "finetuning")
+    tracking.init_store(store["uri"])
+    assert client.get_experiment(experiment_id).tags[tracking.EXPERIMENT_KIND_TAG] == "finetuning"
+
+
+def test_jobs_nest_under_their_invocation(store: dict[str, Any]) -> None:
+    uri, record = store["uri"], store["record"]
+    client = _client(uri)
+    first = tracking.start_invocation(
+        record, uri, config=CONFIG, configfiles=["config/smoke.yaml"], command=["snakemake"]
+    )
+    note = client.get_experiment_by_name("rpb").tags[tracking.NOTE_TAG]
+    assert "config/smoke.yaml" in note and tracking.config_hash(CONFIG) in note
+    with tracking.tracked_run(stage="corpora", model="-", tracking_uri=uri):
+        pass
+    with tracking.tracked_run(
+        stage="train", model="m", method="rpb", seed=0, parents={"base": "b1"}, tracking_uri=uri
+    ):
+        pass
+    assert tracking.end_invocation(record, "FINISHED") == first
+    assert not record.exists()
+    parent = client.get_run(first)
+    assert parent.info.status == "FINISHED" and parent.data.tags["stage"] == "invocation"
+    assert parent.data.tags["rpb.jobs"] == "2 FINISHED"
+    assert parent.data.params["scale"] == "smoke"
+    config = json.loads(Path(client.download_artifacts(first, "config.json")).read_text())
+    assert config["evaluation"] == CONFIG["evaluation"]
+    assert "hf_token" not in json.dumps(config), "a credential reached MLflow"
+    experiment_id = parent.info.experiment_id
+    children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{first}'")
+    assert sorted(r.info.run_name for r in children) == ["corpora/-/-/seed-", "train/m/rpb/seed0"]
+    train = next(r for r in children if r.info.run_name.startswith("train"))
+    assert train.data.tags["parent.base"] == "b1", "lineage tags stay beside the nesting"
+
+    # A second invocation gets its own parent; a job started by hand afterwards nests nowhere.
+    second = tracking.start_invocation(record, uri, config=CONFIG, command=["snakemake"])
+    with tracking.tracked_run(stage="eval", model="m", method="rpb", seed=0, tracking_uri=uri):
+        pass
+    tracking.end_invocation(record, "FAILED")
+    assert second != first and client.get_run(second).info.status == "FAILED"
+    with tracking.tracked_run(stage="eval", model="m", method="lbl", seed=0, tracking_uri=uri):
+        pass
+    by_name = {r.info.run_name: r for r in client.search_runs([experiment_id])}
+    assert by_name["eval/m/rpb/seed0"].data.tags[tracking.PARENT_RUN_TAG] == second
+    assert tracking.PARENT_RUN_TAG not in by_name["eval/m/lbl/seed0"].data.tags
+
+
+def test_record_of_another_store_or_a_killed_invocation(store: dict[str, Any]) -> None:
+    uri, record = store["uri"], store["record"]
+    client = _client(uri)
+    killed = tracking.start_invocation(record, uri, config=CONFIG, command=["snakemake"])
+    # Snakemake SIGKILLed: no onsuccess/onerror, the record stays. The next invocation ends it.
+    again = tracking.start_invocation(record, uri, config=CONFIG, command=["snakemake"])
+    assert client.get_run(killed).info.status == "KILLED"
+    assert "next invocation" in client.get_run(killed).data.tags[tracking.END_REASON_TAG]
+    other = f"sqlite:///{store['dir'] / 'other.db'}"
+    with tracking.tracked_run(stage="eval", model="m", tracking_uri=other) as run:
+        run_id = run.info.run_id
+    assert tracking.PARENT_RUN_TAG not in _client(other).get_run(run_id).data.tags
+    tracking.end_invocation(record)
+    assert client.get_run(again).info.status == "FINISHED"
+
+
+def test_eval_summary_has_known_percentages() -> None:
+    result = {
+        "tasks": {
+            "rpb_math": {"items": [1, 0, 1, 1]},
+            "rpb_addition": {"items": [1, 1, 0, 0, 0]},
+            "rpb_facts": {"items": [0, 0]},
+            "rpb_math2": {"items": [0]},
+        }
+    }
+    spec = {"ood": ["addition", "facts"], "corpus_tasks": {}}
+    assert tracking.eval_summary(result, "math", spec) == {
+        "in_domain": 75.0,
+        "ood_addition": 40.0,
+        "ood_facts": 0.0,
+        "ood_mean": 20.0,
+    }
+    # Paper scale: a corpus scored by standard benchmarks, items pooled across them.
+    paper = {"tasks": {"gsm8k": {"items": [1, 1, 1]}, "math": {"items": [0]}}}
+    spec = {"ood": [], "corpus_tasks": {"math": ["gsm8k", "math"]}}
+    assert tracking.eval_summary(paper, "math", spec) == {"in_domain": 75.0}
+    # A missing OOD task leaves it and the mean out instead of a mean over fewer tasks.
+    spec = {"ood": ["addition", "sort"], "corpus_tasks": {}}
+    summary = tracking.eval_summary(result, "math", spec)
+    assert "ood_mean" not in summary and summary["ood_addition"] == 40.0
+
+
+def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
+    job = tmp_path / "runs" / "m" / "math" / "rpb_strong" / "seed1"
+    (job / "model").mkdir(parents=True)
+    method = {"name": "rpb", "strength": 0.5, "options": {"warmup": 3}}
+    (job / "train_history.json").write_text(json.dumps({"history": [], "method": method}))
+    params = tracking.model_job_params(
+        model="m", method="rpb_strong", seed=1, corpus="math", model_dir=job / "model"
+    )
+    assert params["kind"] == "rpb" and params["strength"] == 0.5
+    assert json.loads(params["options"]) == {"warmup": 3}
+    assert (params["model"], params["method"], params["corpus"], params["seed"]) == (
+        "m",
+        "rpb_strong",
+        "math",
+        1,
+    )
+    base = tracking.model_job_params(
+        model="m", method="base", seed=0, corpus="math", model_dir=tmp_path / "base" / "model"
+    )
+    assert base["kind"] == "base" and base["strength"] == "-" and base["options"] == "{}"
+
+
+def test_jsonl_dataset_digest_is_the_manifest_hash(store: dict[str, Any]) -> None:
+    data = store["dir"] / "data"
+    (data / "eval").mkdir(parents=True)
+    path = data / "eval" / "addition.jsonl"
+    path.write_text('{"prompt": "1+2=", "target": "3"}\n{"prompt": "2+2=", "target": "4"}\n')
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    manifest = {"files": {"eval/addition.jsonl": {"lines": 2, "sha256": sha}}}
+    (data / "manifest.json").write_text(json.dumps(manifest))
+    with tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]) as run:
+        names = tracking.log_datasets(
+            [*tracking.eval_sets(data / "eval", ["addition", "gsm8k"]), None], "evaluation"
+        )
+    assert names == ["eval/addition"], "a task without a JSONL set (lm-eval's own) is skipped"
+    (found,) = _client(store["uri"]).get_run(run.info.run_id).inputs.dataset_inputs
+    assert found.dataset.digest == sha[:36]
+    assert json.loads(found.dataset.profile)["num_rows"] == 2
+    assert [t.value for t in found.tags if t.key == "mlflow.data.context"] == ["evaluation"]
+
+
+def test_dry_run_creates_no_run(tmp_path: Path) -> None:
+    results = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    env["PYTHONPATH"] = str(ROOT)
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "snakemake", "-n", "--configfile", "config/smoke.yaml"),
+            *("--config", f"results_dir={results}", "--", f"{results}/table1.csv"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "tracking_init" in proc.stdout, "the dry run planned nothing"
+    assert not results.exists() or not any(results.iterdir()), sorted(results.rglob("*"))
+
+
+# --- on the suite's shared smoke run ------------------------------------------------------------
+
+
+def _latest_runs(results: Path) -> tuple[Any, list[Any]]:
+    client = _client(f"sqlite:///{results / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rpb")
+    runs = client.search_runs(
+        [experiment.experiment_id], max_results=5000, order_by=["attributes.start_time ASC"]
+    )
+    return client, runs
+
+
+@pytest.mark.slow
+def test_smoke_runs_are_nested_under_invocations(smoke_run: Path) -> None:
+    client, runs = _latest_runs(smoke_run)
+    experiment = client.get_experiment_by_name("rpb")
+    assert experiment.tags[tracking.EXPERIMENT_KIND_TAG] == tracking.MODEL_TRAINING_KIND
+    assert "config/smoke.yaml" in experiment.tags[tracking.NOTE_TAG]
+    invocations = {r.info.run_id: r for r in runs if r.data.tags["stage"] == "invocation"}
+    assert invocations and all(r.info.status == "FINISHED" for r in invocations.values())
+    jobs = [r for r in runs if r.info.run_id not in invocations]
+    orphans = [r.info.run_name for r in jobs if r.data.tags.get(tracking.PARENT_RUN_TAG) is None]
+    assert not orphans, f"runs outside any invocation: {orphans}"
+    assert {r.data.tags[tracking.PARENT_RUN_TAG] for r in jobs} <= set(invocations)
+    assert not (smoke_run / ".mlflow_invocation.json").exists()
+
+
+@pytest.mark.slow
+def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
+    import pandas as pd
+
+    _, runs = _latest_runs(smoke_run)
+    table = pd.read_csv(smoke_run / "table1.csv").set_index("method")
+    latest = {r.info.run_name: r for r in runs if r.info.status == "FINISHED"}
+    spec = json.loads((smoke_run / "table1.meta.json").read_text())
+    accuracy = ["in_domain", "ood_mean"] + [c for c in table.columns if c.startswith("ood_")]
+    structure = ["community_nmi", "coact_cosine", "modularity"]
+    for method, row in table.iterrows():
+        seeds = [0] if method == "base" else spec["seeds"]
+        evals = [latest[f"eval/{spec['model']}/{method}/seed{s}"] for s in seeds]
+        analyses = [latest[f"analysis/{spec['model']}/{method}/seed{s}"] for s in seeds]
+        for run in evals + analyses:
+            params = run.data.params
+            assert (params["model"], params["method"], params["corpus"]) == (
+                spec["model"],
+                method,
+                spec["corpus"],
+            )
+            assert {"kind", "strength", "options", "seed"} <= set(params)
+            if method == "base":
+                assert params["kind"] == "base" and params["strength"] == "-"
+        # Table 1's cell: the mean over seeds of the runs' metrics (CSV rounded to 4 places).
+        for column, group in [(c, evals) for c in accuracy] + [(c, analyses) for c in structure]:
+            values = [run.data.metrics.get(column, math.nan) for run in group]
+            mean = sum(values) / len(values)
+            assert mean == pytest.approx(row[column], abs=1e-4, nan_ok=True), (method, column)
+        assert all("topk_overlap_with_base" in run.data.metrics for run in analyses)
+    kinds = {
+        r.data.params["method"]: r.data.params["kind"]
+        for r in latest.values()
+        if r.data.tags["stage"] == "eval"
+    }
+    assert kinds["lbl"] == "lbl" and kinds["rpb"] == "rpb"
+
+
+@pytest.mark.slow
+def test_smoke_datasets_and_training_metric_names(smoke_run: Path) -> None:
+    _, runs = _latest_runs(smoke_run)
+    manifest = json.loads((smoke_run / "data" / "manifest.json").read_text())["files"]
+    latest = {r.info.run_name: r for r in runs if r.info.status == "FINISHED"}
+
+    def inputs(name: str) -> dict[str, tuple[str, str]]:
+        found = latest[name].inputs.dataset_inputs
+        return {d.dataset.name: (d.dataset.digest, d.tags[0].value) for d in found}
+
+    train = inputs("train/tinyA/rpb/seed0")
+    assert train == {"post/math": (manifest["post/math.jsonl"]["sha256"][:36], "training")}
+    assert inputs("pretrain/tinyA/lbl/seed0")["pretrain"][1] == "training"
+    evaluated = inputs("eval/tinyA/rpb/seed0")
+    assert evaluated["eval/addition"] == (
+        manifest["eval/addition.jsonl"]["sha256"][:36],
+        "evaluation",
+    )
+    assert inputs("analysis/tinyA/rpb/seed0")["eval/math"][1] == "probe"
+    # Training metrics keep train_history.json's names ("layer1/kl_to_base").
+    history = json.loads(
+        (smoke_run / "runs" / "tinyA" / "math" / "rpb" / "seed0" / "train_history.json").read_text()
+    )["history"]
+    names = {k for entry in history for k in entry if k != "step"}
+    logged = set(latest["train/tinyA/rpb/seed0"].data.metrics)
+    assert any("/" in n for n in names) and names <= logged, names - logged
