@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,6 +29,7 @@ FAKE_TOKEN = "hf_" + "Xy9" * 12
 LAUNCHER = """
 import os, signal, socket, sys
 from pathlib import Path
+from typing import Any
 if socket.socket.connect.__name__ != "_connect":
     sys.exit("the offline guard is not installed in this job")
 argv = sys.argv[1:]
@@ -48,10 +50,11 @@ sys.exit(main(argv))
 
 
 def snakemake_command(
-    results: Path, *args: str, site: Path | None = None
+    results: Path, *args: str, site: Path | None = None, config: dict[str, Any] | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Command and environment of a guarded, narrowed smoke invocation writing to `results`
-    (`args`: targets and options). Its config and launcher files sit beside `results`."""
+    (`args`: targets and options; `config`: more `--config` entries). Its config and launcher
+    files sit beside `results`."""
     config = results.parent / f"{results.name}.yaml"
     launcher = results.parent / "launcher.py"
     launcher.write_text(LAUNCHER)
@@ -66,6 +69,7 @@ def snakemake_command(
         *(sys.executable, "-m", "snakemake", *args),
         *("--configfile", "config/smoke.yaml", str(config)),
         *("--config", f"results_dir={results}"),
+        *(f"{key}={value}" for key, value in (config or {}).items()),
     ]
     return cmd, env
 

@@ -16,13 +16,21 @@ except ConfigError as err:
 
 RESULTS = config.get("results_dir", "results")
 SEEDS = config["seeds"]
+# Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
+# change of threads_per_job changes how fast a job runs, not what it computes, so it reruns nothing.
 THREADS = config.get("threads_per_job", 1)
 TRACKING_URI = (
     os.environ.get("MLFLOW_TRACKING_URI")
     or config.get("tracking", {}).get("uri")
     or f"sqlite:///{os.path.abspath(RESULTS)}/mlflow.db"
 )
+# Jobs find the store in their environment, not on their command line: params are Snakemake's
+# rerun trigger, and the store's path changes with the checkout's (or MLFLOW_TRACKING_URI), not the
+# results. Cluster jobs inherit the variable (sbatch exports the environment) or re-derive it here.
+os.environ["MLFLOW_TRACKING_URI"] = TRACKING_URI
 EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
+# Touched once by tracking_init; `ancient()` wherever it is an input, so a re-created store never
+# makes the finished jobs look out of date.
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
 # Paper scale adds tiktoken (Moonlight's tokenizer) and lm-eval's math extra: envs/paper.yaml.
 CONDA_ENV = (
@@ -34,8 +42,12 @@ PRETRAINED_MODELS = [
     m for m, e in config["models"].items() if e["source"] == "pretrain"
 ]
 HUB_MODELS = [m for m, e in config["models"].items() if e["source"] == "hub"]
-# Every job command gets the store and experiment explicitly, so a job never guesses.
-TRACK = f"--tracking-uri '{TRACKING_URI}' --experiment '{EXPERIMENT}'"
+# Every job command names its experiment; the store comes from MLFLOW_TRACKING_URI (above).
+TRACK = f"--experiment {shlex.quote(EXPERIMENT)}"
+# Train, evaluate and analyse a post-training run in one job (rule posttrain_run, train.smk).
+ONE_PROCESS_PER_RUN = config.get("one_process_per_run", False)
+# Where each job's run time lands (Snakemake's `benchmark:`): s, max RSS, CPU time per job.
+BENCHMARKS = f"{RESULTS}/benchmarks"
 
 
 wildcard_constraints:
@@ -49,6 +61,13 @@ def trust_remote_code_flag(wildcards):
     """`--trust-remote-code` for a job on a model whose config entry allows remote code."""
     allowed = config["models"][wildcards.model].get("trust_remote_code")
     return "--trust-remote-code" if allowed else ""
+
+
+def experts_flag(wildcards):
+    """`--experts-implementation X` for a model whose config entry names one (else transformers'
+    default; docs/performance.md)."""
+    chosen = config["models"][wildcards.model].get("experts_implementation")
+    return f"--experts-implementation {chosen}" if chosen else ""
 
 
 def as_json(value):
@@ -84,8 +103,9 @@ def method_entry(method):
 
 
 def posttrain_spec(seed):
+    """The TrainSpec of a post-training job; its threads come from `--threads {threads}`."""
     spec = dict(config["posttrain"])
-    spec.update(seed=int(seed), threads=THREADS)
+    spec.update(seed=int(seed))
     return spec
 
 
@@ -93,13 +113,18 @@ def pretrain_spec(model):
     spec = dict(config["models"][model]["pretrain"])
     spec.pop("lbl_coef")
     spec.setdefault("seed", 0)
-    spec["threads"] = THREADS
     return spec
 
 
 def eval_tasks():
     ev = config["evaluation"]
     return list(ev["in_domain"]) + list(ev["ood"])
+
+
+EVAL_DIR = f"{RESULTS}/data/eval"
+# The analysis probe set: the first PROBE_LIMIT items of each of PROBE_TASKS.
+PROBE_TASKS = config.get("analysis", {}).get("probe_tasks", eval_tasks())
+PROBE_LIMIT = config.get("analysis", {}).get("probe_limit", 200)
 
 
 def table1_inputs(wildcards):
