@@ -55,10 +55,11 @@ def snakemake_command(
     """Command and environment of a guarded, narrowed smoke invocation writing to `results`
     (`args`: targets and options; `config`: more `--config` entries). Its config and launcher
     files sit beside `results`."""
-    config = results.parent / f"{results.name}.yaml"
+    config_file = results.parent / f"{results.name}.yaml"
     launcher = results.parent / "launcher.py"
     launcher.write_text(LAUNCHER)
-    config.write_text(yaml.safe_dump({**NARROW, "train_launcher": f"{sys.executable} {launcher}"}))
+    narrow = {**NARROW, "train_launcher": f"{sys.executable} {launcher}"}
+    config_file.write_text(yaml.safe_dump(narrow))
     env = guarded_env(dict(os.environ), site or results.parent / "site")
     for name in ("MLFLOW_TRACKING_URI", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "RPB_TEST_STOP"):
         env.pop(name, None)
@@ -67,7 +68,7 @@ def snakemake_command(
     cmd = [
         *unshare_prefix(),
         *(sys.executable, "-m", "snakemake", *args),
-        *("--configfile", "config/smoke.yaml", str(config)),
+        *("--configfile", "config/smoke.yaml", str(config_file)),
         *("--config", f"results_dir={results}"),
         *(f"{key}={value}" for key, value in (config or {}).items()),
     ]
