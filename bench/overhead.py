@@ -135,8 +135,10 @@ def _cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def time_step(model, method, optimizer, batch) -> float:
-    start = time.perf_counter()
+def time_step(model, method, optimizer, batch) -> tuple[float, float]:
+    """Wall and CPU seconds of one step. With one torch thread the CPU time is what the step
+    costs whatever else the machine runs; the wall time also counts waiting for a core."""
+    start, start_cpu = time.perf_counter(), time.process_time()
     out = model(**batch, use_cache=False)
     loss = out.loss + method.router_loss(attention_mask=batch["attention_mask"])
     loss.backward()
@@ -146,7 +148,7 @@ def time_step(model, method, optimizer, batch) -> float:
     else:
         model.zero_grad(set_to_none=True)
     method.on_step_end()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - start_cpu
 
 
 def _batch(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
@@ -160,13 +162,16 @@ def _batch(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
 
 
 def round_robin(model, optimizer, batch, methods, warmup: int, repeats: int) -> dict:
-    """Median step time and median per-round ratio to `none` of every method."""
+    """Median step CPU time and median per-round ratio to `none` of every method (wall times
+    beside them)."""
     prior = extract_prior(
         model, [batch], model_id="random", revision="0", corpus_hash="bench", progress=False
     )
     model.train()
     times: dict[str, list[float]] = {m: [] for m in methods}
+    walls: dict[str, list[float]] = {m: [] for m in methods}
     ratios: dict[str, list[float]] = {m: [] for m in methods}
+    wall_ratios: dict[str, list[float]] = {m: [] for m in methods}
     order = list(methods)
     for rnd in range(warmup + repeats):
         shift = rnd % len(order)
@@ -175,15 +180,20 @@ def round_robin(model, optimizer, batch, methods, warmup: int, repeats: int) -> 
             with make_method(name).attach(model, prior) as method:
                 this_round[name] = time_step(model, method, optimizer, batch)
         if rnd >= warmup:
-            for name, t in this_round.items():
-                times[name].append(t)
-                ratios[name].append(t / this_round["none"])
-        print(f"round {rnd}: " + ", ".join(f"{k} {v:.3f}s" for k, v in this_round.items()))
+            for name, (wall, cpu) in this_round.items():
+                times[name].append(cpu)
+                walls[name].append(wall)
+                ratios[name].append(cpu / this_round["none"][1])
+                wall_ratios[name].append(wall / this_round["none"][0])
+        print(f"round {rnd}: " + ", ".join(f"{k} {v[1]:.3f}s" for k, v in this_round.items()))
     return {
         "ratio_to_none": {m: statistics.median(r) for m, r in ratios.items()},
         "worst_ratio": max(statistics.median(r) for r in ratios.values()),
         "median_seconds": {m: statistics.median(t) for m, t in times.items()},
         "seconds": times,
+        "timing": "CPU seconds per step (time.process_time, one torch thread)",
+        "wall_ratio_to_none": {m: statistics.median(r) for m, r in wall_ratios.items()},
+        "wall_seconds": walls,
     }
 
 

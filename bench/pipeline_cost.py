@@ -246,6 +246,41 @@ def run_job(out: Path, argv: list[str]) -> int:
     return code
 
 
+RECORD_ENV = "PIPELINE_COST_RECORD"
+
+
+def serve_timed(key: str) -> None:
+    """rpb's job server under the stage timer: every forked job books its own seconds and
+    writes them to the file its client names in PIPELINE_COST_RECORD."""
+    sys.meta_path.insert(0, _ImportTimer())
+    import rpb.jobserver
+
+    original = rpb.jobserver._run_child
+    real_exit = os._exit
+
+    def timed_child(request: dict, fds: list[int]) -> None:
+        _stack.clear()
+        _booked.clear()
+        _booked_cpu.clear()
+        start = _clocks()  # a forked child's CPU clock starts at zero
+        record = Path(request["env"][RECORD_ENV])
+
+        def timed_exit(code: int) -> None:
+            while _stack:
+                _pop()
+            wall, cpu = (now - then for now, then in zip(_clocks(), start, strict=True))
+            booked = {"booked": _booked, "booked_cpu": _booked_cpu, "in_process": wall}
+            record.write_text(json.dumps(booked | {"in_process_cpu": cpu, "returncode": code}))
+            real_exit(code)
+
+        os._exit = timed_exit
+        _push("other")
+        original(request, fds)
+
+    rpb.jobserver._run_child = timed_child
+    rpb.jobserver.serve(key)
+
+
 # --- bench mode ---------------------------------------------------------------------------------
 
 
@@ -280,25 +315,44 @@ def _env(tree: Path) -> dict[str, str]:
     return env
 
 
-def _timed_process(tree: Path, argv: list[str], log: Path, scratch: Path) -> dict[str, Any]:
-    """Run `rpb <argv>` from `tree` under the stage timer; its wall, CPU and stage seconds."""
+def _timed_process(
+    tree: Path, argv: list[str], log: Path, scratch: Path, server: str | None = None
+) -> dict[str, Any]:
+    """Run `rpb <argv>` from `tree` under the stage timer; its wall, CPU and stage seconds.
+
+    With `server` (a job server's key) the process is only the client: the job runs in a fork
+    of the (timed) server, which writes the job's record; the job's CPU is added to the
+    client's, and the client's all counts as process start/exit."""
     booked = scratch / f"booked-{time.monotonic_ns()}.json"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--job", str(booked), "--", *argv]
+    env = _env(tree)
+    served = booked.with_suffix(".served.json")  # the forked job's record (server mode)
+    if server is not None:
+        env.update({"RPB_JOB_SERVER": server, RECORD_ENV: str(served)})
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with log.open("a") as f:
-        proc = subprocess.run(cmd, cwd=tree, env=_env(tree), stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         sys.exit(f"pipeline_cost: job failed ({' '.join(argv[:3])} ...): see {log}")
-    record = json.loads(booked.read_text())
+    record = json.loads((served if server is not None else booked).read_text())
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    client_cpu = cpu
+    if server is not None:
+        cpu += record["in_process_cpu"]
     stages = dict.fromkeys(STAGES, 0.0) | record["booked"]
     stages["process start/exit"] = wall - record["in_process"]
     stages_cpu = dict.fromkeys(STAGES, 0.0) | record["booked_cpu"]
     stages_cpu["process start/exit"] = cpu - record["in_process_cpu"]
-    return {"wall_s": wall, "cpu_s": cpu, "stages_s": stages, "stages_cpu_s": stages_cpu}
+    return {
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "client_cpu_s": client_cpu,
+        "stages_s": stages,
+        "stages_cpu_s": stages_cpu,
+    }
 
 
 def _job_args(config: dict[str, Any], inputs: Path, out: Path, method: str, seed: int) -> dict:
@@ -403,7 +457,15 @@ def _reference_tree(commit: str, into: Path) -> Path:
     return tree
 
 
-def _one_run(tree: Path, jobs: list[str], args: dict, out: Path, log: Path, scratch: Path) -> dict:
+def _one_run(
+    tree: Path,
+    jobs: list[str],
+    args: dict,
+    out: Path,
+    log: Path,
+    scratch: Path,
+    server: str | None = None,
+) -> dict:
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -416,7 +478,7 @@ def _one_run(tree: Path, jobs: list[str], args: dict, out: Path, log: Path, scra
         check=True,
         capture_output=True,
     )
-    per_job = [_timed_process(tree, args[job], log, scratch) for job in jobs]
+    per_job = [_timed_process(tree, args[job], log, scratch, server) for job in jobs]
     for path in args["outputs"]:
         if not Path(path).is_file():
             sys.exit(f"pipeline_cost: {path} was not written")
@@ -451,6 +513,37 @@ def _summary(rounds: list[dict]) -> dict[str, Any]:
     }
 
 
+def _start_server(log: Path) -> tuple[str, subprocess.Popen]:
+    """This checkout's job server, under the stage timer, answering on a fresh key."""
+    sys.path.insert(0, str(ROOT))
+    from rpb.jobserver import _connect, address
+
+    key = f"pipeline-cost-{os.getpid()}-{time.monotonic_ns()}"
+    env = _env(ROOT) | {"RPB_JOB_SERVER": key}
+    with log.open("a") as f:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--serve", key],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=f,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 300
+    while (sock := _connect(address(key))) is None:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            sys.exit(f"pipeline_cost: the job server did not start: see {log}")
+        time.sleep(0.1)
+    sock.close()
+    return key, proc
+
+
+def _own_cpu(pid: int) -> float:
+    """User + system CPU seconds of process `pid` itself (not its children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _load_average() -> list[float] | None:
     with contextlib.suppress(OSError):
         return [round(x, 2) for x in os.getloadavg()]
@@ -463,7 +556,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--rounds", type=int, default=2, help="runs of each path (alternating)")
     p.add_argument("--method", default="rpb")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--new-jobs", choices=["one", "three"], default="one")
+    p.add_argument(
+        "--new-jobs",
+        choices=["server", "one", "three"],
+        default="server",
+        help="server: `rpb run` in a fork of the job server (the tiny config's path); "
+        "one: `rpb run` in its own process; three: train, eval, analyze",
+    )
     p.add_argument("--inputs", type=Path, help="reuse a folder of inputs (made here if missing)")
     p.add_argument("--pretrain-steps", type=int, default=300, help="cap for the untimed base")
     p.add_argument("--quick", action="store_true", help="the smoke config's sizes, one round")
@@ -481,8 +580,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reference = _reference_tree(args.reference, work)
     paths = {
         "reference": (reference, ["train", "eval", "analyze"]),
-        "new": (ROOT, ["run"] if args.new_jobs == "one" else ["train", "eval", "analyze"]),
+        "new": (ROOT, ["train", "eval", "analyze"] if args.new_jobs == "three" else ["run"]),
     }
+    server = _start_server(work / "server.log") if args.new_jobs == "server" else None
     load_before = _load_average()
     rounds: dict[str, list[dict]] = {name: [] for name in paths}
     for rnd in range(args.rounds):
@@ -491,9 +591,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             tree, jobs = paths[name]
             out = work / name
             job_args = _job_args(config, inputs, out, args.method, args.seed)
-            result = _one_run(tree, jobs, job_args, out, log, work)
+            key = server[0] if server and name == "new" else None
+            result = _one_run(tree, jobs, job_args, out, log, work, key)
             rounds[name].append(result)
             print(f"round {rnd} {name}: wall {result['wall_s']:.1f} s, cpu {result['cpu_s']:.1f} s")
+    server_cpu = None
+    if server is not None:
+        # The server's own CPU (its imports, forks): paid once per pipeline invocation.
+        server_cpu = _own_cpu(server[1].pid)
+        server[1].terminate()
+        server[1].wait()
     summary = {name: _summary(r) for name, r in rounds.items()}
     ratio = summary["new"]["runs_per_cpu_minute"] / summary["reference"]["runs_per_cpu_minute"]
     same = [r["results"] for r in rounds["reference"]] == [r["results"] for r in rounds["new"]]
@@ -501,6 +608,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "runs_per_cpu_minute_ratio": ratio,
         "wall_ratio": summary["reference"]["wall_s"] / summary["new"]["wall_s"],
         "same_scores": same,
+        "server_cpu_s": server_cpu,
         "summary": summary,
         "rounds": rounds,
         "run": {
@@ -538,4 +646,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "--job":
         sys.exit(run_job(Path(sys.argv[2]), sys.argv[4:]))
+    if len(sys.argv) > 2 and sys.argv[1] == "--serve":
+        serve_timed(sys.argv[2])
+        sys.exit(0)
     main()

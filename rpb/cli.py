@@ -590,8 +590,16 @@ def _exit_now(code: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run one subcommand. As the `rpb` command (no `argv`), a job that succeeded in a single
-    process exits at once (`_exit_now`); a call with `argv` returns its exit status."""
+    """Run one subcommand. As the `rpb` command (no `argv`) in a single process: with
+    RPB_JOB_SERVER set the job runs in a fork of the job server (rpb.jobserver), and a job that
+    succeeded exits at once (`_exit_now`); a call with `argv` returns its exit status."""
+    single = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    if argv is None and single and os.environ.get("RPB_JOB_SERVER"):
+        from rpb.jobserver import run_via_server
+
+        code = run_via_server(sys.argv[1:])
+        if code is not None:
+            _exit_now(code)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -605,7 +613,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("bad input", exc_info=True)
         print(f"rpb {args.command}: error: {err}", file=sys.stderr)
         return 2
-    if argv is None and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+    if argv is None and single:
         _exit_now(0)
     return 0
 

@@ -46,6 +46,10 @@ HUB_MODELS = [m for m, e in config["models"].items() if e["source"] == "hub"]
 TRACK = f"--experiment {shlex.quote(EXPERIMENT)}"
 # Train, evaluate and analyse a post-training run in one job (rule posttrain_run, train.smk).
 ONE_PROCESS_PER_RUN = config.get("one_process_per_run", False)
+# Jobs hand their command to a fork server that imported the libraries once (rpb.jobserver); the
+# value only names the server, one per results folder.
+if config.get("job_server", False):
+    os.environ["RPB_JOB_SERVER"] = os.path.abspath(RESULTS)
 # Where each job's run time lands (Snakemake's `benchmark:`): s, max RSS, CPU time per job.
 BENCHMARKS = f"{RESULTS}/benchmarks"
 
