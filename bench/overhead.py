@@ -56,8 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--only", choices=["model", "qwen3_30b_a3b_layer"], help="run one benchmark, keep the other"
     )
-    p.add_argument("--layer-tokens", type=int, default=512, help="tokens per layer step (b x s)")
-    p.add_argument("--layer-repeats", type=int, default=4)
+    p.add_argument("--layer-tokens", type=int, default=1024, help="tokens per layer step (b x s)")
+    p.add_argument("--layer-repeats", type=int, default=9)
     args = p.parse_args(argv)
     args.layer = dict(QWEN3_30B_A3B)
     if args.quick:

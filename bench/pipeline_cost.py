@@ -519,7 +519,8 @@ def _start_server(log: Path) -> tuple[str, subprocess.Popen]:
     from rpb.jobserver import _connect, address
 
     key = f"pipeline-cost-{os.getpid()}-{time.monotonic_ns()}"
-    env = _env(ROOT) | {"RPB_JOB_SERVER": key}
+    # It must outlive the reference's rounds (it is stopped at the end).
+    env = _env(ROOT) | {"RPB_JOB_SERVER": key, "RPB_JOB_SERVER_IDLE": "36000"}
     with log.open("a") as f:
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--serve", key],

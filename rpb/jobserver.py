@@ -17,6 +17,7 @@ to running the job in the client's own process.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -33,13 +34,26 @@ from pathlib import Path
 SERVER_ENV = "RPB_JOB_SERVER"
 IDLE_SECONDS = 120  # RPB_JOB_SERVER_IDLE overrides
 START_TIMEOUT = 120  # seconds a client waits for a server it started to answer
-# What the server imports before it forks: every job stage's libraries.
+# What the server imports before it forks: every job stage's libraries, and what they import
+# lazily on first use (MLflow's sqlite store and git context, lm-eval's helpers), found by
+# listing the modules a `rpb run` imports after these.
 PRELOAD = (
+    "rpb.cli",
     "rpb.training",
     "rpb.evaluation",
     "rpb.analysis",
     "rpb.tracking",
     "mlflow",
+    "mlflow.store.tracking.sqlalchemy_store",
+    "mlflow.store.db.utils",
+    "mlflow.tracing.processor.otel",
+    "alembic.command",
+    "alembic.config",
+    "git",
+    "cryptography.fernet",
+    "pygments.lexers",
+    "pygments.formatters.html",
+    "scipy.io",
     "lm_eval.evaluator",
     "lm_eval.models.huggingface",
     "lm_eval.tasks",
@@ -167,7 +181,9 @@ def serve(key: str) -> None:
     import importlib
 
     for module in PRELOAD:
-        importlib.import_module(module)
+        # An optional helper that is missing only costs its import in the job.
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
     listener.listen(64)
     jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection
     idle = float(os.environ.get("RPB_JOB_SERVER_IDLE", IDLE_SECONDS))

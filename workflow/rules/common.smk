@@ -27,7 +27,7 @@ TRACKING_URI = (
 # Jobs find the store in their environment, not on their command line: params are Snakemake's
 # rerun trigger, and the store's path changes with the checkout's (or MLFLOW_TRACKING_URI), not the
 # results. Cluster jobs inherit the variable (sbatch exports the environment) or re-derive it here.
-os.environ["MLFLOW_TRACKING_URI"] = TRACKING_URI
+os.environ.update(MLFLOW_TRACKING_URI=TRACKING_URI)
 EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
 # Touched once by tracking_init; `ancient()` wherever it is an input, so a re-created store never
 # makes the finished jobs look out of date.
@@ -49,7 +49,7 @@ ONE_PROCESS_PER_RUN = config.get("one_process_per_run", False)
 # Jobs hand their command to a fork server that imported the libraries once (rpb.jobserver); the
 # value only names the server, one per results folder.
 if config.get("job_server", False):
-    os.environ["RPB_JOB_SERVER"] = os.path.abspath(RESULTS)
+    os.environ.update(RPB_JOB_SERVER=os.path.abspath(RESULTS))
 # Where each job's run time lands (Snakemake's `benchmark:`): s, max RSS, CPU time per job.
 BENCHMARKS = f"{RESULTS}/benchmarks"
 

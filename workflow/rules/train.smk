@@ -64,7 +64,9 @@ if ONE_PROCESS_PER_RUN:
             eval=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
             eval_run=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.run/mlflow_run.json",
             eval_work=temp(
-                directory(f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work")
+                directory(
+                    f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work"
+                )
             ),
             summary=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
             counts=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.safetensors",
