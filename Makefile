@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install table1 smoke test lint format clean-results
+.PHONY: install table1 smoke test bench lint format clean-results
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ smoke: install
 
 test: install
 	pytest
+
+# Cost of one tiny run against the reference commit, and the router methods' step overhead
+# (docs/performance.md); minutes each.
+bench: install
+	$(PY) bench/pipeline_cost.py
+	$(PY) bench/overhead.py
 
 lint: install
 	ruff check .

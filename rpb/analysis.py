@@ -80,21 +80,23 @@ def _sha256(path: Path) -> str:
 
 
 def load_for_inference(
-    model_dir: Path, *, trust_remote_code: bool = False
+    model_dir: Path, *, trust_remote_code: bool = False, experts_implementation: str | None = None
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
     """Tokenizer and eval-mode model of `model_dir`: fp32 on the CPU, or bf16 spread over the
     visible GPUs (`device_map="auto"`) when CUDA is available, as a 16-30B model needs.
 
     `trust_remote_code` applies to the tokenizer only (Moonlight's needs it); the model always
-    loads with transformers' own class.
+    loads with transformers' own class, with `experts_implementation` (None: transformers'
+    default).
     """
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    experts = {"experts_implementation": experts_implementation} if experts_implementation else {}
     if torch.cuda.is_available():
         model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.bfloat16, device_map="auto"
+            model_dir, dtype=torch.bfloat16, device_map="auto", **experts
         )
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **experts)
     return tokenizer, model.eval()
 
 
@@ -106,9 +108,14 @@ def extract_prior_from_corpus(
     model_id: str,
     batch_size: int = 128,
     trust_remote_code: bool = False,
+    experts_implementation: str | None = None,
 ) -> RouterPrior:
     """Run the base over a post-training corpus once and write its router prior to `out`."""
-    tokenizer, model = load_for_inference(model_dir, trust_remote_code=trust_remote_code)
+    tokenizer, model = load_for_inference(
+        model_dir,
+        trust_remote_code=trust_remote_code,
+        experts_implementation=experts_implementation,
+    )
     batches = text_batches(tokenizer, corpus_texts(corpus), batch_size, source=str(corpus))
     prior = extract_prior(
         model,
@@ -181,6 +188,7 @@ def analyze_model(
     limit: int,
     out_json: Path,
     trust_remote_code: bool = False,
+    experts_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Per-layer co-activation structure of a model, retention against its base, and drift.
 
@@ -189,7 +197,11 @@ def analyze_model(
     drift describe the experts the model actually uses.
     """
     prior = RouterPrior.load(prior_path)
-    tokenizer, model = load_for_inference(model_dir, trust_remote_code=trust_remote_code)
+    load = {
+        "trust_remote_code": trust_remote_code,
+        "experts_implementation": experts_implementation,
+    }
+    tokenizer, model = load_for_inference(model_dir, **load)
     batches = text_batches(tokenizer, probe_texts(eval_dir, tasks, limit), batch_size=64)
     prior.check_compatible(model)
     steering = attach_eval_routing(model, model_dir)
@@ -201,7 +213,7 @@ def analyze_model(
     if Path(model_dir).resolve() == Path(base_dir).resolve():
         reference = live["counter"]
     else:
-        _, base = load_for_inference(base_dir, trust_remote_code=trust_remote_code)
+        _, base = load_for_inference(base_dir, **load)
         reference = routing_pass(base, batches, None, desc="base")["counter"]
         del base
     rows = summarize_layers(live["counter"].counts.numpy(), reference.counts.numpy(), seed=0)

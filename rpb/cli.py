@@ -2,7 +2,11 @@
 
 Each job subcommand opens one MLflow run (`rpb.tracking.tracked_run`) named
 `{stage}/{model}/{method}/seed{seed}` and records its run id beside its outputs for lineage
-(`train` under a multi-process launch: from the main process only).
+(`train` under a multi-process launch: from the main process only). `run` is `train`, `eval` and
+`analyze` of one post-training run in one process: the same outputs and MLflow runs, one start-up
+(docs/performance.md).
+
+Imports stay inside the subcommands: `rpb --help` and each job load only what that job uses.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,18 @@ def _offline() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def _train_spec(args: argparse.Namespace):
+    """The job's TrainSpec: `--spec` with `--threads` (Snakemake's `{threads}`) applied."""
+    from rpb.training import TrainSpec
+
+    if getattr(args, "trainable", None) is not None:  # overrides posttrain.trainable
+        args.spec = {**args.spec, "trainable": args.trainable}
+    spec = TrainSpec.from_dict(args.spec)
+    if args.threads is not None:
+        spec.threads = args.threads
+    return spec
 
 
 def _track_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -87,9 +104,9 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.tracking import log_datasets, tracked_run
-    from rpb.training import TrainSpec, pretrain
+    from rpb.training import pretrain
 
-    spec = TrainSpec.from_dict(args.spec)
+    spec = _train_spec(args)
     params = {
         "model_type": args.model_type,
         "architecture": args.architecture,
@@ -116,6 +133,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
             spec=spec,
             lbl_coef=args.lbl_coef,
             out_dir=args.out,
+            experts_implementation=args.experts_implementation,
         )
         mlflow.log_artifact(str(args.out / "train_history.json"))
         log_datasets([args.corpus], "training")
@@ -145,6 +163,7 @@ def cmd_prior(args: argparse.Namespace) -> None:
             model_id=args.name,
             batch_size=args.batch_size,
             trust_remote_code=args.trust_remote_code,
+            experts_implementation=args.experts_implementation,
         )
         mlflow.log_metrics({"tokens": float(prior.meta["n_tokens"])})
         log_datasets([args.corpus], "prior")
@@ -157,11 +176,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.tracking import log_datasets, tracked_run
-    from rpb.training import MethodSpec, TrainSpec, is_main_process, posttrain
+    from rpb.training import MethodSpec, is_main_process, posttrain
 
-    if args.trainable is not None:  # overrides the spec's `trainable` (posttrain.trainable)
-        args.spec = {**args.spec, "trainable": args.trainable}
-    spec = TrainSpec.from_dict(args.spec)
+    spec = _train_spec(args)
     method = MethodSpec(**args.method)
     parents = _lineage(
         base=_run_dir_of(args.base),
@@ -192,6 +209,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             spec=spec,
             out_dir=args.out,
             trust_remote_code=args.trust_remote_code,
+            experts_implementation=args.experts_implementation,
         )
         if main:
             mlflow.log_artifact(str(args.out / "train_history.json"))
@@ -268,6 +286,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             batch_size=args.batch_size,
             limit=args.limit or None,
             trust_remote_code=args.trust_remote_code,
+            experts_implementation=args.experts_implementation,
         )
         scores = {
             f"{task}.{entry['metric']}": float(entry["score"])
@@ -295,10 +314,70 @@ def cmd_analyze(args: argparse.Namespace) -> None:
             limit=args.limit,
             out_json=args.out,
             trust_remote_code=args.trust_remote_code,
+            experts_implementation=args.experts_implementation,
         )
         log_analysis_summary(summary)
         log_datasets(eval_sets(args.eval_dir, args.tasks), "probe")
         mlflow.log_artifact(str(args.out))
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    """Post-train, evaluate and analyse one run in this one process.
+
+    Each stage is its job's own subcommand function (`train`, `eval`, `analyze`) with the
+    arguments its rule would pass, so outputs, MLflow runs and lineage are those of three
+    separate jobs; only the interpreter start-up and imports are paid once. Ends with one line
+    naming the run and its wall time, which the pipeline prints."""
+    from rpb.training import is_main_process
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError("rpb run: one process only; under a multi-process launch use train")
+    start = time.perf_counter()
+    cmd_train(args)
+    trained = time.perf_counter()
+    if not is_main_process():
+        return
+    shared = {
+        "name": args.name,
+        "label": args.label,
+        "seed": str(_train_spec(args).seed),
+        "corpus_name": args.corpus_name,
+        "model": args.out / "model",
+        "eval_dir": args.eval_dir,
+        "trust_remote_code": args.trust_remote_code,
+        "experts_implementation": args.experts_implementation,
+        "tracking_uri": args.tracking_uri,
+        "experiment": args.experiment,
+    }
+    cmd_eval(
+        argparse.Namespace(
+            **shared,
+            tasks=args.tasks,
+            limit=args.limit,
+            batch_size=args.batch_size,
+            work=args.work,
+            out=args.eval_out,
+        )
+    )
+    evaluated = time.perf_counter()
+    cmd_analyze(
+        argparse.Namespace(
+            **shared,
+            base=args.base,
+            prior=args.prior,
+            tasks=args.probe_tasks,
+            limit=args.probe_limit,
+            out=args.analysis_out,
+        )
+    )
+    done = time.perf_counter()
+    line = (
+        f"rpb run: {args.name}/{args.corpus_name}/{args.label}/seed{shared['seed']} done in "
+        f"{done - start:.1f} s (train {trained - start:.1f} s, eval {evaluated - trained:.1f} s, "
+        f"analysis {done - evaluated:.1f} s)"
+    )
+    log.info(line)
+    print(line, flush=True)
 
 
 def cmd_table1(args: argparse.Namespace) -> None:
@@ -418,6 +497,50 @@ def _add_trust(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_compute(p: argparse.ArgumentParser, *, threads: bool = False) -> None:
+    """Options of a job that runs a model: how its experts run (and its torch threads)."""
+    p.add_argument(
+        "--experts-implementation",
+        default=None,
+        help="transformers experts implementation (eager, grouped_mm, ...; default: its own)",
+    )
+    if threads:
+        p.add_argument("--threads", type=int, default=None, help="torch threads (default: spec)")
+
+
+def _add_train(p: argparse.ArgumentParser) -> None:
+    """The options of a post-training job (`train`, and `run`, which also evaluates)."""
+    p.add_argument("--name", required=True)
+    p.add_argument("--label", required=True, help="the method's label in the config")
+    p.add_argument("--base", type=Path, required=True)
+    p.add_argument("--prior", type=Path, default=None)
+    p.add_argument("--corpus", type=Path, required=True)
+    p.add_argument("--corpus-name", required=True)
+    p.add_argument(
+        "--method", type=_json_arg, required=True, help='{"name", "strength", "options"}'
+    )
+    p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--trainable",
+        choices=["all", "routed_experts_and_routers"],
+        default=None,
+        help="parameters post-training updates (default: the spec's, else all)",
+    )
+    _add_trust(p)
+    _add_compute(p, threads=True)
+
+
+def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
+    """The options of an lm-eval job (`eval`, and `run`, where the output is `--eval-out`)."""
+    p.add_argument("--eval-dir", type=Path, required=True)
+    p.add_argument("--tasks", type=_csv_arg, required=True)
+    p.add_argument("--limit", type=int, default=0, help="items per task (0: all)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--work", type=Path, required=True, help="lm-eval task/cache folder")
+    p.add_argument(out, type=Path, required=True)
+
+
 def _add_tracking(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: env/config)")
     p.add_argument("--experiment", default="rpb", help="MLflow experiment name")
@@ -450,6 +573,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, required=True)
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    _add_compute(p, threads=True)
 
     p = add("prior", cmd_prior, "extract the base router prior over a corpus")
     p.add_argument("--name", required=True)
@@ -458,26 +582,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--batch-size", type=int, default=128)
     _add_trust(p)
+    _add_compute(p)
 
     p = add("train", cmd_train, "post-train a base with one router method")
-    p.add_argument("--name", required=True)
-    p.add_argument("--label", required=True, help="the method's label in the config")
-    p.add_argument("--base", type=Path, required=True)
-    p.add_argument("--prior", type=Path, default=None)
-    p.add_argument("--corpus", type=Path, required=True)
-    p.add_argument("--corpus-name", required=True)
-    p.add_argument(
-        "--method", type=_json_arg, required=True, help='{"name", "strength", "options"}'
-    )
-    p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument(
-        "--trainable",
-        choices=["all", "routed_experts_and_routers"],
-        default=None,
-        help="parameters post-training updates (default: the spec's, else all)",
-    )
-    _add_trust(p)
+    _add_train(p)
 
     p = add("router-swap", cmd_router_swap, "save a model with another model's routers")
     p.add_argument("--name", required=True)
@@ -494,13 +602,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", default="-")
     p.add_argument("--corpus-name", default="-")
     p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--eval-dir", type=Path, required=True)
-    p.add_argument("--tasks", type=_csv_arg, required=True)
-    p.add_argument("--limit", type=int, default=0, help="items per task (0: all)")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--work", type=Path, required=True, help="lm-eval task/cache folder")
-    p.add_argument("--out", type=Path, required=True)
+    _add_eval(p)
     _add_trust(p)
+    _add_compute(p)
 
     p = add("analyze", cmd_analyze, "co-activation and routing-drift analysis against the base")
     p.add_argument("--name", required=True)
@@ -515,6 +619,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=200)
     p.add_argument("--out", type=Path, required=True)
     _add_trust(p)
+    _add_compute(p)
+
+    p = add("run", cmd_run, "train, evaluate and analyse one post-training run in one process")
+    _add_train(p)
+    _add_eval(p, out="--eval-out")
+    p.add_argument("--probe-tasks", type=_csv_arg, required=True, help="analysis probe sets")
+    p.add_argument("--probe-limit", type=int, default=200)
+    p.add_argument("--analysis-out", type=Path, required=True)
 
     p = add("table1", cmd_table1, "build table 1 from evaluation and analysis outputs")
     p.add_argument("--results", type=Path, required=True)
@@ -534,7 +646,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _exit_now(code: int) -> None:
+    """End a finished job without the interpreter's teardown (freeing thousands of modules,
+    torch's and mlflow's exit hooks): about 2 CPU-seconds per job, measured in
+    docs/performance.md. Everything the job wrote is closed or flushed by then; logs are
+    flushed here."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one subcommand. As the `rpb` command (no `argv`) in a single process: with
+    RPB_JOB_SERVER set the job runs in a fork of the job server (rpb.jobserver), and a job that
+    succeeded exits at once (`_exit_now`); a call with `argv` returns its exit status."""
+    single = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    if argv is None and single and os.environ.get("RPB_JOB_SERVER"):
+        from rpb.jobserver import run_via_server
+
+        code = run_via_server(sys.argv[1:])
+        if code is not None:
+            _exit_now(code)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -548,6 +681,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("bad input", exc_info=True)
         print(f"rpb {args.command}: error: {err}", file=sys.stderr)
         return 2
+    if argv is None and single:
+        _exit_now(0)
     return 0
 
 

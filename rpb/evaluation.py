@@ -446,6 +446,7 @@ def run_lm_eval(
     suite: LMEvalSuite | None = None,
     dtype: str | None = None,
     trust_remote_code: bool = False,
+    experts_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate a saved model on lm-eval `tasks` in one in-process `simple_evaluate` call.
 
@@ -456,6 +457,7 @@ def run_lm_eval(
     all leaves); the suite also picks backend, dtype (default float32 without a suite) and extra
     model args. `device=None` means cuda when available. `trust_remote_code` applies to the
     tokenizer only (hf backend): the model itself always loads with transformers' own classes.
+    `experts_implementation` (hf backend) picks transformers' experts kernel (None: its default).
     """
     if not tasks:
         raise ValueError("run_lm_eval: no tasks given")
@@ -478,6 +480,8 @@ def run_lm_eval(
             raise ValueError(f"run_lm_eval: {name!r} is a group or tag; give it a suite setting")
     model_args: dict[str, Any] = {"pretrained": str(model_dir), "dtype": dtype}
     model_args.update(suite.model_args if suite else {})
+    if experts_implementation:
+        model_args["experts_implementation"] = experts_implementation
     logged_args = dict(model_args)
     if trust_remote_code and backend == "hf":
         # A preloaded tokenizer keeps remote code away from the model class (Moonlight ships an
@@ -615,6 +619,7 @@ def evaluate_model(
     limit: int | None = None,
     loglikelihood: bool = True,
     trust_remote_code: bool = False,
+    experts_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate `model_dir` on `names` and write `out_json`.
 
@@ -655,6 +660,7 @@ def evaluate_model(
         limit=limit if standard else None,
         suite=suite,
         trust_remote_code=trust_remote_code,
+        experts_implementation=experts_implementation,
     )
     result["eval_sets"] = {n: str(eval_dir.resolve() / f"{n}.jsonl") for n in local}
     save_results(result, out_json)

@@ -404,11 +404,18 @@ def run_training(
     return history
 
 
+def experts_kwargs(experts_implementation: str | None) -> dict[str, str]:
+    """`from_pretrained`/`from_config` keywords choosing transformers' experts implementation;
+    none (its default, `grouped_mm` in transformers 5.x) when `experts_implementation` is None."""
+    return {"experts_implementation": experts_implementation} if experts_implementation else {}
+
+
 def new_base_model(
     model_type: str,
     architecture: dict[str, Any],
     tokenizer: PreTrainedTokenizerBase,
     seed: int,
+    experts_implementation: str | None = None,
 ) -> PreTrainedModel:
     """A randomly initialised base of the given transformers MoE architecture."""
     config = build_config(
@@ -420,7 +427,9 @@ def new_base_model(
         **architecture,
     )
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, **experts_kwargs(experts_implementation)
+    )
 
 
 def pretrain(
@@ -432,10 +441,11 @@ def pretrain(
     spec: TrainSpec,
     lbl_coef: float,
     out_dir: Path,
+    experts_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Pretrain a tiny base on the domain mixture with a load-balancing loss, like a real base."""
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = new_base_model(model_type, architecture, tokenizer, spec.seed)
+    model = new_base_model(model_type, architecture, tokenizer, spec.seed, experts_implementation)
     model.train()
     dataset = tokenize_pretraining(corpus, tokenizer, spec.max_length)
     method = make_method("lbl", strength=lbl_coef).attach(model)
@@ -506,16 +516,20 @@ def posttrain(
     spec: TrainSpec,
     out_dir: Path,
     trust_remote_code: bool = False,
+    experts_implementation: str | None = None,
 ) -> dict[str, Any]:
     """Post-train a base on a prompt/completion corpus with one router method attached.
 
     `trust_remote_code` applies to the tokenizer only (Moonlight's); the model always loads with
-    transformers' own class. Every rank of a multi-process launch calls this; the main process
-    writes the outputs while the others wait.
+    transformers' own class. `experts_implementation` picks transformers' experts kernel (None:
+    its default). Every rank of a multi-process launch calls this; the main process writes the
+    outputs while the others wait.
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code)
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        base_dir, dtype=torch.float32, **experts_kwargs(experts_implementation)
+    )
     model.train()
     if spec.trainable != "all":
         select_trainable(model, spec.trainable)

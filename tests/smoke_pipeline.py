@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -28,6 +29,7 @@ FAKE_TOKEN = "hf_" + "Xy9" * 12
 LAUNCHER = """
 import os, signal, socket, sys
 from pathlib import Path
+from typing import Any
 if socket.socket.connect.__name__ != "_connect":
     sys.exit("the offline guard is not installed in this job")
 argv = sys.argv[1:]
@@ -48,14 +50,16 @@ sys.exit(main(argv))
 
 
 def snakemake_command(
-    results: Path, *args: str, site: Path | None = None
+    results: Path, *args: str, site: Path | None = None, config: dict[str, Any] | None = None
 ) -> tuple[list[str], dict[str, str]]:
     """Command and environment of a guarded, narrowed smoke invocation writing to `results`
-    (`args`: targets and options). Its config and launcher files sit beside `results`."""
-    config = results.parent / f"{results.name}.yaml"
+    (`args`: targets and options; `config`: more `--config` entries). Its config and launcher
+    files sit beside `results`."""
+    config_file = results.parent / f"{results.name}.yaml"
     launcher = results.parent / "launcher.py"
     launcher.write_text(LAUNCHER)
-    config.write_text(yaml.safe_dump({**NARROW, "train_launcher": f"{sys.executable} {launcher}"}))
+    narrow = {**NARROW, "train_launcher": f"{sys.executable} {launcher}"}
+    config_file.write_text(yaml.safe_dump(narrow))
     env = guarded_env(dict(os.environ), site or results.parent / "site")
     for name in ("MLFLOW_TRACKING_URI", "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "RPB_TEST_STOP"):
         env.pop(name, None)
@@ -64,8 +68,9 @@ def snakemake_command(
     cmd = [
         *unshare_prefix(),
         *(sys.executable, "-m", "snakemake", *args),
-        *("--configfile", "config/smoke.yaml", str(config)),
+        *("--configfile", "config/smoke.yaml", str(config_file)),
         *("--config", f"results_dir={results}"),
+        *(f"{key}={value}" for key, value in (config or {}).items()),
     ]
     return cmd, env
 

@@ -506,6 +506,9 @@ def test_paper_dag_dry_run(tmp_path):
         "config/paper.yaml",
         "--profile",
         "profiles/slurm",
+        # The profile deploys the conda envs; conda is not installed here (a dry run checks it).
+        "--software-deployment-method",
+        "env-modules",
         "--config",
         f"results_dir={results}",
         "--",

@@ -16,13 +16,21 @@ except ConfigError as err:
 
 RESULTS = config.get("results_dir", "results")
 SEEDS = config["seeds"]
+# Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
+# change of threads_per_job changes how fast a job runs, not what it computes, so it reruns nothing.
 THREADS = config.get("threads_per_job", 1)
 TRACKING_URI = (
     os.environ.get("MLFLOW_TRACKING_URI")
     or config.get("tracking", {}).get("uri")
     or f"sqlite:///{os.path.abspath(RESULTS)}/mlflow.db"
 )
+# Jobs find the store in their environment, not on their command line: params are Snakemake's
+# rerun trigger, and the store's path changes with the checkout's (or MLFLOW_TRACKING_URI), not the
+# results. Cluster jobs inherit the variable (sbatch exports the environment) or re-derive it here.
+os.environ.update(MLFLOW_TRACKING_URI=TRACKING_URI)
 EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
+# Touched once by tracking_init; `ancient()` wherever it is an input, so a re-created store never
+# makes the finished jobs look out of date.
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
 # The record of this invocation's parent MLflow run (Snakefile's onstart writes it, its jobs nest
 # their runs under it, onsuccess/onerror remove it). A file under the results folder reaches jobs
@@ -39,8 +47,16 @@ PRETRAINED_MODELS = [
     m for m, e in config["models"].items() if e["source"] == "pretrain"
 ]
 HUB_MODELS = [m for m, e in config["models"].items() if e["source"] == "hub"]
-# Every job command gets the store and experiment explicitly, so a job never guesses.
-TRACK = f"--tracking-uri '{TRACKING_URI}' --experiment '{EXPERIMENT}'"
+# Every job command names its experiment; the store comes from MLFLOW_TRACKING_URI (above).
+TRACK = f"--experiment {shlex.quote(EXPERIMENT)}"
+# Train, evaluate and analyse a post-training run in one job (rule posttrain_run, train.smk).
+ONE_PROCESS_PER_RUN = config.get("one_process_per_run", False)
+# Jobs hand their command to a fork server that imported the libraries once (rpb.jobserver); the
+# value only names the server, one per results folder.
+if config.get("job_server", False):
+    os.environ.update(RPB_JOB_SERVER=os.path.abspath(RESULTS))
+# Where each job's run time lands (Snakemake's `benchmark:`): s, max RSS, CPU time per job.
+BENCHMARKS = f"{RESULTS}/benchmarks"
 
 
 wildcard_constraints:
@@ -54,6 +70,13 @@ def trust_remote_code_flag(wildcards):
     """`--trust-remote-code` for a job on a model whose config entry allows remote code."""
     allowed = config["models"][wildcards.model].get("trust_remote_code")
     return "--trust-remote-code" if allowed else ""
+
+
+def experts_flag(wildcards):
+    """`--experts-implementation X` for a model whose config entry names one (else transformers'
+    default; docs/performance.md)."""
+    chosen = config["models"][wildcards.model].get("experts_implementation")
+    return f"--experts-implementation {chosen}" if chosen else ""
 
 
 def as_json(value):
@@ -89,8 +112,9 @@ def method_entry(method):
 
 
 def posttrain_spec(seed):
+    """The TrainSpec of a post-training job; its threads come from `--threads {threads}`."""
     spec = dict(config["posttrain"])
-    spec.update(seed=int(seed), threads=THREADS)
+    spec.update(seed=int(seed))
     return spec
 
 
@@ -98,13 +122,18 @@ def pretrain_spec(model):
     spec = dict(config["models"][model]["pretrain"])
     spec.pop("lbl_coef")
     spec.setdefault("seed", 0)
-    spec["threads"] = THREADS
     return spec
 
 
 def eval_tasks():
     ev = config["evaluation"]
     return list(ev["in_domain"]) + list(ev["ood"])
+
+
+EVAL_DIR = f"{RESULTS}/data/eval"
+# The analysis probe set: the first PROBE_LIMIT items of each of PROBE_TASKS.
+PROBE_TASKS = config.get("analysis", {}).get("probe_tasks", eval_tasks())
+PROBE_LIMIT = config.get("analysis", {}).get("probe_limit", 200)
 
 
 def table1_inputs(wildcards):
@@ -143,81 +172,6 @@ TABLES = config.get("tables") or {}
 CLAIMS = config.get("claims")
 SWEEP = config.get("sweep")
 TABLE_SEEDS = TABLES.get("seeds") or SEEDS
-
-
-def _report_config_error(where, problem):
-    sys.exit(f"config error: {where}: {problem}")
-
-
-def _check_report_config():
-    """Names in tables/claims/sweep must refer to models, methods and corpora of this config."""
-    corpora = list(config["data"].get("corpora") or config["evaluation"]["in_domain"])
-
-    def model(where, name):
-        if name not in config["models"]:
-            _report_config_error(where, f"'{name}' is not a key of models")
-
-    def corpus(where, name):
-        if name not in corpora:
-            _report_config_error(
-                where, f"'{name}' is not a known corpus ({', '.join(corpora)})"
-            )
-
-    def labels(where, names):
-        for name in names:
-            if name not in config["methods"]:
-                _report_config_error(where, f"'{name}' is not a key of methods")
-
-    for c, tasks in (config["evaluation"].get("corpus_tasks") or {}).items():
-        corpus("evaluation.corpus_tasks", c)
-        for task in tasks:
-            if task not in config["evaluation"]["in_domain"]:
-                _report_config_error(
-                    f"evaluation.corpus_tasks.{c}",
-                    f"'{task}' is not in evaluation.in_domain",
-                )
-    for key, entry in TABLES.items():
-        if key == "seeds":
-            continue
-        for m in entry.get("models", [entry.get("model")]):
-            model(f"tables.{key}.model", m)
-        for c in entry.get("corpora", [entry.get("corpus")]):
-            corpus(f"tables.{key}.corpus", c)
-        for field in ("methods", "correlate"):
-            labels(f"tables.{key}.{field}", entry.get(field, []))
-        for field in ("lower", "upper"):
-            if field in entry:
-                labels(f"tables.{key}.{field}", [entry[field]])
-    if "table3" in TABLES and CLAIMS is None:
-        _report_config_error(
-            "tables.table3", "compares claims.method and claims.reference: add claims"
-        )
-    if CLAIMS is not None:
-        needed = ("table2", "table3", "table4", "table5")
-        missing = [k for k in needed if k not in TABLES]
-        if missing:
-            _report_config_error("claims", f"needs tables.{missing[0]}")
-        for role in ("method", "reference"):
-            labels(f"claims.{role}", [CLAIMS[role]])
-        for where, names in (
-            ("table1.methods", config["table1"]["methods"]),
-            ("tables.table2.methods", TABLES["table2"]["methods"]),
-        ):
-            for role in ("method", "reference"):
-                if CLAIMS[role] not in names:
-                    _report_config_error(where, f"lacks claims.{role} '{CLAIMS[role]}'")
-        if CLAIMS["method"] not in TABLES["table4"]["methods"]:
-            _report_config_error("tables.table4.methods", "lacks claims.method")
-        if CLAIMS["method"] not in TABLES["table5"]["methods"]:
-            _report_config_error("tables.table5.methods", "lacks claims.method")
-    if SWEEP is not None:
-        model("sweep.model", SWEEP["model"])
-        corpus("sweep.corpus", SWEEP["corpus"])
-        for i, curve in enumerate(SWEEP["curves"]):
-            labels(f"sweep.curves[{i}].labels", curve["labels"])
-
-
-_check_report_config()
 
 
 def run_outputs(model, corpus, methods, seeds, base=False):

@@ -16,10 +16,11 @@ rule tracking_init:
 
 rule corpora:
     input:
-        TRACKING_READY,
+        ancient(TRACKING_READY),
     output:
         manifest=f"{RESULTS}/data/manifest.json",
         tokenizer=directory(f"{RESULTS}/data/tokenizer"),
+        run=f"{RESULTS}/data/mlflow_run.json",
     log:
         f"{RESULTS}/logs/corpora.log",
     conda:

@@ -1,15 +1,24 @@
-# lm-evaluation-harness evaluation and co-activation analysis of every model the tables need.
+# lm-evaluation-harness evaluation and co-activation analysis of every model the tables need
+# (trained runs: rule posttrain_run instead, where one_process_per_run is set).
+
+EVAL_OUT = f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}"
+ANALYSIS_OUT = f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}"
 
 
 rule evaluate:
     input:
-        TRACKING_READY,
+        ancient(TRACKING_READY),
         model=evaluated_model,
         data=EVAL_INPUTS,
     output:
-        f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
+        result=f"{EVAL_OUT}.json",
+        run=f"{EVAL_OUT}.run/mlflow_run.json",
+        # lm-eval's task YAMLs and datasets cache for this job only.
+        work=temp(directory(f"{EVAL_OUT}.work")),
     log:
         f"{RESULTS}/logs/eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+    benchmark:
+        f"{BENCHMARKS}/eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
     conda:
         CONDA_ENV
     threads: THREADS
@@ -17,31 +26,35 @@ rule evaluate:
         mem_mb=4000,
     params:
         track=TRACK,
-        eval_dir=f"{RESULTS}/data/eval",
+        eval_dir=EVAL_DIR,
         tasks=",".join(eval_tasks()),
         limit=config["evaluation"].get("limit") or 0,
         batch_size=config["evaluation"].get("batch_size", 64),
-        work=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work",
         trust=trust_remote_code_flag,
+        experts=experts_flag,
     shell:
         "rpb eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
         " --tasks {params.tasks} --limit {params.limit} --batch-size {params.batch_size}"
-        " --work {params.work} --out {output} {params.trust} {params.track} > {log} 2>&1"
+        " --work {output.work} --out {output.result} {params.trust} {params.experts}"
+        " {params.track} > {log} 2>&1"
 
 
 rule analyze:
     input:
-        TRACKING_READY,
+        ancient(TRACKING_READY),
         model=evaluated_model,
         base=f"{RESULTS}/models/{{model}}/base/model",
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
         data=PROBE_INPUTS,
     output:
-        summary=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
-        counts=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.safetensors",
+        summary=f"{ANALYSIS_OUT}.json",
+        counts=f"{ANALYSIS_OUT}.safetensors",
+        run=f"{ANALYSIS_OUT}.run/mlflow_run.json",
     log:
         f"{RESULTS}/logs/analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+    benchmark:
+        f"{BENCHMARKS}/analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
     conda:
         CONDA_ENV
     threads: THREADS
@@ -49,13 +62,14 @@ rule analyze:
         mem_mb=4000,
     params:
         track=TRACK,
-        eval_dir=f"{RESULTS}/data/eval",
-        tasks=",".join(config.get("analysis", {}).get("probe_tasks", eval_tasks())),
-        limit=config.get("analysis", {}).get("probe_limit", 200),
+        eval_dir=EVAL_DIR,
+        tasks=",".join(PROBE_TASKS),
+        limit=PROBE_LIMIT,
         trust=trust_remote_code_flag,
+        experts=experts_flag,
     shell:
         "rpb analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"
         " --prior {input.prior} --eval-dir {params.eval_dir} --tasks {params.tasks}"
-        " --limit {params.limit} --out {output.summary} {params.trust} {params.track}"
-        " > {log} 2>&1"
+        " --limit {params.limit} --out {output.summary} {params.trust} {params.experts}"
+        " {params.track} > {log} 2>&1"

@@ -3,14 +3,17 @@
 
 rule pretrain_base:
     input:
-        TRACKING_READY,
+        ancient(TRACKING_READY),
         manifest=f"{RESULTS}/data/manifest.json",
         tokenizer=f"{RESULTS}/data/tokenizer",
     output:
         model=directory(f"{RESULTS}/models/{{model}}/base/model"),
         history=f"{RESULTS}/models/{{model}}/base/train_history.json",
+        run=f"{RESULTS}/models/{{model}}/base/mlflow_run.json",
     log:
         f"{RESULTS}/logs/pretrain/{{model}}.log",
+    benchmark:
+        f"{BENCHMARKS}/pretrain/{{model}}.tsv"
     wildcard_constraints:
         model="|".join(PRETRAINED_MODELS) or "^$",
     conda:
@@ -26,22 +29,27 @@ rule pretrain_base:
         architecture=lambda wc: as_json(config["models"][wc.model]["architecture"]),
         spec=lambda wc: as_json(pretrain_spec(wc.model)),
         lbl=lambda wc: config["models"][wc.model]["pretrain"]["lbl_coef"],
+        experts=experts_flag,
     shell:
         "rpb pretrain --name {wildcards.model} --model-type {params.model_type}"
         " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
-        " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out} {params.track}"
-        " > {log} 2>&1"
+        " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out}"
+        " --threads {threads} {params.experts} {params.track} > {log} 2>&1"
 
 
 rule extract_prior:
     input:
-        TRACKING_READY,
+        ancient(TRACKING_READY),
         model=f"{RESULTS}/models/{{model}}/base/model",
         data=CORPUS_INPUTS,
     output:
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+        meta=f"{RESULTS}/priors/{{model}}/{{corpus}}.json",
+        run=f"{RESULTS}/priors/{{model}}/{{corpus}}.run/mlflow_run.json",
     log:
         f"{RESULTS}/logs/prior/{{model}}_{{corpus}}.log",
+    benchmark:
+        f"{BENCHMARKS}/prior/{{model}}_{{corpus}}.tsv"
     conda:
         CONDA_ENV
     threads: THREADS
@@ -51,6 +59,7 @@ rule extract_prior:
         track=TRACK,
         corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
         trust=trust_remote_code_flag,
+        experts=experts_flag,
     shell:
         "rpb prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
-        " --out {output.prior} {params.trust} {params.track} > {log} 2>&1"
+        " --out {output.prior} {params.trust} {params.experts} {params.track} > {log} 2>&1"
