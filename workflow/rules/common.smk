@@ -36,7 +36,7 @@ TRACKING_READY = f"{RESULTS}/.mlflow_ready"
 # their runs under it, onsuccess/onerror remove it). A file under the results folder reaches jobs
 # on other nodes too; the variable tells them where it is (a job's Snakemake parses this again).
 TRACKING_INVOCATION = os.path.abspath(f"{RESULTS}/.mlflow_invocation.json")
-os.environ["RPB_MLFLOW_INVOCATION"] = TRACKING_INVOCATION
+os.environ.update(RPB_MLFLOW_INVOCATION=TRACKING_INVOCATION)
 # Paper scale adds tiktoken (Moonlight's tokenizer) and lm-eval's math extra: envs/paper.yaml.
 CONDA_ENV = (
     "../../envs/paper.yaml" if config["scale"] == "paper" else "../../envs/rpb.yaml"
@@ -313,3 +313,114 @@ def diagnostic_targets():
         return []
     outputs = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
     return [f"{RESULTS}/{outputs[name]}" for name in outputs if name in diagnostics]
+
+
+# --- diagnostics beyond the paper (rules in diagnostics.smk) ------------------------------
+
+DIAGNOSTICS = config.get("diagnostics") or {}
+DIAG_ROOT = f"{RESULTS}/diagnostic"
+# The router-swap tree below RESULTS (rpb.router_swap reads it from the table's spec).
+SWAP_TREE = "diagnostic/router_swap"
+SWAP_ROOT = f"{RESULTS}/{SWAP_TREE}"
+
+
+def diagnostic_seeds(section):
+    return DIAGNOSTICS[section].get("seeds") or SEEDS
+
+
+def swap_sources(label):
+    """(non-router weights, routers) method labels of a swapped model's label
+    (`<m>_with_base_routers`, `base_with_<m>_routers`, as rpb.router_swap.swap_labels).
+    """
+    if label.endswith("_with_base_routers"):
+        return label.removesuffix("_with_base_routers"), "base"
+    return "base", label.removeprefix("base_with_").removesuffix("_routers")
+
+
+def swap_inputs(wildcards):
+    weights, routers = swap_sources(wildcards.label)
+    return {
+        "weights": model_dir(
+            wildcards.model, weights, wildcards.corpus, wildcards.seed
+        ),
+        "routers": model_dir(
+            wildcards.model, routers, wildcards.corpus, wildcards.seed
+        ),
+    }
+
+
+def swapped_model(wildcards):
+    return f"{SWAP_ROOT}/models/{wildcards.model}/{wildcards.corpus}/{wildcards.method}/seed{wildcards.seed}/model"
+
+
+def router_swap_inputs(wildcards):
+    swap = DIAGNOSTICS["router_swap"]
+    method, corpus = swap["method"], swap["corpus"]
+    labels = [f"{method}_with_base_routers", f"base_with_{method}_routers"]
+    paths = []
+    for model in swap["models"]:
+        paths.append(f"{RESULTS}/eval/{model}/{corpus}/base/seed0.json")
+        for seed in diagnostic_seeds("router_swap"):
+            paths.append(f"{RESULTS}/eval/{model}/{corpus}/{method}/seed{seed}.json")
+            paths += [
+                f"{SWAP_ROOT}/eval/{model}/{corpus}/{label}/seed{seed}.json"
+                for label in labels
+            ]
+    return paths
+
+
+def router_swap_spec():
+    swap = DIAGNOSTICS["router_swap"]
+    return _common_spec() | {
+        "models": swap["models"],
+        "corpus": swap["corpus"],
+        "method": swap["method"],
+        "seeds": diagnostic_seeds("router_swap"),
+        "in_domain": config["evaluation"]["in_domain"],
+        "swap_tree": SWAP_TREE,
+    }
+
+
+def diagnostic_model_dir(wildcards):
+    if wildcards.method == "base":
+        return f"{RESULTS}/models/{wildcards.model}/base/model"
+    return f"{DIAG_ROOT}/runs/{wildcards.model}/{wildcards.corpus}/{wildcards.method}/seed{wildcards.seed}/model"
+
+
+def diagnostic_table1_inputs(wildcards):
+    """The diagnostic tree's evaluation and analysis outputs, laid out as table 1's."""
+    regime = DIAGNOSTICS["regime"]
+    paths = run_outputs(
+        regime["model"],
+        regime["corpus"],
+        regime["methods"],
+        diagnostic_seeds("regime"),
+        base=True,
+    )
+    return [DIAG_ROOT + path.removeprefix(RESULTS) for path in paths]
+
+
+def diagnostic_spec(seed):
+    return posttrain_spec(seed) | {"trainable": DIAGNOSTICS["regime"]["trainable"]}
+
+
+def diagnostic_table1_spec():
+    regime = DIAGNOSTICS["regime"]
+    model = regime["model"]
+    return {
+        "title": (
+            f"Diagnostic table 1 (posttrain.trainable: {regime['trainable']}; the paper's "
+            "numbers are for full post-training, not this regime)"
+        ),
+        "model": model,
+        "family": config["models"][model]["family"],
+        "corpus": regime["corpus"],
+        "methods": regime["methods"],
+        "seeds": diagnostic_seeds("regime"),
+        "in_domain": config["evaluation"]["in_domain"],
+        "ood": config["evaluation"]["ood"],
+        "corpus_tasks": config["evaluation"].get("corpus_tasks") or {},
+        "scale": config["scale"],
+    }
+
+# --- router swap ---------------------------------------------------------------------------------
