@@ -178,6 +178,22 @@ def test_table1_numbers_are_percentages_of_the_inputs(
             assert row[key] == pytest.approx(np.mean([s["mean"][key] for s in per_seed.values()]))
         assert row["in_domain_ci_low"] <= row["in_domain"] <= row["in_domain_ci_high"]
         assert row["in_domain_ci_low"] >= 0 and row["in_domain_ci_high"] <= 100
+        if label != "base":  # the t-interval over the runs' scores, cut to [0, 100]
+            runs = [100 * np.mean(s["tasks"]["math"]) for s in per_seed.values()]
+            ci = stats.ttest_1samp(runs, 0.0).confidence_interval(0.95)
+            assert row["in_domain_ci_low"] == pytest.approx(max(0.0, ci.low))
+            assert row["in_domain_ci_high"] == pytest.approx(min(100.0, ci.high))
+
+
+def test_table1_honours_the_confidence_level(tmp_path: Path) -> None:
+    _fake_results(tmp_path, SPEC)
+    wide = build_table1(tmp_path, SPEC | {"confidence": 0.99}, tmp_path / "a.csv")
+    narrow = build_table1(tmp_path, SPEC | {"confidence": 0.5}, tmp_path / "b.csv")
+    width = {
+        n: (f["in_domain_ci_high"] - f["in_domain_ci_low"]) for n, f in (("w", wide), ("n", narrow))
+    }
+    assert (width["w"] >= width["n"]).all() and (width["w"][1:] > width["n"][1:]).all()
+    assert "99% t-interval" in (tmp_path / "a.meta.json").read_text()
 
 
 def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) -> None:
@@ -194,7 +210,19 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}}
     out = results / "table1.csv"
     table = build_table1(results, spec, out).set_index("method")
-    assert table.loc["rpb", "in_domain"] == pytest.approx(100 * 3 / 6)
+    # Per benchmark, and their mean (not the pooled items, 3 / 6): each benchmark weighs the same.
+    assert table.loc["rpb", "in_domain_gsm8k"] == pytest.approx(50.0)
+    assert table.loc["rpb", "in_domain_minerva_math500"] == pytest.approx(50.0)
+    bench["minerva_math500"] = [1, 1]
+    for label, seeds in written.items():
+        for seed in seeds:
+            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            result = json.loads(path.read_text())
+            result["tasks"]["minerva_math500"]["items"] = [1, 1]
+            path.write_text(json.dumps(result))
+    table = build_table1(results, spec, out).set_index("method")
+    assert table.loc["rpb", "in_domain"] == pytest.approx((50.0 + 100.0) / 2)  # pooled: 4/6
+    assert "paper does not say" in out.with_suffix(".meta.json").read_text()
     ood = np.mean([np.mean(written["rpb"][s]["tasks"][t]) for s in (0, 1) for t in OOD])
     assert table.loc["rpb", "ood_mean"] == pytest.approx(100 * ood)
     assert "gsm8k, minerva_math500" in out.with_suffix(".meta.json").read_text()
@@ -548,7 +576,9 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
     assert len(pairs) == 6 * 2
     first = pairs[(pairs["method"] == "rpb") & (pairs["other"] == "anchor_weight")]
     assert first[first["metric"] == "in_domain"]["diff_ci_high"].item() < 0
-    assert first[first["metric"] == "in_domain"]["n_items"].item() == 2 * N_ITEMS  # both corpora
+    # One paired run per (corpus, seed): 2 corpora x 2 seeds, N_ITEMS items each.
+    assert first[first["metric"] == "in_domain"]["n_seeds"].item() == 4
+    assert first[first["metric"] == "in_domain"]["n_items"].item() == N_ITEMS
     assert "Is any ordering consistent?" in (tmp_path / "table4.md").read_text()
 
 
