@@ -247,6 +247,11 @@ def run_interval(
         raise ValueError("per-run values must be finite (a NaN score or metric in a run?)")
     mean, low, high, sd = (float(v) for v in t_interval(x, confidence=confidence))
     n = x.size
+    if n >= 2 and sd <= 1e-12 * (1.0 + abs(mean)):
+        # Runs equal up to float rounding: the spread is 0, not a t-test's catastrophic
+        # cancellation.
+        low = high = mean
+        sd = 0.0
     if n < 2:
         p = float("nan")
     elif sd == 0:

@@ -449,11 +449,13 @@ def write_run(
     ood: list[str] = OOD_ALL,
     n_items: int = N_ITEMS,
     structured_base: bool = True,
+    routing: dict[str, float] | None = None,
 ) -> None:
     """One (model, corpus, label, seed) as the pipeline lays it out: eval JSON with exact-match
     items, analysis JSON with layer means (and, for the base, per-layer rows and the probe size)
     and co-activation counts. Items are coupled across labels (item i is right when a fixed
-    per-seed uniform draw is below the label's accuracy), so paired differences are clean."""
+    per-seed uniform draw is below the label's accuracy), so paired differences are clean.
+    `routing` overrides layer-mean analysis entries (usage entropy, drift)."""
     p_in, p_ood, nmi = levels
     u = np.random.default_rng(1000 + seed).random(n_items)
     tasks = {corpus: (u < p_in).astype(int).tolist()}
@@ -472,7 +474,9 @@ def write_run(
         "coact_cosine": 0.5 + nmi / 2,
         "kl_to_base": 1.0 - nmi,
         "topk_overlap_with_base": nmi,
+        "usage_entropy": 0.9 + jitter,
     }
+    mean |= routing or {}
     _write(
         root / "analysis" / where,
         {"mean": mean, "layers": layers, "probe": {"tokens": tokens}},
@@ -494,14 +498,17 @@ def write_world(
     models: tuple[str, ...] = ("tinyA", "tinyB"),
     corpora: tuple[str, ...] = ("math", "math2"),
     seeds: tuple[int, ...] = (0, 1),
+    routing: dict[str, dict[str, float]] | None = None,
     **kwargs: Any,
 ) -> None:
-    """Every label of `world` for every model, corpus and seed (the base at seed 0)."""
+    """Every label of `world` for every model, corpus and seed (the base at seed 0); `routing`:
+    per label, analysis entries to override (see `write_run`)."""
     for model in models:
         for corpus in corpora:
             for label, levels in world.items():
                 for seed in [0] if label == "base" else seeds:
-                    write_run(root, model, corpus, label, seed, levels, **kwargs)
+                    extra = (routing or {}).get(label)
+                    write_run(root, model, corpus, label, seed, levels, routing=extra, **kwargs)
 
 
 STAT = {"confidence": 0.95, "n_resamples": 300, "scale": "smoke", "ood": OOD_ALL}
