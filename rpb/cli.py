@@ -347,6 +347,14 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
 }
 
 
+def cmd_permute_prior(args: argparse.Namespace) -> None:
+    """The claims audit's prior-permutation control (rpb.controls): no MLflow run, a file
+    transform."""
+    from rpb.controls import write_permuted_prior
+
+    write_permuted_prior(args.prior, args.out, seed=args.seed)
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     import importlib
 
@@ -457,6 +465,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
+
+    p = add(
+        "permute-prior", cmd_permute_prior, "a router prior with its experts permuted per layer"
+    )
+    p.add_argument("--prior", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
 
     for name, (_, help_) in REPORT_JOBS.items():
         p = add(name, cmd_report, help_)

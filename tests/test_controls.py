@@ -1,0 +1,60 @@
+"""The prior-permutation control (rpb.controls, `rpb permute-prior`): every per-expert tensor of
+the base router prior is permuted consistently per layer, no expert keeps its own row, the file
+round-trips and fits the model, and the permutation is fixed by its seed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rpb.cli import main
+from rpb.controls import derangement, permute_prior
+from rpb.prior import RouterPrior
+
+
+def test_every_per_expert_tensor_is_permuted_consistently(tiny_prior: RouterPrior) -> None:
+    permuted, perms = permute_prior(tiny_prior, seed=0)
+    assert len(perms) == tiny_prior.num_layers
+    for layer, perm in enumerate(perms):
+        p = torch.tensor(perm)
+        assert sorted(perm) == list(range(tiny_prior.num_experts))
+        assert not (p == torch.arange(len(perm))).any()  # no expert keeps its own row
+        torch.testing.assert_close(permuted.base_weights[layer], tiny_prior.base_weights[layer][p])
+        torch.testing.assert_close(permuted.usage[layer], tiny_prior.usage[layer][p])
+        torch.testing.assert_close(permuted.mean_probs[layer], tiny_prior.mean_probs[layer][p])
+        coact = permuted.coactivation[layer]
+        torch.testing.assert_close(coact, tiny_prior.coactivation[layer][p][:, p])
+        torch.testing.assert_close(coact.diagonal(), permuted.usage[layer])
+        if tiny_prior.correction_bias is not None:
+            torch.testing.assert_close(
+                permuted.correction_bias[layer], tiny_prior.correction_bias[layer][p]
+            )
+        # The same hidden state now scores expert i as the base scored expert perm[i].
+        h = torch.randn(tiny_prior.hidden_size)
+        torch.testing.assert_close(
+            permuted.base_weights[layer] @ h, (tiny_prior.base_weights[layer] @ h)[p]
+        )
+    # Nothing but the expert order changed.
+    assert permuted.meta == tiny_prior.meta
+    assert not torch.equal(permuted.base_weights[0], tiny_prior.base_weights[0])
+
+
+def test_cli_writes_a_loadable_prior_fixed_by_its_seed(tiny_prior, tiny_model, tmp_path) -> None:
+    source = tiny_prior.save(tmp_path / "math.safetensors")
+    out = tmp_path / "permuted" / "math.safetensors"
+    assert main(["permute-prior", "--prior", str(source), "--out", str(out)]) == 0
+    loaded = RouterPrior.load(out)
+    loaded.check_compatible(tiny_model)
+    expected, perms = permute_prior(tiny_prior, seed=0)
+    torch.testing.assert_close(loaded.base_weights[0], expected.base_weights[0])
+    record = json.loads((out.parent / "math.permutation.json").read_text())
+    assert record["permutation_per_layer"] == perms and record["seed"] == 0
+    _, other_perms = permute_prior(tiny_prior, seed=1)
+    assert other_perms != perms
+
+
+def test_derangement_needs_two_experts() -> None:
+    with pytest.raises(ValueError, match="needs >= 2 experts"):
+        derangement(1, torch.Generator().manual_seed(0))
