@@ -5,11 +5,14 @@ round-trips and fits the model, and the permutation is fixed by its seed."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from rpb.cli import main
+from rpb.config_check import ConfigError, check_config
 from rpb.controls import derangement, permute_prior
 from rpb.prior import RouterPrior
 
@@ -58,3 +61,49 @@ def test_cli_writes_a_loadable_prior_fixed_by_its_seed(tiny_prior, tiny_model, t
 def test_derangement_needs_two_experts() -> None:
     with pytest.raises(ValueError, match="needs >= 2 experts"):
         derangement(1, torch.Generator().manual_seed(0))
+
+
+# --- the controls' config keys ------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config() -> dict:
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda c: c["claims"].update(placebo="placebo2"), r"claims\.placebo: 'placebo2' is not"),
+        (
+            lambda c: c["methods"]["rpb_permuted"].pop("prior"),
+            r"claims\.permuted: methods\.rpb_permuted lacks 'prior: permuted'",
+        ),
+        (
+            lambda c: c["methods"]["placebo"].update(prior="permuted"),
+            r"methods\.placebo\.prior: method 'lbl' reads no router prior",
+        ),
+        (
+            lambda c: c["methods"]["rpb_permuted"].update(kind="anchor_weight"),
+            r"claims\.permuted: methods\.rpb_permuted is a 'anchor_weight', not a variant",
+        ),
+        (
+            lambda c: c["methods"]["rpb"].update(prior="shuffled"),
+            r"methods\.rpb\.prior",
+        ),
+    ],
+)
+def test_control_keys_are_checked(mutate, message) -> None:
+    config = _config()
+    mutate(config)
+    with pytest.raises(ConfigError, match=message):
+        check_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+
+
+def test_default_config_has_both_controls() -> None:
+    config = _config()
+    check_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
+    assert config["claims"]["placebo"] == "placebo" and config["claims"]["power"] == 0.8
+    assert config["methods"]["placebo"] == {"kind": "lbl", "strength": 1e-7}
+    assert config["methods"]["rpb_permuted"]["prior"] == "permuted"

@@ -286,7 +286,7 @@ def _common_spec():
         "scale": config["scale"],
     }
     if CLAIMS is not None:
-        spec |= {k: CLAIMS[k] for k in ("confidence", "n_resamples")}
+        spec |= {k: CLAIMS[k] for k in ("confidence", "n_resamples", "power")}
     return spec
 
 
@@ -323,6 +323,8 @@ def claims_spec():
     }
     for name in ("table2", "table3", "table4", "table5"):
         spec[name] = table_spec(name)
+    if "readings" in TABLES:  # manipulation check M2 applies the readings rule
+        spec["readings"] = table_spec("readings")
     return spec
 
 
