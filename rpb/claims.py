@@ -220,9 +220,7 @@ def _underpowered_note(mde: float, needed: int, unit: str) -> str:
     if needed < 0:
         return "underpowered: one run per arm, no spread estimate; needs at least 2 seeds"
     seeds = f"more than {needed - 1} seeds" if needed > 1000 else f"{needed} seeds"
-    return f"underpowered: MDE {_fmt(mde, 3 if unit != 'pp' else 1)} {unit}, needs {seeds}".replace(
-        " ,", ","
-    )
+    return f"underpowered: MDE {_fmt(mde, 1 if unit == 'pp' else 3)} {unit}, needs {seeds}"
 
 
 def judged_part(
