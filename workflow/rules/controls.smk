@@ -3,6 +3,7 @@
 # a method whose entry says `prior: permuted` with the base prior's experts permuted per layer:
 # `permute_prior` writes that prior and `posttrain_permuted_prior` is `posttrain` reading it.
 
+from snakemake.exceptions import WorkflowError
 from snakemake.io import is_flagged
 
 PERMUTED_PRIOR_LABELS = [
@@ -36,13 +37,18 @@ def _inputs_with_prior(rule_input, prior):
     return list(rule_input)[: len(rule_input) - n_named], named | {"prior": prior}
 
 
-def _outputs_for_labels(rule_output, labels):
-    """`posttrain`'s named outputs with the method wildcard restricted to `labels`."""
-    regex = "|".join(labels)
+def _outputs_for_labels(rule, labels):
+    """`posttrain`'s named outputs with the method wildcard restricted to `labels`: the patterns
+    as written (the `rules` proxy; the rule object's carry the global wildcard constraints) with
+    the rule object's directory() flags."""
     outputs = {}
-    for name, pattern in dict(rule_output.items()).items():
-        text = str(pattern).replace("{method}", "{method," + regex + "}")
-        outputs[name] = directory(text) if is_flagged(pattern, "directory") else text
+    flagged = dict(workflow.get_rule(rule).output.items())
+    for name, pattern in dict(getattr(rules, rule).output.items()).items():
+        text = str(pattern)
+        if "{method}" not in text:
+            raise WorkflowError(f"controls.smk: output {name} of {rule} has no {{method}}")
+        text = text.replace("{method}", "{method," + "|".join(labels) + "}")
+        outputs[name] = directory(text) if is_flagged(flagged[name], "directory") else text
     return outputs
 
 
@@ -56,7 +62,7 @@ if PERMUTED_PRIOR_LABELS:
             *_POSITIONAL,
             **_NAMED,
         output:
-            **_outputs_for_labels(rules.posttrain.output, PERMUTED_PRIOR_LABELS),
+            **_outputs_for_labels("posttrain", PERMUTED_PRIOR_LABELS),
 
     ruleorder: posttrain_permuted_prior > posttrain
 
