@@ -5,6 +5,7 @@ round-trips and fits the model, and the permutation is fixed by its seed."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,28 @@ def test_default_config_has_both_controls() -> None:
     assert config["claims"]["placebo"] == "placebo" and config["claims"]["power"] == 0.8
     assert config["methods"]["placebo"] == {"kind": "lbl", "strength": 1e-7}
     assert config["methods"]["rpb_permuted"]["prior"] == "permuted"
+
+
+def test_only_the_permuted_label_trains_with_the_permuted_prior(tmp_path: Path) -> None:
+    """A dry run of the smoke DAG: `rpb_permuted` trains through `posttrain_permuted_prior` with
+    the permuted prior; every other label keeps `posttrain` and the base prior."""
+    import subprocess
+    import sys
+
+    results = tmp_path / "results"
+    targets = [
+        f"{results}/runs/tinyA/math/{label}/seed0/model" for label in ("rpb_permuted", "rpb")
+    ]
+    command = [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile"]
+    command += ["config/smoke.yaml", "--config", f"results_dir={results}", "--", *targets]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    jobs = re.findall(r"rule (\w+):\n((?:    .*\n)+)", proc.stdout)
+    by_rule = {rule: body for rule, body in jobs if rule.startswith("posttrain")}
+    assert set(by_rule) == {"posttrain", "posttrain_permuted_prior"}
+    assert "method=rpb_permuted" in by_rule["posttrain_permuted_prior"]
+    assert "priors/tinyA/permuted/math.safetensors" in by_rule["posttrain_permuted_prior"]
+    assert "method=rpb," in by_rule["posttrain"]
+    assert "priors/tinyA/math.safetensors" in by_rule["posttrain"]
+    assert "priors/tinyA/permuted/" not in by_rule["posttrain"]
+    assert "rule permute_prior:" in proc.stdout
