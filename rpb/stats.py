@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -39,6 +40,7 @@ __all__ = [
     "block_ranks",
     "bootstrap_p_value",
     "friedman_power",
+    "item_sd_of_difference",
     "mde",
     "paired_difference",
     "paired_runs",
@@ -236,10 +238,18 @@ def seeds_needed(
 
 
 def run_interval(
-    scores: Any, *, confidence: float = 0.95, power: float = DEFAULT_POWER, n_items: int = 0
+    scores: Any,
+    *,
+    confidence: float = 0.95,
+    power: float = DEFAULT_POWER,
+    n_items: int = 0,
+    min_sd: float = 0.0,
 ) -> Difference:
     """Mean of per-run values (scores or paired differences), its t-interval, the one-sample
-    t-test's p-value of 0 and the MDEs. sd 0 (identical runs) gives [d, d] and p 1 or 0."""
+    t-test's p-value of 0 and the MDEs. sd 0 (identical runs) gives [d, d] and p 1 or 0.
+
+    `min_sd` floors the per-run spread: a run's score carries at least its items' sampling
+    noise, so a few runs whose scores happen to tie do not give a zero-width interval."""
     x = np.asarray(scores, dtype=float)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"expected a non-empty 1-D array of per-run values, got {x.shape}")
@@ -252,12 +262,16 @@ def run_interval(
         # cancellation.
         low = high = mean
         sd = 0.0
+    if n >= 2 and min_sd > sd:
+        sd = float(min_sd)
+        half = stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
+        low, high = mean - half, mean + half
     if n < 2:
         p = float("nan")
     elif sd == 0:
         p = 1.0 if mean == 0 else 0.0
     else:
-        p = float(stats.ttest_1samp(x, 0.0).pvalue)
+        p = float(2 * stats.t.sf(abs(mean) / (sd / math.sqrt(n)), n - 1))
     return Difference(
         estimate=mean,
         low=low,
@@ -280,13 +294,31 @@ def paired_runs(
     confidence: float = 0.95,
     power: float = DEFAULT_POWER,
     n_items: int = 0,
+    item_sd: float = 0.0,
 ) -> Difference:
     """Paired comparison of two methods' per-run scores (entry s of each: the same seed, so the
-    same initial model and data order): the t-interval of the mean per-run difference a - b."""
+    same initial model and data order): the t-interval of the mean per-run difference a - b.
+    `item_sd`: the standard error of one run's paired difference from its items alone (see
+    `item_sd_of_difference`), the floor of the per-run spread."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"paired runs differ in shape: {a.shape} vs {b.shape}")
-    return run_interval(a - b, confidence=confidence, power=power, n_items=n_items)
+    return run_interval(a - b, confidence=confidence, power=power, n_items=n_items, min_sd=item_sd)
+
+
+def item_sd_of_difference(runs: Sequence[Sequence[tuple[Any, Any]]]) -> float:
+    """Item-level standard error of one run's paired difference, averaged over runs (as a
+    variance). `runs`: per run, per task, the two methods' item scores (same items in order); a
+    run's score is the mean of its task means, so its item variance is the sum over tasks of
+    var(a - b) / n_t, divided by the number of tasks squared."""
+    variances = []
+    for tasks in runs:
+        total = 0.0
+        for a, b in tasks:
+            d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+            total += float(d.var(ddof=1)) / d.size if d.size > 1 else 0.0
+        variances.append(total / max(len(tasks), 1) ** 2)
+    return float(math.sqrt(np.mean(variances))) if variances else 0.0
 
 
 def paired_difference(

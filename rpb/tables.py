@@ -36,6 +36,7 @@ from rpb.stats import (
     DEFAULT_RESAMPLES,
     Difference,
     block_ranks,
+    item_sd_of_difference,
     paired_runs,
     rank_consistency,
     run_interval,
@@ -413,7 +414,7 @@ def compare(
     corpus's in-domain tasks, `in_domain_tasks`; "ood": the OOD tasks). The t-interval over the
     runs at `spec['confidence']`, with its MDE at `spec['power']`. Returns (method's mean score,
     other's mean score, the Difference)."""
-    a_runs, b_runs, n_items = [], [], 0
+    a_runs, b_runs, n_items, item_pairs = [], [], 0, []
     for corpus in corpora:
         a, n_items = run_scores(results, spec, model, corpus, method, seeds, metric)
         b, n_other = run_scores(results, spec, model, corpus, other, seeds, metric)
@@ -424,8 +425,21 @@ def compare(
             )
         a_runs.append(a)
         b_runs.append(b)
+        tasks = in_domain_tasks(spec, corpus) if metric == "in_domain" else list(spec["ood"])
+        for seed in seeds:
+            pa = eval_path(results, model, corpus, method, seed)
+            pb = eval_path(results, model, corpus, other, seed)
+            ra, rb = _read_json(pa), _read_json(pb)
+            item_pairs.append(
+                [
+                    (100 * exact_match_items(ra, t, pa), 100 * exact_match_items(rb, t, pb))
+                    for t in tasks
+                ]
+            )
     a, b = np.concatenate(a_runs), np.concatenate(b_runs)
-    diff = paired_runs(a, b, n_items=n_items, **_level_kwargs(spec))
+    diff = paired_runs(
+        a, b, n_items=n_items, item_sd=item_sd_of_difference(item_pairs), **_level_kwargs(spec)
+    )
     return float(a.mean()), float(b.mean()), diff
 
 

@@ -12,6 +12,7 @@ from scipy import special, stats
 
 from rpb.stats import (
     friedman_power,
+    item_sd_of_difference,
     mde,
     paired_runs,
     run_interval,
@@ -148,3 +149,24 @@ def test_within_cluster_spearman_removes_cluster_effects() -> None:
     assert stats.spearmanr(x, y).statistic < 0  # the pooled rho reads the cluster shifts
     flat = within_cluster_spearman(x, np.ones_like(y), clusters)
     assert math.isnan(flat.estimate) and flat.n_seeds == 0
+
+
+def test_item_noise_floors_the_spread_of_tied_runs() -> None:
+    """Two runs whose differences tie exactly (discrete scores) still carry their items' noise:
+    the interval is not zero-width, and identical runs (no item differences) stay exact."""
+    rng = np.random.default_rng(0)
+    a = [(rng.random(100) < 0.5).astype(float) for _ in range(2)]
+    b = [x.copy() for x in a]
+    b[0][:10] = 1 - b[0][:10]  # ten items flip in each run
+    b[1][10:20] = 1 - b[1][10:20]
+    item_sd = item_sd_of_difference([[(a[i], b[i])] for i in range(2)])
+    expected = np.sqrt(np.mean([np.var(a[i] - b[i], ddof=1) / 100 for i in range(2)]))
+    assert item_sd == pytest.approx(expected) and item_sd > 0
+    scores_a, scores_b = [x.mean() for x in a], [x.mean() for x in b]
+    tied = paired_runs(scores_a, scores_b)
+    floored = paired_runs(scores_a, scores_b, item_sd=item_sd)
+    assert floored.estimate == tied.estimate
+    assert floored.sd == pytest.approx(item_sd) and floored.high - floored.low > 0
+    assert floored.mde > 0 and 0 < floored.p_value < 1
+    same = item_sd_of_difference([[(a[i], a[i])] for i in range(2)])
+    assert same == 0.0 and paired_runs(scores_a, scores_a, item_sd=same).high == 0.0

@@ -534,8 +534,9 @@ def test_table2_is_table1_for_another_model(tmp_path: Path) -> None:
 def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     from rpb.tables import build_table3
 
-    write_world(tmp_path, PAPER_WORLD, corpora=("math2",))
-    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "seeds": [0, 1]}
+    seeds = (0, 1, 2, 3, 4)
+    write_world(tmp_path, PAPER_WORLD, corpora=("math2",), seeds=seeds, n_items=400)
+    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "seeds": list(seeds)}
     spec |= {"method": "rpb", "reference": "lbl", "families": {"tinyA": "A", "tinyB": "B"}}
     df = build_table3(tmp_path, spec, tmp_path / "table3.csv")
     assert list(zip(df["model"], df["metric"], strict=True)) == [
@@ -547,9 +548,17 @@ def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     row = df.iloc[0]
     assert row["diff"] == pytest.approx(row["method_score"] - row["reference_score"])
     assert 0 < row["diff_ci_low"] <= row["diff"] <= row["diff_ci_high"]
-    assert row["p_value"] < 0.05 and row["n_items"] == N_ITEMS and row["n_seeds"] == 2
+    assert row["p_value"] < 0.05 and row["n_items"] == 400 and row["n_seeds"] == 5
+    # The run-level t-interval: the paired t-test of the per-run differences, or wider where
+    # the items' own noise exceeds the runs' spread (the floor).
+    a = [100 * np.mean(np.random.default_rng(1000 + s).random(400) < 0.8) for s in seeds]
+    b = [100 * np.mean(np.random.default_rng(1000 + s).random(400) < 0.35) for s in seeds]
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert row["diff_ci_low"] <= ci.low + 1e-9 and row["diff_ci_high"] >= ci.high - 1e-9
+    assert row["diff_sd"] >= np.std(np.subtract(a, b), ddof=1) - 1e-9
+    assert row["mde"] < 5.0
     ood = df.iloc[1]
-    assert ood["n_items"] == N_ITEMS * len(OOD_ALL)  # OOD items of every task pooled
+    assert ood["n_items"] == 400 * len(OOD_ALL)  # the items of every OOD task per run
     on_disk = pd.read_csv(tmp_path / "table3.csv")
     assert list(on_disk.columns) == list(df.columns)
 
