@@ -261,6 +261,9 @@ def judged_part(
     if failed:
         note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
         return Part(NOT_TESTABLE, evidence, note=note, **common)
+    if diff.n_seeds < 2:
+        # No run-to-run spread: an interval over one run's items says nothing about runs.
+        return Part(INCONCLUSIVE, evidence, note=_underpowered_note(mde, -1, unit), **common)
     if rule == "direction":
         verdict = direction_verdict(diff.low, diff.high, margin, mde)
     elif equivalence:

@@ -268,6 +268,12 @@ def run_interval(
         low, high = mean - half, mean + half
     if n < 2:
         p = float("nan")
+        if min_sd > 0:
+            # One run: only its items' noise is known. The interval describes this run, not the
+            # population of runs (n_seeds 1 says so; no verdict is drawn from it).
+            half = stats.norm.ppf((1 + confidence) / 2) * min_sd
+            low, high = mean - half, mean + half
+            p = float(2 * stats.norm.sf(abs(mean) / min_sd))
     elif sd == 0:
         p = 1.0 if mean == 0 else 0.0
     else:

@@ -127,6 +127,9 @@ def test_judged_part_states_power_and_premises() -> None:
     )
     one_seed = judged_part("x - y", run_interval([3.0]), "direction", 5.0, "evidence")
     assert one_seed.verdict == INCONCLUSIVE and "needs at least 2 seeds" in one_seed.detail
+    # An item-level interval of one run above 0 supports nothing about runs.
+    one_run = judged_part("x - y", run_interval([30.0], min_sd=1.0), "direction", 5.0, "e")
+    assert one_run.low > 0 and one_run.verdict == INCONCLUSIVE
     eq = judged_part("x - y", noisy, "equivalence", 5.0, "evidence")
     assert eq.verdict == INCONCLUSIVE and eq.mde == noisy.mde_equivalence > noisy.mde
 

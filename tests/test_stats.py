@@ -119,6 +119,10 @@ def test_one_run_has_no_interval_and_bad_input_is_named() -> None:
     one = run_interval([5.0])
     assert one.estimate == 5.0 and math.isnan(one.low) and math.isnan(one.mde)
     assert one.seeds_needed(5.0) == -1
+    # With its items' noise known, one run gets the interval of that run (normal, items only).
+    items = run_interval([5.0], min_sd=2.0)
+    assert (items.low, items.high) == pytest.approx((5.0 - 1.959964 * 2, 5.0 + 1.959964 * 2))
+    assert math.isnan(items.mde) and items.n_seeds == 1
     with pytest.raises(ValueError, match="finite"):
         run_interval([1.0, float("nan")])
     with pytest.raises(ValueError, match="confidence"):
