@@ -243,13 +243,14 @@ def run_interval(
     confidence: float = 0.95,
     power: float = DEFAULT_POWER,
     n_items: int = 0,
-    min_sd: float = 0.0,
+    min_sd: float | None = None,
 ) -> Difference:
     """Mean of per-run values (scores or paired differences), its t-interval, the one-sample
     t-test's p-value of 0 and the MDEs. sd 0 (identical runs) gives [d, d] and p 1 or 0.
 
     `min_sd` floors the per-run spread: a run's score carries at least its items' sampling
-    noise, so a few runs whose scores happen to tie do not give a zero-width interval."""
+    noise, so a few runs whose scores happen to tie do not give a zero-width interval; with one
+    run it gives that run's item interval (None: unknown, a NaN interval)."""
     x = np.asarray(scores, dtype=float)
     if x.ndim != 1 or x.size == 0:
         raise ValueError(f"expected a non-empty 1-D array of per-run values, got {x.shape}")
@@ -262,18 +263,21 @@ def run_interval(
         # cancellation.
         low = high = mean
         sd = 0.0
-    if n >= 2 and min_sd > sd:
+    if n >= 2 and min_sd is not None and min_sd > sd:
         sd = float(min_sd)
         half = stats.t.ppf((1 + confidence) / 2, n - 1) * sd / math.sqrt(n)
         low, high = mean - half, mean + half
     if n < 2:
         p = float("nan")
-        if min_sd > 0:
+        if min_sd is not None:
             # One run: only its items' noise is known. The interval describes this run, not the
             # population of runs (n_seeds 1 says so; no verdict is drawn from it).
             half = stats.norm.ppf((1 + confidence) / 2) * min_sd
             low, high = mean - half, mean + half
-            p = float(2 * stats.norm.sf(abs(mean) / min_sd))
+            if min_sd > 0:
+                p = float(2 * stats.norm.sf(abs(mean) / min_sd))
+            else:
+                p = 1.0 if mean == 0 else 0.0
     elif sd == 0:
         p = 1.0 if mean == 0 else 0.0
     else:

@@ -123,6 +123,8 @@ def test_one_run_has_no_interval_and_bad_input_is_named() -> None:
     items = run_interval([5.0], min_sd=2.0)
     assert (items.low, items.high) == pytest.approx((5.0 - 1.959964 * 2, 5.0 + 1.959964 * 2))
     assert math.isnan(items.mde) and items.n_seeds == 1
+    same = run_interval([0.0], min_sd=0.0)  # one run, no item differs
+    assert (same.low, same.high, same.p_value) == (0.0, 0.0, 1.0)
     with pytest.raises(ValueError, match="finite"):
         run_interval([1.0, float("nan")])
     with pytest.raises(ValueError, match="confidence"):
