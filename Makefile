@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install table1 smoke test bench lint format clean-results
+.PHONY: install table1 smoke test test-fast bench lint format clean-results
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ smoke: install
 
 test: install
 	pytest
+
+# The unit tests alone: no pipeline run (tests marked slow share one smoke run of it).
+test-fast: install
+	pytest -m "not slow"
 
 # Cost of one tiny run against the reference commit, and the router methods' step overhead
 # (docs/performance.md); minutes each.

@@ -19,6 +19,7 @@ include: "workflow/rules/models.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
+include: "workflow/rules/controls.smk"
 include: "workflow/rules/diagnostics.smk"
 
 

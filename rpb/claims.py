@@ -1,37 +1,66 @@
 """Claims audit: does this run support each of the paper's claims C1-C6?
 
-Each claim is split into parts; each part is one interval (a bootstrap CI of a paired difference
-or of a rank correlation) judged by a rule fixed before any result was seen (docs/claims.md):
+Each claim is split into parts; each part is one interval (the t-interval of a paired per-run
+difference, or of a within-seed rank correlation) with its minimum detectable effect, judged by
+a rule fixed before any result was seen (docs/claims.md):
 
 - `direction` ("X beats Y"): supported when the CI of X - Y lies above 0; not supported when it
-  lies below 0, or when it lies inside (-margin, +margin) (no effect of a size worth claiming);
-  otherwise inconclusive.
+  lies below 0, or when it lies inside (-margin, +margin) and the MDE is at most the margin (a
+  design able to see an effect worth claiming saw none); otherwise inconclusive, "underpowered"
+  where the MDE exceeds the margin.
 - `equivalence` ("X and Y are comparable"): supported when the CI lies inside (-margin, +margin);
-  not supported when it lies wholly outside it; otherwise inconclusive.
-- `exceeds` ("X - Y is larger than t", e.g. a sharp fall, or non-inferiority with t = -margin):
-  supported when the CI lies above t; not supported when it lies below t; otherwise inconclusive.
+  not supported when it lies wholly outside it; otherwise inconclusive (underpowered where the
+  equivalence MDE exceeds the margin).
+- `exceeds` ("X - Y is larger than t"): supported when the CI lies above t; not supported when it
+  lies below t; otherwise inconclusive (underpowered where the MDE exceeds the part's scale).
 
-A claim is supported when every part is, not supported when any part is not, and inconclusive
-otherwise. Only the paper's reported numbers (C1's three) are constants here; every measured
-number is read from this run's outputs through `rpb.tables`.
+Before any of that, manipulation checks (M1-M6) test the premises: a part whose premise fails is
+"not testable", naming the check and its value. A claim is not supported when any testable part
+is, otherwise not testable when any part is, supported when every part is, and inconclusive
+otherwise. Controls (P1 placebo, P2 permuted prior) are exploratory parts judged by the same rules.
+Only the paper's reported numbers (C1's three) are constants here; every measured number is read
+from this run's outputs through `rpb.tables`.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
-from rpb.tables import PAPER_TABLE1, compare, hard_labels, table4_frames, table5_frames
+from rpb.stats import (
+    DEFAULT_POWER,
+    Difference,
+    friedman_power,
+    paired_runs,
+    rank_consistency,
+    seeds_needed,
+)
+from rpb.tables import (
+    ANCHOR_METRICS,
+    PAPER_TABLE1,
+    _rank_order,
+    analysis_mean,
+    compare,
+    hard_labels,
+    table4_frames,
+    table5_frames,
+)
 
 SUPPORTED = "supported"
 NOT_SUPPORTED = "not supported"
 INCONCLUSIVE = "inconclusive"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE)
+NOT_TESTABLE = "not testable"
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
+CONFIRMATORY = "confirmatory"
+EXPLORATORY = "exploratory"
+NONE = "none"  # the unanchored plain fine-tuning every check compares against
 
 STATEMENTS = {
     "C1": "On family A, math post-training with RPB beats re-applied LBL and unanchored "
@@ -44,7 +73,11 @@ STATEMENTS = {
     "other and to RPB, with no consistent ordering",
     "C6": "Retained co-activation community structure tracks the gains where the base router is "
     "non-uniform; hard assignment of the same prior keeps the structure but accuracy falls "
-    "sharply",
+    "sharply (tested as an association)",
+    "P1": "Control: a placebo arm (a negligible LBL term) differs from plain fine-tuning by no "
+    "claimable amount; 'supported' here is an empirical false positive",
+    "P2": "Control: RPB's effect depends on the base prior (RPB beats RPB with a per-layer "
+    "expert-permuted prior)",
 }
 MEASURED_BY = {
     "C1": "table1",
@@ -53,7 +86,14 @@ MEASURED_BY = {
     "C4": "table3",
     "C5": "table4",
     "C6": "table5",
+    "P1": "table1 runs + claims.placebo",
+    "P2": "table1 runs + claims.permuted",
 }
+KINDS = {c: CONFIRMATORY for c in ("C1", "C2", "C3", "C4", "C5", "C6")}
+KINDS |= {"P1": EXPLORATORY, "P2": EXPLORATORY}
+
+
+# --- the rules ----------------------------------------------------------------------------------
 
 
 def _check_interval(low: float, high: float) -> bool:
@@ -65,15 +105,25 @@ def _check_interval(low: float, high: float) -> bool:
     return True
 
 
-def direction_verdict(low: float, high: float, margin: float) -> str:
-    """ "X beats Y" from the CI [low, high] of X - Y (see the module docstring)."""
+def underpowered(mde: float | None, margin: float) -> bool:
+    """True when the design cannot see an effect of the margin's size: MDE > margin, or an
+    unknown MDE (one run). None means "not stated" (no power gate)."""
+    return mde is not None and not (mde <= margin)
+
+
+def direction_verdict(low: float, high: float, margin: float, mde: float | None = None) -> str:
+    """ "X beats Y" from the CI [low, high] of X - Y and its MDE (see the module docstring)."""
     if margin < 0:
         raise ValueError(f"margin must be >= 0, got {margin}")
     if not _check_interval(low, high):
         return INCONCLUSIVE
     if low > 0:
         return SUPPORTED
-    if high < 0 or (-margin < low and high < margin):
+    if high < 0:
+        return NOT_SUPPORTED  # a resolved effect the other way, whatever the power
+    if underpowered(mde, margin):
+        return INCONCLUSIVE  # no effect seen by a design that could not see one
+    if -margin < low and high < margin:
         return NOT_SUPPORTED
     return INCONCLUSIVE
 
@@ -103,8 +153,8 @@ def exceeds_verdict(low: float, high: float, threshold: float) -> str:
 
 
 def combine(verdicts: Sequence[str]) -> str:
-    """A claim from its parts: any part not supported -> not supported; all supported ->
-    supported; otherwise inconclusive."""
+    """A claim from its parts: any part not supported -> not supported; else any not testable ->
+    not testable; all supported -> supported; otherwise inconclusive."""
     if not verdicts:
         raise ValueError("a claim needs at least one part")
     unknown = [v for v in verdicts if v not in VERDICTS]
@@ -112,49 +162,333 @@ def combine(verdicts: Sequence[str]) -> str:
         raise ValueError(f"unknown verdict {unknown[0]!r} (known: {', '.join(VERDICTS)})")
     if NOT_SUPPORTED in verdicts:
         return NOT_SUPPORTED
+    if NOT_TESTABLE in verdicts:
+        return NOT_TESTABLE
     if all(v == SUPPORTED for v in verdicts):
         return SUPPORTED
     return INCONCLUSIVE
 
 
-@dataclass(frozen=True)
-class Part:
-    """One judged piece of evidence of a claim."""
-
-    verdict: str
-    evidence: str
+# --- checks and parts ---------------------------------------------------------------------------
 
 
 def _fmt(x: float, digits: int = 1) -> str:
-    return "nan" if math.isnan(x) else f"{x:.{digits}f}"
+    return "nan" if x is None or math.isnan(x) else f"{x:.{digits}f}"
 
 
-def _diff_text(name: str, a: float, b: float, diff: Any, unit: str = "pp") -> str:
+@dataclass(frozen=True)
+class Check:
+    """A manipulation check: a premise of some parts, judged before any accuracy verdict."""
+
+    id: str
+    premise: str
+    passed: bool
+    value: str
+
+    def text(self) -> str:
+        return f"{self.id} {self.premise}: {'passed' if self.passed else 'FAILED'} ({self.value})"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One judged piece of evidence of a claim: its verdict, the numbers behind it, the checks it
+    depended on, and (for an inconclusive or not testable part) why."""
+
+    verdict: str
+    evidence: str
+    name: str = ""
+    rule: str = ""
+    estimate: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    margin: float = math.nan
+    mde: float = math.nan
+    seeds_needed: int = -1
+    n_runs: int = 0
+    checks: tuple[Check, ...] = field(default_factory=tuple)
+    note: str = ""
+
+    @property
+    def detail(self) -> str:
+        """The verdict as claims.md prints it: with its reason where it has one."""
+        if self.verdict == NOT_TESTABLE:
+            return f"{NOT_TESTABLE}: {self.note}"
+        return f"{self.verdict} ({self.note})" if self.note else self.verdict
+
+
+def _underpowered_note(mde: float, needed: int, unit: str) -> str:
+    if needed < 0:
+        return "underpowered: one run per arm, no spread estimate; needs at least 2 seeds"
+    seeds = f"more than {needed - 1} seeds" if needed > 1000 else f"{needed} seeds"
+    return f"underpowered: MDE {_fmt(mde, 1 if unit == 'pp' else 3)} {unit}, needs {seeds}"
+
+
+def judged_part(
+    name: str,
+    diff: Difference,
+    rule: str,
+    margin: float,
+    evidence: str,
+    checks: Sequence[Check] = (),
+    *,
+    threshold: float = 0.0,
+    unit: str = "pp",
+) -> Part:
+    """Judge one interval: not testable if a check failed; else by `rule` ("direction",
+    "equivalence", "exceeds" with `threshold`) with the power gate at `margin`."""
+    equivalence = rule == "equivalence"
+    mde = diff.mde_equivalence if equivalence else diff.mde
+    needed = seeds_needed(
+        diff.sd,
+        margin,
+        confidence=diff.confidence,
+        power=diff.power,
+        equivalence=equivalence,
+    )
+    common = {
+        "name": name,
+        "rule": rule if rule != "exceeds" else f"exceeds {threshold:g}",
+        "estimate": diff.estimate,
+        "low": diff.low,
+        "high": diff.high,
+        "margin": margin,
+        "mde": mde,
+        "seeds_needed": needed,
+        "n_runs": diff.n_seeds,
+        "checks": tuple(checks),
+    }
+    failed = [c for c in checks if not c.passed]
+    if failed:
+        note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
+        return Part(NOT_TESTABLE, evidence, note=note, **common)
+    if diff.n_seeds < 2:
+        # No run-to-run spread: an interval over one run's items says nothing about runs.
+        return Part(INCONCLUSIVE, evidence, note=_underpowered_note(mde, -1, unit), **common)
+    if rule == "direction":
+        verdict = direction_verdict(diff.low, diff.high, margin, mde)
+    elif equivalence:
+        verdict = equivalence_verdict(diff.low, diff.high, margin)
+    elif rule == "exceeds":
+        verdict = exceeds_verdict(diff.low, diff.high, threshold)
+    else:
+        raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
+    note = ""
+    if verdict == INCONCLUSIVE and underpowered(mde, margin):
+        note = _underpowered_note(mde, needed, unit)
+    return Part(verdict, evidence, note=note, **common)
+
+
+def _diff_text(where: str, a: float, b: float, diff: Difference, unit: str = "pp") -> str:
+    digits = 1 if unit == "pp" else 3
     return (
-        f"{name}: {_fmt(a)} vs {_fmt(b)}, diff {diff.estimate:+.1f} {unit} "
-        f"[{_fmt(diff.low)}, {_fmt(diff.high)}], p={diff.p_value:.3g} "
-        f"({diff.n_seeds} seeds x {diff.n_items} items)"
+        f"{where}: {_fmt(a, digits)} vs {_fmt(b, digits)}, diff {diff.estimate:+.{digits}f} "
+        f"{unit} [{_fmt(diff.low, digits)}, {_fmt(diff.high, digits)}], MDE "
+        f"{_fmt(diff.mde, digits)}, p={_fmt(diff.p_value, 3)} ({diff.n_seeds} runs"
+        + (f" x {diff.n_items} items)" if diff.n_items else ")")
     )
 
 
-def _direction_parts(
-    results: Path,
-    spec: dict[str, Any],
-    table: dict[str, Any],
-    corpora: Sequence[str],
-    model: str,
-    others: Sequence[str],
-    metric: str,
-) -> list[Part]:
-    method, margin = spec["method"], float(spec["margin"])
-    parts = []
-    for other in others:
-        a, b, diff = compare(results, spec, model, corpora, method, other, metric, table["seeds"])
-        where = f"{model}/{'+'.join(corpora)} {metric} {method} - {other}"
-        parts.append(
-            Part(direction_verdict(diff.low, diff.high, margin), _diff_text(where, a, b, diff))
+class Audit:
+    """Everything one audit reads: the spec, the results folder, and each manipulation check,
+    computed once and shared by every part that depends on it."""
+
+    def __init__(self, results: Path, spec: dict[str, Any]) -> None:
+        self.results = Path(results)
+        self.spec = spec
+        self.method, self.reference = spec["method"], spec["reference"]
+        self.margin = float(spec["margin"])
+        self.nmi_margin = float(spec["nmi_margin"])
+        self.rho_margin = float(spec.get("rho_margin", 0.5))
+        self.confidence = float(spec["confidence"])
+        self.power = float(spec.get("power", DEFAULT_POWER))
+        self._checks: dict[tuple, Check] = {}
+
+    @property
+    def level(self) -> dict[str, float]:
+        return {"confidence": self.confidence, "power": self.power}
+
+    def _cached(self, key: tuple, compute: Callable[[], Check]) -> Check:
+        if key not in self._checks:
+            self._checks[key] = compute()
+        return self._checks[key]
+
+    @property
+    def checks(self) -> list[Check]:
+        return list(self._checks.values())
+
+    def _metric(self, model: str, corpus: str, label: str, seeds: Sequence[int], key: str):
+        return np.array(
+            [analysis_mean(self.results, model, corpus, label, s).get(key, math.nan) for s in seeds]
         )
-    return parts
+
+    def _paired_metric(
+        self, model: str, corpus: str, label: str, seeds: Sequence[int], key: str
+    ) -> Difference | None:
+        a = self._metric(model, corpus, label, seeds, key)
+        b = self._metric(model, corpus, NONE, seeds, key)
+        if not (np.isfinite(a).all() and np.isfinite(b).all()):
+            return None
+        return paired_runs(a, b, **self.level)
+
+    # M1 -------------------------------------------------------------------------------------
+    def flattening_site(self, model: str) -> tuple[str, Sequence[int]] | None:
+        """The corpus and seeds where `model` has both `none` and reference runs (tables 1, 2)."""
+        t1, t2 = self.spec["table1"], self.spec.get("table2", {})
+        for table in (t1, t2):
+            if table.get("model") == model and {NONE, self.reference} <= set(table["methods"]):
+                return table["corpus"], table["seeds"]
+        return None
+
+    def reference_flattens(self, model: str) -> Check:
+        def compute() -> Check:
+            premise = f"{self.reference} flattens routing vs none ({model})"
+            site = self.flattening_site(model)
+            if site is None:
+                return Check("M1", premise, False, f"undetermined: no none/{self.reference} runs")
+            corpus, seeds = site
+            ent = self._paired_metric(model, corpus, self.reference, seeds, "usage_entropy")
+            mod = self._paired_metric(model, corpus, self.reference, seeds, "modularity")
+            if ent is None or mod is None:
+                return Check("M1", premise, False, "undetermined: entropy or modularity missing")
+            passed = bool(ent.low > 0 or mod.high < 0)
+            value = (
+                f"{model}/{corpus} {self.reference} - none usage entropy {ent.estimate:+.4f} "
+                f"[{_fmt(ent.low, 4)}, {_fmt(ent.high, 4)}], modularity {mod.estimate:+.4f} "
+                f"[{_fmt(mod.low, 4)}, {_fmt(mod.high, 4)}] over {ent.n_seeds} seeds"
+            )
+            return Check("M1", premise, passed, value)
+
+        return self._cached(("M1", model), compute)
+
+    # M2 -------------------------------------------------------------------------------------
+    def method_anchors(self) -> Check:
+        def compute() -> Check:
+            t5 = self.spec["table5"]
+            r = self.spec.get("readings") or {}
+            model, corpus = r.get("model", t5["model"]), r.get("corpus", t5["corpus"])
+            lower, upper = r.get("lower", NONE), r.get("upper", "hard")
+            min_gain = float(r.get("min_gain", 0.25))
+            seeds = r.get("seeds", t5["seeds"])
+            premise = (
+                f"the configured {self.method} reading anchors (readings rule, {model}/{corpus})"
+            )
+            means = {
+                label: {
+                    m: float(np.mean(self._metric(model, corpus, label, seeds, m)))
+                    for m in ANCHOR_METRICS
+                }
+                for label in (lower, self.method, upper)
+            }
+            positions, texts = [], []
+            for m in ANCHOR_METRICS:
+                gap = means[upper][m] - means[lower][m]
+                pos = (means[self.method][m] - means[lower][m]) / gap if gap > 0 else math.nan
+                positions.append(pos)
+                texts.append(
+                    f"{m} position {_fmt(pos, 3)}"
+                    if math.isfinite(pos)
+                    else f"{m} position undefined ({upper} does not exceed {lower})"
+                )
+            passed = all(math.isfinite(p) and p >= min_gain for p in positions)
+            return Check("M2", premise, passed, ", ".join(texts) + f" (needs >= {min_gain:g})")
+
+        return self._cached(("M2",), compute)
+
+    # M3 -------------------------------------------------------------------------------------
+    def hard_routes_as_base(self) -> Check:
+        def compute() -> Check:
+            t5 = self.spec["table5"]
+            hard = hard_labels(t5)
+            premise = "hard routes exactly as the base at evaluation"
+            if not hard:
+                return Check("M3", premise, False, "no hard-routing method in table 5")
+            texts, passed = [], True
+            for h in hard:
+                overlap = self._metric(
+                    t5["model"], t5["corpus"], h, t5["seeds"], "topk_overlap_with_base"
+                )
+                ok = bool(np.isfinite(overlap).all() and (overlap >= 1 - 1e-6).all())
+                passed &= ok
+                texts.append(
+                    f"{h} top-k overlap with the base per seed {np.round(overlap, 6).tolist()}"
+                )
+            return Check("M3", premise, passed, "; ".join(texts))
+
+        return self._cached(("M3",), compute)
+
+    # M4 -------------------------------------------------------------------------------------
+    def anchor_reduces_drift(self, anchor: str) -> Check:
+        def compute() -> Check:
+            t5 = self.spec["table5"]
+            premise = f"{anchor} reduces router drift vs none"
+            diff = self._paired_metric(t5["model"], t5["corpus"], anchor, t5["seeds"], "kl_to_base")
+            if diff is None:
+                return Check("M4", premise, False, "undetermined: KL to the base missing")
+            value = (
+                f"{t5['model']}/{t5['corpus']} {anchor} - none KL to the base router "
+                f"{diff.estimate:+.4f} [{_fmt(diff.low, 4)}, {_fmt(diff.high, 4)}] over "
+                f"{diff.n_seeds} seeds"
+            )
+            return Check("M4", premise, bool(diff.high < 0), value)
+
+        return self._cached(("M4", anchor), compute)
+
+    # M5 -------------------------------------------------------------------------------------
+    def headroom(self, where: str, label: str, score: float) -> Check:
+        ceiling = 100.0 - self.margin
+        return self._cached(
+            ("M5", where, label),
+            lambda: Check(
+                "M5",
+                f"headroom above {label} ({where})",
+                bool(score <= ceiling),
+                f"{label} in-domain {_fmt(score)}%, an effect of {self.margin:g} pp needs <= "
+                f"{ceiling:g}%",
+            ),
+        )
+
+    # M6 -------------------------------------------------------------------------------------
+    def base_structured(self, frames: dict[str, pd.DataFrame]) -> Check:
+        def compute() -> Check:
+            t5 = self.spec["table5"]
+            model = t5["model"]
+            min_split = float(self.spec.get("min_split_half_nmi", 0.5))
+            premise = f"the base {model} router has stable community structure"
+            base = frames["base"].set_index("layer").loc["mean"]
+            modular = bool(base.modularity > base.uniform_modularity)
+            head = (
+                f"modularity {_fmt(base.modularity, 3)} vs uniform routing "
+                f"{_fmt(base.uniform_modularity, 3)}"
+            )
+            path = self.results / "testbed.json"
+            structure = (
+                json.loads(path.read_text()).get(model, {}).get("structure")
+                if path.is_file()
+                else None
+            )
+            if not structure:
+                return Check(
+                    "M6",
+                    premise,
+                    False,
+                    f"{head}; split-half NMI undetermined (no {path.name} entry)",
+                )
+            halves = [float(r["split_half_nmi"]) for r in structure["layers"]]
+            halves = [h for h in halves if math.isfinite(h)]
+            split = float(np.mean(halves)) if halves else math.nan
+            uniform = float(structure["uniform"]["split_half_nmi"])
+            uniform = 0.0 if math.isnan(uniform) else uniform  # no structure at chance at all
+            stable = math.isfinite(split) and split >= min_split and split > uniform
+            value = (
+                f"{head}; split-half NMI {_fmt(split, 3)} vs uniform routing {_fmt(uniform, 3)} "
+                f"(needs >= {min_split:g})"
+            )
+            return Check("M6", premise, bool(modular and stable), value)
+
+        return self._cached(("M6",), compute)
+
+
+# --- the claims ---------------------------------------------------------------------------------
 
 
 def _others(methods: Sequence[str], method: str) -> list[str]:
@@ -163,136 +497,333 @@ def _others(methods: Sequence[str], method: str) -> list[str]:
     return [m for m in methods if m != method]
 
 
-def claim_c1(results: Path, spec: dict[str, Any]) -> list[Part]:
-    """RPB - each other table-1 method, in-domain, on table 1's model and corpus."""
-    t1 = spec["table1"]
-    others = _others(t1["methods"], spec["method"])
-    parts = _direction_parts(results, spec, t1, [t1["corpus"]], t1["model"], others, "in_domain")
-    return parts
-
-
-def claim_c2(results: Path, spec: dict[str, Any]) -> list[Part]:
-    """RPB - each other table-1 method on the pooled OOD items."""
-    t1 = spec["table1"]
-    others = _others(t1["methods"], spec["method"])
-    return _direction_parts(results, spec, t1, [t1["corpus"]], t1["model"], others, "ood")
-
-
-def claim_c3(results: Path, spec: dict[str, Any]) -> list[Part]:
-    """RPB - LBL in-domain on table 2's (family B) model."""
-    t2 = spec["table2"]
-    _others(t2["methods"], spec["method"])
-    return _direction_parts(
-        results, spec, t2, [t2["corpus"]], t2["model"], [spec["reference"]], "in_domain"
+def _direction_part(
+    audit: Audit,
+    table: dict[str, Any],
+    model: str,
+    corpus: str,
+    method: str,
+    other: str,
+    metric: str,
+    checks: Sequence[Check],
+    with_headroom: bool = True,
+) -> Part:
+    a, b, diff = compare(
+        audit.results, audit.spec, model, [corpus], method, other, metric, table["seeds"]
+    )
+    where = f"{model}/{corpus} {metric} {method} - {other}"
+    checks = list(checks)
+    if with_headroom and metric == "in_domain":
+        checks.append(audit.headroom(f"{model}/{corpus}", other, b))
+    return judged_part(
+        where, diff, "direction", audit.margin, _diff_text(where, a, b, diff), checks
     )
 
 
-def claim_c4(results: Path, spec: dict[str, Any]) -> list[Part]:
+def _premises(audit: Audit, model: str, other: str) -> list[Check]:
+    checks = [audit.method_anchors()]
+    if other == audit.reference:
+        checks.insert(0, audit.reference_flattens(model))
+    return checks
+
+
+def claim_c1(audit: Audit) -> list[Part]:
+    """RPB - each other table-1 method, in-domain, on table 1's model and corpus."""
+    t1 = audit.spec["table1"]
+    return [
+        _direction_part(
+            audit,
+            t1,
+            t1["model"],
+            t1["corpus"],
+            audit.method,
+            other,
+            "in_domain",
+            _premises(audit, t1["model"], other),
+        )
+        for other in _others(t1["methods"], audit.method)
+    ]
+
+
+def claim_c2(audit: Audit) -> list[Part]:
+    """RPB - each other table-1 method, OOD (the mean of the OOD tasks per run)."""
+    t1 = audit.spec["table1"]
+    return [
+        _direction_part(
+            audit,
+            t1,
+            t1["model"],
+            t1["corpus"],
+            audit.method,
+            other,
+            "ood",
+            _premises(audit, t1["model"], other),
+        )
+        for other in _others(t1["methods"], audit.method)
+    ]
+
+
+def claim_c3(audit: Audit) -> list[Part]:
+    """RPB - LBL in-domain on table 2's (family B) model."""
+    t2 = audit.spec["table2"]
+    _others(t2["methods"], audit.method)
+    return [
+        _direction_part(
+            audit,
+            t2,
+            t2["model"],
+            t2["corpus"],
+            audit.method,
+            audit.reference,
+            "in_domain",
+            _premises(audit, t2["model"], audit.reference),
+        )
+    ]
+
+
+def claim_c4(audit: Audit) -> list[Part]:
     """RPB - LBL in-domain on the independent corpus, every table-3 model."""
-    t3 = spec["table3"]
-    parts = []
-    for model in t3["models"]:
-        parts += _direction_parts(
-            results, spec, t3, [t3["corpus"]], model, [spec["reference"]], "in_domain"
+    t3 = audit.spec["table3"]
+    return [
+        _direction_part(
+            audit,
+            t3,
+            model,
+            t3["corpus"],
+            audit.method,
+            audit.reference,
+            "in_domain",
+            _premises(audit, model, audit.reference),
         )
-    return parts
+        for model in t3["models"]
+    ]
 
 
-def claim_c5(results: Path, spec: dict[str, Any]) -> list[Part]:
-    """Every pair of table-4 methods comparable in-domain; no consistent ordering (Friedman)."""
+def claim_c5(audit: Audit) -> list[Part]:
+    """Every pair of table-4 methods equivalent in-domain (one run per corpus and seed), and no
+    consistent ordering (Friedman, judged with its power)."""
+    spec = audit.spec
     t4 = {**spec["table4"], "ood": spec["ood"]}
-    t4 |= {k: spec[k] for k in ("confidence", "n_resamples")}
-    frames = table4_frames(results, t4)
-    margin, alpha = float(spec["margin"]), 1.0 - float(spec["confidence"])
+    t4 |= {k: spec[k] for k in ("confidence", "n_resamples") if k in spec}
+    t4 |= {"power": audit.power, "corpus_tasks": spec.get("corpus_tasks") or {}}
+    methods, corpora = list(t4["methods"]), list(t4["corpora"])
+
+    def checks_for(labels: Sequence[str]) -> list[Check]:
+        out = [audit.method_anchors()] if audit.method in labels else []
+        return out + [audit.anchor_reduces_drift(m) for m in labels if m != audit.method]
+
     parts = []
-    for row in frames["pairs"][frames["pairs"]["metric"] == "in_domain"].itertuples():
-        where = f"{t4['model']} in_domain {row.method} - {row.other} (corpora {t4['corpora']})"
-        text = (
-            f"{where}: {_fmt(row.method_score)} vs {_fmt(row.other_score)}, diff "
-            f"{row.diff:+.1f} pp [{_fmt(row.diff_ci_low)}, {_fmt(row.diff_ci_high)}] "
-            f"(margin ±{margin:g})"
-        )
-        parts.append(Part(equivalence_verdict(row.diff_ci_low, row.diff_ci_high, margin), text))
-    check = frames["consistency"].set_index("metric").loc["in_domain"]
-    n_methods = len(t4["methods"])
+    for i, first in enumerate(methods):
+        for second in methods[i + 1 :]:
+            a, b, diff = compare(
+                audit.results, t4, t4["model"], corpora, first, second, "in_domain", t4["seeds"]
+            )
+            where = f"{t4['model']} in_domain {first} - {second} (corpora {'+'.join(corpora)})"
+            text = _diff_text(where, a, b, diff) + f", equivalence MDE {_fmt(diff.mde_equivalence)}"
+            parts.append(
+                judged_part(
+                    where, diff, "equivalence", audit.margin, text, checks_for([first, second])
+                )
+            )
+    runs = table4_frames(audit.results, t4)["runs"]
+    scores = runs.pivot(index=["corpus", "seed"], columns="method", values="in_domain")[methods]
+    s = scores.to_numpy()
+    check = rank_consistency(s, methods)
+    alpha = 1.0 - audit.confidence
+    pw = friedman_power(
+        s,
+        audit.margin,
+        alpha=alpha,
+        target=audit.power,
+        n_sims=int(spec.get("n_resamples", 2000)),
+    )
     text = (
         f"in-domain ranking over {check.n_blocks} (corpus, seed) blocks: Kendall's W "
-        f"{_fmt(check.kendall_w, 2)}, Friedman p={_fmt(check.friedman_p, 3)}, identical ranking "
-        f"in every block: {bool(check.identical_ranking)}, same best everywhere: "
-        f"{check.same_best or 'no'}; mean-rank order {check.mean_rank_order}"
+        f"{_fmt(check.kendall_w, 2)}, Friedman p={_fmt(check.friedman_p, 3)}, its power "
+        f"{_fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block noise "
+        f"{_fmt(pw.noise_sd)} pp); mean-rank order {_rank_order(check.mean_rank)}"
     )
-    if n_methods < 3 or check.n_blocks < 2:
-        verdict = INCONCLUSIVE  # the Friedman test needs >= 3 methods and >= 2 blocks
-    elif math.isnan(check.friedman_p):
-        verdict = SUPPORTED  # every block a full tie: no ordering at all
+    name = f"{t4['model']} no consistent in-domain ordering of {', '.join(methods)}"
+    common = {
+        "name": name,
+        "rule": "friedman",
+        "estimate": check.kendall_w,
+        "margin": audit.margin,
+        "n_runs": check.n_blocks,
+        "checks": tuple(checks_for(methods)),
+    }
+    failed = [c for c in common["checks"] if not c.passed]
+    if failed:
+        note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
+        part = Part(NOT_TESTABLE, text, note=note, **common)
+    elif len(methods) < 3 or check.n_blocks < 2:
+        part = Part(INCONCLUSIVE, text, note="needs >= 3 methods and >= 2 blocks", **common)
+    elif math.isfinite(check.friedman_p) and check.friedman_p < alpha:
+        part = Part(NOT_SUPPORTED, text, **common)
+    elif pw.power >= audit.power or not math.isfinite(check.friedman_p):
+        # Every block a full tie (p undefined, no noise): no ordering at all.
+        part = Part(SUPPORTED, text, **common)
     else:
-        verdict = NOT_SUPPORTED if check.friedman_p < alpha else SUPPORTED
-    return [*parts, Part(verdict, text)]
+        blocks = (
+            f"more than {pw.blocks_needed - 1} blocks"
+            if pw.blocks_needed > 200
+            else f"{pw.blocks_needed} blocks"
+        )
+        note = f"underpowered: Friedman power {_fmt(pw.power, 2)}, needs {blocks}"
+        part = Part(INCONCLUSIVE, text, note=note, seeds_needed=pw.blocks_needed, **common)
+    return [*parts, part]
 
 
-def claim_c6(results: Path, spec: dict[str, Any]) -> list[Part]:
-    """Base non-uniform (a condition); retention tracks in-domain and OOD accuracy across the
-    soft runs (rho > 0; judged only where the base is non-uniform); hard keeps the structure (NMI
-    not below RPB's by more than the NMI margin) and its in-domain accuracy falls below RPB's by
-    more than the margin."""
+def claim_c6(audit: Audit) -> list[Part]:
+    """Association of retention with accuracy within seeds (premise M6: a stable base
+    structure); hard keeps the structure and its in-domain accuracy falls below RPB's by more
+    than the margin (premise M3: hard routes as the base)."""
+    spec = audit.spec
     t5 = {**spec["table5"], "ood": spec["ood"]}
-    t5 |= {k: spec[k] for k in ("confidence", "n_resamples")}
-    frames = table5_frames(results, t5)
-    margin, nmi_margin = float(spec["margin"]), float(spec["nmi_margin"])
-    base = frames["base"].set_index("layer").loc["mean"]
-    nonuniform = bool(base.modularity > base.uniform_modularity)
-    condition = (
-        f"base {t5['model']} router (probe set, layer mean): modularity {_fmt(base.modularity, 3)}"
-        f" vs uniform routing {_fmt(base.uniform_modularity, 3)}, usage entropy "
-        f"{_fmt(base.usage_entropy, 3)} vs {_fmt(base.uniform_usage_entropy, 3)}: "
-        f"{'non-uniform' if nonuniform else 'NOT measurably non-uniform: the claim does not apply'}"
-    )
-    parts = [Part(SUPPORTED if nonuniform else INCONCLUSIVE, condition)]
+    t5 |= {k: spec[k] for k in ("confidence", "n_resamples") if k in spec}
+    t5 |= {"power": audit.power, "corpus_tasks": spec.get("corpus_tasks") or {}}
+    frames = table5_frames(audit.results, t5)
+    structured = audit.base_structured(frames)
+    parts = []
     corr = frames["correlation"].set_index(["retention", "accuracy"])
     for accuracy in ("in_domain", "ood_mean"):
         row = corr.loc[("community_nmi", accuracy)]
-        text = (
-            f"Spearman(community_nmi, {accuracy}) over {row.n_runs} soft runs: rho "
-            f"{_fmt(row.spearman_rho, 2)} [{_fmt(row.rho_ci_low, 2)}, {_fmt(row.rho_ci_high, 2)}]"
+        diff = Difference(
+            float(row.spearman_rho),
+            float(row.rho_ci_low),
+            float(row.rho_ci_high),
+            float(row.p_value),
+            int(row.n_seeds),
+            int(row.n_runs),
+            sd=float(row.rho_sd),
+            mde=float(row.mde),
+            confidence=audit.confidence,
+            power=audit.power,
         )
-        if nonuniform:
-            parts.append(Part(exceeds_verdict(row.rho_ci_low, row.rho_ci_high, 0.0), text))
-        else:  # the claim's "where the base router is non-uniform" does not hold
-            parts.append(Part(INCONCLUSIVE, text + " (not applicable: uniform base)"))
+        where = f"association of community_nmi with {accuracy} within seeds ({t5['model']})"
+        text = (
+            f"{where}: Spearman rho across the soft methods per seed, mean "
+            f"{_fmt(diff.estimate, 2)} [{_fmt(diff.low, 2)}, {_fmt(diff.high, 2)}], MDE "
+            f"{_fmt(diff.mde, 2)} over {diff.n_seeds} seeds ({diff.n_items} runs)"
+        )
+        parts.append(
+            judged_part(where, diff, "exceeds", audit.rho_margin, text, [structured], unit="rho")
+        )
     hard = hard_labels(t5)
+    m3 = audit.hard_routes_as_base()
     if not hard:
-        parts.append(Part(INCONCLUSIVE, "no hard-routing method in table 5"))
+        parts.append(
+            Part(
+                NOT_TESTABLE,
+                "no hard-routing method in table 5",
+                checks=(m3,),
+                note=f"M3 {m3.premise} failed, {m3.value}",
+            )
+        )
     comparisons = frames["hard"]
     for h in hard:
-        sel = comparisons[(comparisons["method"] == h) & (comparisons["other"] == spec["method"])]
+        sel = comparisons[(comparisons["method"] == h) & (comparisons["other"] == audit.method)]
         nmi = sel[sel["metric"] == "community_nmi"]
+        where = f"{h} - {audit.method} community NMI"
         if nmi.empty:
-            parts.append(Part(INCONCLUSIVE, f"{h} - {spec['method']} community NMI undefined"))
+            parts.append(
+                Part(
+                    INCONCLUSIVE,
+                    f"{where} undefined (single-community base)",
+                    name=where,
+                    checks=(m3,),
+                )
+            )
         else:
             r = nmi.iloc[0]
-            text = (
-                f"{h} - {spec['method']} community NMI: {r['diff']:+.3f} "
-                f"[{_fmt(r.diff_ci_low, 3)}, {_fmt(r.diff_ci_high, 3)}] over {r.n_seeds} seeds "
-                f"(keeps the structure if above -{nmi_margin:g})"
+            diff = _row_difference(r, audit)
+            text = _diff_text(where, r.method_score, r.other_score, diff, unit="NMI")
+            text += f" (keeps the structure if above -{audit.nmi_margin:g})"
+            parts.append(
+                judged_part(
+                    where,
+                    diff,
+                    "exceeds",
+                    audit.nmi_margin,
+                    text,
+                    [m3],
+                    threshold=-audit.nmi_margin,
+                    unit="NMI",
+                )
             )
-            parts.append(Part(exceeds_verdict(r.diff_ci_low, r.diff_ci_high, -nmi_margin), text))
         acc = sel[sel["metric"] == "in_domain"].iloc[0]
-        text = (
-            f"{spec['method']} - {h} in_domain: {_fmt(acc.other_score)} vs "
-            f"{_fmt(acc.method_score)}, fall {-acc['diff']:+.1f} pp [{_fmt(-acc.diff_ci_high)}, "
-            f"{_fmt(-acc.diff_ci_low)}] (sharp if above {margin:g})"
+        flipped = _row_difference(acc, audit, flip=True)
+        where = f"{audit.method} - {h} in_domain"
+        text = _diff_text(where, acc.other_score, acc.method_score, flipped)
+        text += f" (sharp if above {audit.margin:g})"
+        parts.append(
+            judged_part(where, flipped, "exceeds", audit.margin, text, [m3], threshold=audit.margin)
         )
-        parts.append(Part(exceeds_verdict(-acc.diff_ci_high, -acc.diff_ci_low, margin), text))
     return parts
 
 
-CLAIMS = {
+def _row_difference(row: Any, audit: Audit, flip: bool = False) -> Difference:
+    """A `Difference` from a table row written by `Difference.as_dict("diff")` (b - a if flip)."""
+    sign = -1.0 if flip else 1.0
+    low, high = float(row["diff_ci_low"]), float(row["diff_ci_high"])
+    return Difference(
+        sign * float(row["diff"]),
+        sign * (high if flip else low),
+        sign * (low if flip else high),
+        float(row["p_value"]),
+        int(row["n_seeds"]),
+        int(row["n_items"]),
+        sd=float(row["diff_sd"]),
+        mde=float(row["mde"]),
+        mde_equivalence=float(row["mde_equivalence"]),
+        confidence=audit.confidence,
+        power=audit.power,
+    )
+
+
+def control_placebo(audit: Audit) -> list[Part]:
+    """P1: the placebo arm - none, in-domain and OOD, on table 1's model and corpus."""
+    return _control(audit, audit.spec["placebo"], NONE)
+
+
+def control_permuted_prior(audit: Audit) -> list[Part]:
+    """P2: rpb - rpb trained with the expert-permuted prior, in-domain and OOD."""
+    return _control(audit, audit.method, audit.spec["permuted"])
+
+
+def _control(audit: Audit, method: str, other: str) -> list[Part]:
+    t1 = audit.spec["table1"]
+    table = {**t1, "seeds": audit.spec.get("controls_seeds") or audit.spec["table5"]["seeds"]}
+    parts = []
+    for metric in ("in_domain", "ood"):
+        part = _direction_part(
+            audit,
+            table,
+            t1["model"],
+            t1["corpus"],
+            method,
+            other,
+            metric,
+            [],
+            with_headroom=False,
+        )
+        if part.n_runs and part.low == part.high == part.estimate == 0:
+            part = replace(part, evidence=f"{part.evidence}; identical to {other} in every run")
+        parts.append(part)
+    return parts
+
+
+CLAIMS: dict[str, Callable[[Audit], list[Part]]] = {
     "C1": claim_c1,
     "C2": claim_c2,
     "C3": claim_c3,
     "C4": claim_c4,
     "C5": claim_c5,
     "C6": claim_c6,
+}
+CONTROLS: dict[str, tuple[str, Callable[[Audit], list[Part]]]] = {
+    "P1": ("placebo", control_placebo),
+    "P2": ("permuted", control_permuted_prior),
 }
 
 
@@ -302,49 +833,133 @@ PAPER = {
 }
 
 
-def judge_claims(results: Path, spec: dict[str, Any]) -> dict[str, list[Part]]:
-    """Every claim's judged parts."""
-    return {claim: judge(Path(results), spec) for claim, judge in CLAIMS.items()}
+def judge_claims(
+    results: Path, spec: dict[str, Any], audit: Audit | None = None
+) -> dict[str, list[Part]]:
+    """Every claim's judged parts, then every configured control's (`claims.placebo`,
+    `claims.permuted`; null or absent: not run)."""
+    audit = audit or Audit(Path(results), spec)
+    judged = {claim: judge(audit) for claim, judge in CLAIMS.items()}
+    for claim, (key, judge) in CONTROLS.items():
+        if spec.get(key):
+            judged[claim] = judge(audit)
+    return judged
+
+
+PART_COLUMNS = [
+    "claim",
+    "part",
+    "kind",
+    "statement",
+    "claim_verdict",
+    "verdict",
+    "verdict_detail",
+    "name",
+    "rule",
+    "estimate",
+    "ci_low",
+    "ci_high",
+    "margin",
+    "mde",
+    "seeds_needed",
+    "n_runs",
+    "checks",
+    "evidence",
+    "paper",
+    "measured_by",
+]
 
 
 def claims_frame(parts: dict[str, list[Part]]) -> pd.DataFrame:
-    """One row per claim: statement, verdict, evidence (each part's numbers and its own verdict
-    in brackets, parts separated by ' | '), the paper's numbers where public, the table."""
-    return pd.DataFrame(
-        [
-            {
-                "claim": claim,
-                "statement": STATEMENTS[claim],
-                "verdict": combine([p.verdict for p in judged]),
-                "evidence": " | ".join(f"[{p.verdict}] {p.evidence}" for p in judged),
-                "paper": PAPER.get(claim, ""),
-                "measured_by": MEASURED_BY[claim],
-            }
-            for claim, judged in parts.items()
-        ]
+    """One row per part: its claim (statement, the claim's combined verdict, confirmatory or
+    exploratory), the part's verdict (and its reason), estimate, interval, margin, MDE, the seeds
+    an MDE under the margin needs, the checks it depended on with their outcomes, its evidence,
+    the paper's numbers where public, the table."""
+    rows = []
+    for claim, judged in parts.items():
+        verdict = combine([p.verdict for p in judged])
+        for i, p in enumerate(judged, start=1):
+            rows.append(
+                {
+                    "claim": claim,
+                    "part": f"{claim}.{i}",
+                    "kind": KINDS[claim],
+                    "statement": STATEMENTS[claim],
+                    "claim_verdict": verdict,
+                    "verdict": p.verdict,
+                    "verdict_detail": p.detail,
+                    "name": p.name,
+                    "rule": p.rule,
+                    "estimate": p.estimate,
+                    "ci_low": p.low,
+                    "ci_high": p.high,
+                    "margin": p.margin,
+                    "mde": p.mde,
+                    "seeds_needed": p.seeds_needed,
+                    "n_runs": p.n_runs,
+                    "checks": " | ".join(c.text() for c in p.checks),
+                    "evidence": p.evidence,
+                    "paper": PAPER.get(claim, ""),
+                    "measured_by": MEASURED_BY[claim],
+                }
+            )
+    return pd.DataFrame(rows, columns=PART_COLUMNS)
+
+
+def _count_line(parts: dict[str, list[Part]], kind: str) -> str:
+    judged = [p for c, ps in parts.items() if KINDS[c] == kind for p in ps]
+    untestable = sum(p.verdict == NOT_TESTABLE for p in judged)
+    return (
+        f"{len(judged)} {kind} parts: {len(judged) - untestable} tested on an interval, "
+        f"{untestable} not testable"
     )
 
 
 def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
-    """Write claims.csv and claims.md (one row / section per claim)."""
-    parts = judge_claims(results, spec)
+    """Write claims.csv (one row per part) and claims.md (checks first, then one section per
+    claim and control, each part labelled confirmatory or exploratory)."""
+    audit = Audit(Path(results), spec)
+    parts = judge_claims(results, spec, audit)
     table = claims_frame(parts)
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out_csv, index=False)
+    level = f"{100 * audit.confidence:g}%"
     lines = [
         f"# Claims audit ({spec.get('scale')} scale)",
         "",
-        "Verdict rules: docs/claims.md (margin "
-        f"±{float(spec['margin']):g} pp, NMI margin {float(spec['nmi_margin']):g}, "
-        f"{100 * float(spec['confidence']):g}% bootstrap intervals over seeds x items).",
+        f"Verdict rules: docs/claims.md. {level} t-intervals over runs (paired per seed), "
+        f"minimum detectable effects at {100 * audit.power:g}% power; margin "
+        f"±{audit.margin:g} pp, NMI margin {audit.nmi_margin:g}, rho margin {audit.rho_margin:g}.",
+        "",
+        f"Tested: {_count_line(parts, CONFIRMATORY)}; {_count_line(parts, EXPLORATORY)}.",
+        "",
+        "## Manipulation checks (judged before any accuracy verdict)",
         "",
     ]
-    for row in table.itertuples():
-        lines += [f"## {row.claim}: {row.verdict}", "", f"{row.statement}.", ""]
-        lines += [f"- [{p.verdict}] {p.evidence}" for p in parts[row.claim]]
-        if row.paper:
-            lines += [f"- paper: {row.paper}"]
+    lines += [f"- {c.text()}" for c in audit.checks] or ["- (none)"]
+    lines.append("")
+    by_claim = table.groupby("claim", sort=False)["claim_verdict"].first()
+    for claim, judged in parts.items():
+        lines += [f"## {claim}: {by_claim[claim]}", "", f"{STATEMENTS[claim]}.", ""]
+        for i, p in enumerate(judged, start=1):
+            depends = ", ".join(f"{c.id} {'passed' if c.passed else 'FAILED'}" for c in p.checks)
+            lines.append(
+                f"- {claim}.{i} [{KINDS[claim]}] **{p.detail}**: {p.evidence}"
+                + (f" (checks: {depends})" if depends else "")
+            )
+        if claim in PAPER:
+            lines += [f"- paper: {PAPER[claim]}"]
+        if claim == "P1":
+            false_positive = any(p.verdict == SUPPORTED for p in judged)
+            lines += [
+                "- empirical false-positive check: "
+                + (
+                    "FALSE POSITIVE: the placebo was judged different from none"
+                    if false_positive
+                    else "no false positive"
+                )
+            ]
         lines.append("")
     out_csv.with_suffix(".md").write_text("\n".join(lines))
     return table

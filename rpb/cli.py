@@ -364,7 +364,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         argparse.Namespace(
             **shared,
             base=args.base,
-            prior=args.prior,
+            prior=args.analysis_prior or args.prior,
             tasks=args.probe_tasks,
             limit=args.probe_limit,
             out=args.analysis_out,
@@ -477,6 +477,14 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
         "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
     ),
 }
+
+
+def cmd_permute_prior(args: argparse.Namespace) -> None:
+    """The claims audit's prior-permutation control (rpb.controls): no MLflow run, a file
+    transform."""
+    from rpb.controls import write_permuted_prior
+
+    write_permuted_prior(args.prior, args.out, seed=args.seed)
 
 
 def cmd_report(args: argparse.Namespace) -> None:
@@ -627,6 +635,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-tasks", type=_csv_arg, required=True, help="analysis probe sets")
     p.add_argument("--probe-limit", type=int, default=200)
     p.add_argument("--analysis-out", type=Path, required=True)
+    p.add_argument(
+        "--analysis-prior",
+        type=Path,
+        default=None,
+        help="the base's prior the analysis compares with (default: --prior; differs when the "
+        "run trains with a control prior)",
+    )
 
     p = add("table1", cmd_table1, "build table 1 from evaluation and analysis outputs")
     p.add_argument("--results", type=Path, required=True)
@@ -637,6 +652,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
+
+    p = add(
+        "permute-prior", cmd_permute_prior, "a router prior with its experts permuted per layer"
+    )
+    p.add_argument("--prior", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--seed", type=int, default=0)
 
     for name, (_, help_) in REPORT_JOBS.items():
         p = add(name, cmd_report, help_)

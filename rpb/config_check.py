@@ -238,6 +238,45 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
             raise ConfigError(f"{where}: {value!r} is not a finite number >= 0")
 
 
+# Methods that read no router prior: a permuted prior would silently change nothing.
+PRIOR_FREE = ("none", "lbl")
+
+
+def _check_controls(config: Mapping[str, Any]) -> None:
+    """The claims audit's control labels (claims.placebo, claims.permuted) and `prior` keys."""
+    methods = config["methods"]
+    for label, entry in methods.items():
+        entry = entry or {}
+        family = entry.get("kind", label)
+        if entry.get("prior") == "permuted" and family in PRIOR_FREE:
+            raise ConfigError(
+                f"methods.{label}.prior: method '{family}' reads no router prior, so a permuted "
+                "one changes nothing"
+            )
+    claims = config.get("claims") or {}
+    for key in ("placebo", "permuted"):
+        label = claims.get(key)
+        if label is None:
+            continue
+        if label not in methods:
+            raise ConfigError(
+                f"claims.{key}: '{label}' is not a key of methods "
+                f"({_suggest(label, methods)}methods: {', '.join(methods)})"
+            )
+    permuted = claims.get("permuted")
+    if permuted is not None:
+        entry = methods[permuted] or {}
+        if entry.get("prior") != "permuted":
+            raise ConfigError(f"claims.permuted: methods.{permuted} lacks 'prior: permuted'")
+        method = claims.get("method", "rpb")
+        family = entry.get("kind", permuted)
+        if family != (methods.get(method) or {}).get("kind", method):
+            raise ConfigError(
+                f"claims.permuted: methods.{permuted} is a '{family}', not a variant of "
+                f"claims.method '{method}'"
+            )
+
+
 def _check_lengths(config: Mapping[str, Any]) -> None:
     """A sequence longer than the position table fails deep inside a training job."""
     models = config["models"]
@@ -393,6 +432,7 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
     _check_lengths(config)
     _check_diagnostics(config, known, where)
     _check_report_keys(config)
+    _check_controls(config)
 
 
 def _check_diagnostics(config: Mapping[str, Any], corpora: list[str], corpora_where: str) -> None:

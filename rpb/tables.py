@@ -5,7 +5,7 @@ constants are the paper's own reported scores (`PAPER_TABLE1`), shown in their o
 
 - Tables 1 and 2 (`build_table1`, `build_table2`): one row per method on one model and corpus.
 - Table 3 (`build_table3`): method vs reference on the independent corpus, per model, as a paired
-  difference with a bootstrap CI and p-value over seeds x items.
+  per-run difference with its t-interval, p-value and minimum detectable effect.
 - Table 4 (`build_table4`): anchors and RPB per corpus and seed, with ranks and a check of whether
   any ordering is consistent across blocks.
 - Table 5 (`build_table5`): community retention, accuracy, their rank correlation across the
@@ -14,6 +14,8 @@ constants are the paper's own reported scores (`PAPER_TABLE1`), shown in their o
 - Drift (`build_drift`): training-time routing drift curves from the training histories.
 
 Scores are percentages; retention metrics (NMI, ARI, cosine) and modularity are fractions.
+Intervals are run-level (docs/claims.md): a run's score is the mean over its benchmarks of each
+benchmark's item mean, and runs (seeds) are the unit of replication.
 """
 
 from __future__ import annotations
@@ -27,14 +29,18 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats as scipy_stats
 
 from rpb.stats import (
+    DEFAULT_POWER,
     DEFAULT_RESAMPLES,
+    Difference,
     block_ranks,
-    paired_difference,
+    item_sd_of_difference,
+    paired_runs,
     rank_consistency,
-    spearman_ci,
-    two_way_bootstrap_ci,
+    run_interval,
+    within_cluster_spearman,
 )
 
 # Moonlight-16B-A3B math post-training, in-domain accuracy (%), as the paper's abstract reports.
@@ -140,6 +146,60 @@ def _stat_kwargs(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _level_kwargs(spec: dict[str, Any]) -> dict[str, float]:
+    """The run-level intervals' settings: `claims.confidence` and `claims.power`."""
+    return {
+        "confidence": float(spec.get("confidence", 0.95)),
+        "power": float(spec.get("power", DEFAULT_POWER)),
+    }
+
+
+def run_score(
+    result: dict[str, Any], tasks: Sequence[str], path: Path
+) -> tuple[float, dict[str, float], int]:
+    """One run's score (%) over `tasks`: the mean of each task's item mean, so every benchmark
+    weighs the same whatever its size; also each task's mean and the item count."""
+    per_task = {t: exact_match_items(result, t, path) for t in tasks}
+    means = {t: _pct(items.mean()) for t, items in per_task.items()}
+    return float(np.mean(list(means.values()))), means, sum(v.size for v in per_task.values())
+
+
+def run_scores(
+    results: Path,
+    spec: dict[str, Any],
+    model: str,
+    corpus: str,
+    label: str,
+    seeds: Sequence[int],
+    metric: str,
+) -> tuple[np.ndarray, int]:
+    """Per-run scores (%) of `label` on `metric` ("in_domain": the corpus's in-domain tasks;
+    "ood": the OOD tasks), one per seed in order, and the items per run. A seed whose item count
+    differs from the first seed's is an error naming its file (runs must be paired item by item)."""
+    if metric not in ("in_domain", "ood"):
+        raise ValueError(f"unknown comparison metric {metric!r} (in_domain or ood)")
+    tasks = in_domain_tasks(spec, corpus) if metric == "in_domain" else list(spec["ood"])
+    scores, n_items = [], None
+    for seed in seeds:
+        path = eval_path(results, model, corpus, label, seed)
+        score, _, n = run_score(_read_json(path), tasks, path)
+        if n_items is not None and n != n_items:
+            raise ValueError(f"{path}: {n} items, but seed {seeds[0]} has {n_items}")
+        scores.append(score)
+        n_items = n
+    return np.array(scores), int(n_items or 0)
+
+
+def item_interval(per_task: Sequence[np.ndarray], confidence: float) -> tuple[float, float, float]:
+    """Score (%) of ONE run (the mean of its task means) and the normal interval of its item
+    sampling: the only variance a single run (the base) has."""
+    means = [float(np.mean(v)) for v in per_task]
+    var = sum(m * (1 - m) / max(len(v), 1) for m, v in zip(means, per_task, strict=True))
+    half = scipy_stats.norm.ppf((1 + confidence) / 2) * math.sqrt(var) / len(means)
+    mean = float(np.mean(means))
+    return 100 * mean, 100 * max(0.0, mean - half), 100 * min(1.0, mean + half)
+
+
 def _run_record(
     results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
 ) -> dict[str, Any]:
@@ -147,11 +207,10 @@ def _run_record(
     path = eval_path(results, model, corpus, label, seed)
     result = _read_json(path)
     record: dict[str, Any] = {"model": model, "corpus": corpus, "method": label, "seed": seed}
-    record["in_domain"] = _pct(in_domain_items(result, spec, corpus, path).mean())
-    ood = [_pct(exact_match_items(result, task, path).mean()) for task in spec["ood"]]
-    record["ood_mean"] = float(np.mean(ood))
+    record["in_domain"] = run_score(result, in_domain_tasks(spec, corpus), path)[0]
+    record["ood_mean"] = run_score(result, spec["ood"], path)[0]
     mean = analysis_mean(results, model, corpus, label, seed)
-    for key in ("modularity", *RETENTION, *DRIFT):
+    for key in ("modularity", *RETENTION, *DRIFT, "usage_entropy"):
         record[key] = mean.get(key, math.nan)
     return record
 
@@ -183,28 +242,45 @@ def _write_with_runs(table: pd.DataFrame, runs: pd.DataFrame, out_csv: Path) -> 
 
 
 def _row(results: Path, spec: dict[str, Any], label: str, seeds: list[int]) -> dict[str, Any]:
+    """One method's row: in-domain (mean of its benchmarks, and each benchmark where there are
+    several) with a t-interval over its runs at `spec['confidence']` (the base, one run: the
+    interval of its item sampling), each OOD task, structure metrics; the paper's number."""
     model, corpus = spec["model"], spec["corpus"]
-    per_seed_items = []
+    level = _level_kwargs(spec)
+    tasks = in_domain_tasks(spec, corpus)
+    scores, per_task, single_items = [], {t: [] for t in tasks}, []
     ood: dict[str, list[float]] = {task: [] for task in spec["ood"]}
     analysis: dict[str, list[float]] = {"modularity": [], "community_nmi": [], "coact_cosine": []}
     for seed in seeds:
         path = eval_path(results, model, corpus, label, seed)
         result = _read_json(path)
-        per_seed_items.append(in_domain_items(result, spec, corpus, path))
+        score, means, _ = run_score(result, tasks, path)
+        scores.append(score)
+        for task, value in means.items():
+            per_task[task].append(value)
+        single_items = [exact_match_items(result, t, path) for t in tasks]
         for task in spec["ood"]:
             ood[task].append(exact_match_items(result, task, path).mean())
         summary = _read_json(analysis_path(results, model, corpus, label, seed))
         for key in analysis:
             analysis[key].append(float(summary["mean"][key]))
-    mean, low, high = two_way_bootstrap_ci(np.stack(per_seed_items))
+    if len(seeds) == 1:
+        mean, low, high = item_interval(single_items, level["confidence"])
+    else:
+        interval = run_interval(scores, **level)
+        # A score lies in [0, 100]; so does its interval (cutting it there loses no coverage).
+        mean, low, high = interval.estimate, max(0.0, interval.low), min(100.0, interval.high)
     row: dict[str, Any] = {
         "model": model,
         "method": label,
         "n_seeds": len(seeds),
-        "in_domain": 100 * mean,
-        "in_domain_ci_low": 100 * low,
-        "in_domain_ci_high": 100 * high,
+        "in_domain": mean,
+        "in_domain_ci_low": low,
+        "in_domain_ci_high": high,
     }
+    if len(tasks) > 1:
+        for task, values in per_task.items():
+            row[f"in_domain_{task}"] = float(np.mean(values))
     for task, values in ood.items():
         row[f"ood_{task}"] = 100 * float(np.mean(values))
     row["ood_mean"] = float(np.mean([row[f"ood_{task}"] for task in spec["ood"]]))
@@ -223,7 +299,10 @@ def build_method_table(
     results = Path(results)
     rows = [_row(results, spec, "base", [0])]
     rows += [_row(results, spec, label, list(spec["seeds"])) for label in spec["methods"]]
-    columns = TABLE1_COLUMNS_HEAD + [f"ood_{t}" for t in spec["ood"]] + TABLE1_COLUMNS_TAIL
+    tasks = in_domain_tasks(spec, spec["corpus"])
+    per_benchmark = [f"in_domain_{t}" for t in tasks] if len(tasks) > 1 else []
+    columns = TABLE1_COLUMNS_HEAD + per_benchmark + [f"ood_{t}" for t in spec["ood"]]
+    columns += TABLE1_COLUMNS_TAIL
     table = pd.DataFrame(rows)[columns]
     out_csv = Path(out_csv)
     table.to_csv(out_csv, index=False, float_format="%.4f")
@@ -233,10 +312,17 @@ def build_method_table(
         "corpus": spec["corpus"],
         "seeds": spec["seeds"],
         "note": (
-            "Scores in percent. in_domain: items of "
-            f"{', '.join(in_domain_tasks(spec, spec['corpus']))} pooled, 95% CI by a "
-            "bootstrap over seeds and items. paper_in_domain: Moonlight-16B-A3B numbers reported "
-            "by arXiv:2609.08115 (family A only); all other columns measured by this run."
+            f"Scores in percent. in_domain: {_in_domain_text(tasks)}, {_level(spec)} t-interval "
+            "over the method's runs (one run per seed; the base, a single run: the interval of "
+            "its item sampling). paper_in_domain: Moonlight-16B-A3B numbers reported by "
+            "arXiv:2609.08115 (family A only)"
+            + (
+                ", beside the mean of the benchmarks: the paper does not say whether its number "
+                "is a benchmark mean or pooled items (pooling weights benchmarks by size)"
+                if len(tasks) > 1
+                else ""
+            )
+            + "; all other columns measured by this run."
         ),
     }
     out_csv.with_suffix(".meta.json").write_text(json.dumps(provenance, indent=2) + "\n")
@@ -250,6 +336,15 @@ def build_method_table(
     stem = out_csv.parent / "figures" / f"{out_csv.stem}_coactivation"
     plot_method_coactivation(results, spec["model"], spec["corpus"], spec["methods"], spec, stem)
     return table
+
+
+def _in_domain_text(tasks: Sequence[str]) -> str:
+    if len(tasks) == 1:
+        return f"the items of {tasks[0]}"
+    return (
+        f"the mean of the benchmarks {', '.join(tasks)} (each the mean of its items; "
+        "in_domain_<task> per benchmark)"
+    )
 
 
 def build_table1(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
@@ -314,29 +409,39 @@ def compare(
     other: str,
     metric: str,
     seeds: Sequence[int],
-) -> tuple[float, float, Any]:
-    """`method` - `other` (percent), paired by seed and item, over the items of every corpus side
-    by side. `metric` "in_domain": each corpus's in-domain tasks (`in_domain_tasks`); "ood": the
-    items of every OOD task pooled. Returns (method's score, other's score, its Difference)."""
-    if metric not in ("in_domain", "ood"):
-        raise ValueError(f"unknown comparison metric {metric!r} (in_domain or ood)")
-
-    def items(label: str) -> np.ndarray:
-        blocks = [
-            task_items(
-                results,
-                model,
-                c,
-                label,
-                seeds,
-                in_domain_tasks(spec, c) if metric == "in_domain" else spec["ood"],
+) -> tuple[float, float, Difference]:
+    """`method` - `other` (percent) by paired per-run differences: one run per (corpus, seed),
+    its score the mean over `metric`'s tasks of each task's item mean ("in_domain": each
+    corpus's in-domain tasks, `in_domain_tasks`; "ood": the OOD tasks). The t-interval over the
+    runs at `spec['confidence']`, with its MDE at `spec['power']`. Returns (method's mean score,
+    other's mean score, the Difference)."""
+    a_runs, b_runs, n_items, item_pairs = [], [], 0, []
+    for corpus in corpora:
+        a, n_items = run_scores(results, spec, model, corpus, method, seeds, metric)
+        b, n_other = run_scores(results, spec, model, corpus, other, seeds, metric)
+        if n_other != n_items:
+            raise ValueError(
+                f"{model}/{corpus}: {method} has {n_items} {metric} items per run, {other} "
+                f"{n_other}: runs are not paired item by item"
             )
-            for c in corpora
-        ]
-        return 100 * np.hstack(blocks)
-
-    a, b = items(method), items(other)
-    return float(a.mean()), float(b.mean()), paired_difference(a, b, **_stat_kwargs(spec))
+        a_runs.append(a)
+        b_runs.append(b)
+        tasks = in_domain_tasks(spec, corpus) if metric == "in_domain" else list(spec["ood"])
+        for seed in seeds:
+            pa = eval_path(results, model, corpus, method, seed)
+            pb = eval_path(results, model, corpus, other, seed)
+            ra, rb = _read_json(pa), _read_json(pb)
+            item_pairs.append(
+                [
+                    (100 * exact_match_items(ra, t, pa), 100 * exact_match_items(rb, t, pb))
+                    for t in tasks
+                ]
+            )
+    a, b = np.concatenate(a_runs), np.concatenate(b_runs)
+    diff = paired_runs(
+        a, b, n_items=n_items, item_sd=item_sd_of_difference(item_pairs), **_level_kwargs(spec)
+    )
+    return float(a.mean()), float(b.mean()), diff
 
 
 # --- table 3: method vs reference on the independent corpus -----------------------------------
@@ -369,18 +474,19 @@ def table3_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
 
 def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """Table 3 (CSV and Markdown): method vs reference per model on the independent corpus,
-    paired by seed and item, with a two-way bootstrap CI and p-value (scores in percent)."""
+    paired per run (seed), with a t-interval, p-value and MDE (scores in percent)."""
     table = table3_frame(results, spec)
     out_csv = Path(out_csv)
     _write_csv(table, out_csv)
     note = (
         f"{spec['method']} minus {spec['reference']} after post-training on the independently "
         f"generated corpus `{spec['corpus']}` ({spec.get('scale')} scale, seeds "
-        f"{list(spec['seeds'])}). Scores in percent; diff: mean paired difference over seeds x "
-        f"items (in_domain: {', '.join(in_domain_tasks(spec, spec['corpus']))}; ood: the items "
-        "of every OOD task pooled), "
-        f"{_level(spec)} CI and two-sided p-value from one bootstrap that resamples seeds and "
-        "items, so p < 1 - level exactly when the CI excludes zero."
+        f"{list(spec['seeds'])}). Scores in percent; diff: mean of the per-run (per-seed) paired "
+        f"differences (a run's in_domain: {_in_domain_text(in_domain_tasks(spec, spec['corpus']))}"
+        "; ood: the mean of the OOD tasks), "
+        f"{_level(spec)} t-interval over runs and the paired t-test's p-value, so p < 1 - level "
+        "exactly when the CI excludes zero; mde: the difference found with 80% power "
+        "(docs/claims.md)."
     )
     _write_md(out_csv.with_suffix(".md"), "Table 3", note, [("", table)])
     return table
@@ -488,9 +594,8 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"({spec.get('scale')} scale). Scores in percent; rank 1 = best within a (corpus, seed) "
         "block, ties averaged. Consistency: Kendall's W across blocks and the Friedman test "
         f"(consistent_ordering: p < {alpha:.2g}); identical_ranking: the same strict order in "
-        "every block; same_best: one method first in every block. Pairs: mean paired difference "
-        f"over seeds x items (the items of all corpora side by side), {_level(spec)} bootstrap "
-        "CI and p-value."
+        "every block; same_best: one method first in every block. Pairs: mean paired per-run "
+        f"difference, one run per (corpus, seed), {_level(spec)} t-interval, p-value and MDE."
     )
     _write_md(
         out_csv.with_suffix(".md"),
@@ -566,7 +671,7 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     results = Path(results)
     model, corpus = spec["model"], spec["corpus"]
     methods, seeds, soft = list(spec["methods"]), list(spec["seeds"]), list(spec["correlate"])
-    stat = _stat_kwargs(spec)
+    level = _level_kwargs(spec)
     labels = list(dict.fromkeys([*methods, *soft]))
     runs = pd.DataFrame(
         [_run_record(results, spec, model, corpus, m, s) for m in labels for s in seeds]
@@ -576,10 +681,14 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
         records = pd.DataFrame(
             [_run_record(results, spec, model, corpus, label, s) for s in label_seeds]
         )
-        items = task_items(
-            results, model, corpus, label, label_seeds, in_domain_tasks(spec, corpus)
-        )
-        mean, low, high = two_way_bootstrap_ci(100 * items, **stat)
+        if len(label_seeds) == 1:
+            path = eval_path(results, model, corpus, label, label_seeds[0])
+            result = _read_json(path)
+            items = [exact_match_items(result, t, path) for t in in_domain_tasks(spec, corpus)]
+            mean, low, high = item_interval(items, level["confidence"])
+        else:
+            interval = run_interval(records["in_domain"].to_numpy(), **level)
+            mean, low, high = interval.estimate, max(0.0, interval.low), min(100.0, interval.high)
         row = {"model": model, "method": label, "n_seeds": len(label_seeds)}
         row |= {"in_domain": mean, "in_domain_ci_low": low, "in_domain_ci_high": high}
         for key in ("ood_mean", "modularity", *RETENTION, *DRIFT):
@@ -592,17 +701,27 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     correlation = []
     for retention in RETENTION:
         for accuracy in ACCURACY:
-            pts = soft_runs[[retention, accuracy]].dropna()
-            corr = spearman_ci(pts[retention].to_numpy(), pts[accuracy].to_numpy(), **stat)
+            pts = soft_runs[[retention, accuracy, "seed"]].dropna()
+            # Within each seed across the methods: runs of a seed share the initial model and
+            # data order, so pooled runs are not independent points (docs/claims.md).
+            corr = within_cluster_spearman(
+                pts[retention].to_numpy(),
+                pts[accuracy].to_numpy(),
+                pts["seed"].to_numpy(),
+                **level,
+            )
             correlation.append(
                 {
                     "retention": retention,
                     "accuracy": accuracy,
-                    "spearman_rho": corr.rho,
+                    "spearman_rho": corr.estimate,
                     "rho_ci_low": corr.low,
                     "rho_ci_high": corr.high,
                     "p_value": corr.p_value,
-                    "n_runs": corr.n,
+                    "n_runs": len(pts),
+                    "n_seeds": corr.n_seeds,
+                    "rho_sd": corr.sd,
+                    "mde": corr.mde,
                     "methods": " ".join(soft),
                 }
             )
@@ -613,11 +732,11 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
             for metric in ("in_domain", "ood", "community_nmi"):
                 if metric == "community_nmi":
                     per_seed = runs.set_index(["method", "seed"])[metric]
-                    a = np.array([[per_seed[(h, s)]] for s in seeds])
-                    b = np.array([[per_seed[(other, s)]] for s in seeds])
+                    a = np.array([per_seed[(h, s)] for s in seeds])
+                    b = np.array([per_seed[(other, s)] for s in seeds])
                     if not (np.isfinite(a).all() and np.isfinite(b).all()):
                         continue  # NMI is undefined where the base has a single community
-                    diff = paired_difference(a, b, **stat)
+                    diff = paired_runs(a, b, **level)
                     sa, sb = float(a.mean()), float(b.mean())
                 else:
                     sa, sb, diff = compare(results, spec, model, [corpus], h, other, metric, seeds)
@@ -655,9 +774,10 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"({spec.get('scale')} scale). Retention: the live model's co-activation structure "
         "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
         "cosine of the co-activation matrices), mean over MoE layers; accuracy in percent. "
-        f"Correlation: Spearman's rho over the runs (method x seed) of {list(spec['correlate'])}"
-        f", {_level(spec)} bootstrap CI over runs, scipy's p-value. Hard: paired difference "
-        "hard - other (accuracy over seeds x items, NMI over seeds). Base: non-uniformity of the "
+        f"Correlation: Spearman's rho across {list(spec['correlate'])} within each seed, the "
+        f"mean over seeds with the {_level(spec)} t-interval over the per-seed rhos (an "
+        "association; runs of a seed are not independent). Hard: paired per-run difference "
+        "hard - other with its t-interval and MDE. Base: non-uniformity of the "
         "base router against uniformly random top-k routing with the same experts, k and tokens."
     )
     _write_md(

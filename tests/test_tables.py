@@ -178,6 +178,22 @@ def test_table1_numbers_are_percentages_of_the_inputs(
             assert row[key] == pytest.approx(np.mean([s["mean"][key] for s in per_seed.values()]))
         assert row["in_domain_ci_low"] <= row["in_domain"] <= row["in_domain_ci_high"]
         assert row["in_domain_ci_low"] >= 0 and row["in_domain_ci_high"] <= 100
+        if label != "base":  # the t-interval over the runs' scores, cut to [0, 100]
+            runs = [100 * np.mean(s["tasks"]["math"]) for s in per_seed.values()]
+            ci = stats.ttest_1samp(runs, 0.0).confidence_interval(0.95)
+            assert row["in_domain_ci_low"] == pytest.approx(max(0.0, ci.low))
+            assert row["in_domain_ci_high"] == pytest.approx(min(100.0, ci.high))
+
+
+def test_table1_honours_the_confidence_level(tmp_path: Path) -> None:
+    _fake_results(tmp_path, SPEC)
+    wide = build_table1(tmp_path, SPEC | {"confidence": 0.99}, tmp_path / "a.csv")
+    narrow = build_table1(tmp_path, SPEC | {"confidence": 0.5}, tmp_path / "b.csv")
+    width = {
+        n: (f["in_domain_ci_high"] - f["in_domain_ci_low"]) for n, f in (("w", wide), ("n", narrow))
+    }
+    assert (width["w"] >= width["n"]).all() and (width["w"][1:] > width["n"][1:]).all()
+    assert "99% t-interval" in (tmp_path / "a.meta.json").read_text()
 
 
 def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) -> None:
@@ -194,7 +210,19 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}}
     out = results / "table1.csv"
     table = build_table1(results, spec, out).set_index("method")
-    assert table.loc["rpb", "in_domain"] == pytest.approx(100 * 3 / 6)
+    # Per benchmark, and their mean (not the pooled items, 3 / 6): each benchmark weighs the same.
+    assert table.loc["rpb", "in_domain_gsm8k"] == pytest.approx(50.0)
+    assert table.loc["rpb", "in_domain_minerva_math500"] == pytest.approx(50.0)
+    bench["minerva_math500"] = [1, 1]
+    for label, seeds in written.items():
+        for seed in seeds:
+            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            result = json.loads(path.read_text())
+            result["tasks"]["minerva_math500"]["items"] = [1, 1]
+            path.write_text(json.dumps(result))
+    table = build_table1(results, spec, out).set_index("method")
+    assert table.loc["rpb", "in_domain"] == pytest.approx((50.0 + 100.0) / 2)  # pooled: 4/6
+    assert "paper does not say" in out.with_suffix(".meta.json").read_text()
     ood = np.mean([np.mean(written["rpb"][s]["tasks"][t]) for s in (0, 1) for t in OOD])
     assert table.loc["rpb", "ood_mean"] == pytest.approx(100 * ood)
     assert "gsm8k, minerva_math500" in out.with_suffix(".meta.json").read_text()
@@ -421,11 +449,13 @@ def write_run(
     ood: list[str] = OOD_ALL,
     n_items: int = N_ITEMS,
     structured_base: bool = True,
+    routing: dict[str, float] | None = None,
 ) -> None:
     """One (model, corpus, label, seed) as the pipeline lays it out: eval JSON with exact-match
     items, analysis JSON with layer means (and, for the base, per-layer rows and the probe size)
     and co-activation counts. Items are coupled across labels (item i is right when a fixed
-    per-seed uniform draw is below the label's accuracy), so paired differences are clean."""
+    per-seed uniform draw is below the label's accuracy), so paired differences are clean.
+    `routing` overrides layer-mean analysis entries (usage entropy, drift)."""
     p_in, p_ood, nmi = levels
     u = np.random.default_rng(1000 + seed).random(n_items)
     tasks = {corpus: (u < p_in).astype(int).tolist()}
@@ -444,7 +474,9 @@ def write_run(
         "coact_cosine": 0.5 + nmi / 2,
         "kl_to_base": 1.0 - nmi,
         "topk_overlap_with_base": nmi,
+        "usage_entropy": 0.9 + jitter,
     }
+    mean |= routing or {}
     _write(
         root / "analysis" / where,
         {"mean": mean, "layers": layers, "probe": {"tokens": tokens}},
@@ -466,14 +498,17 @@ def write_world(
     models: tuple[str, ...] = ("tinyA", "tinyB"),
     corpora: tuple[str, ...] = ("math", "math2"),
     seeds: tuple[int, ...] = (0, 1),
+    routing: dict[str, dict[str, float]] | None = None,
     **kwargs: Any,
 ) -> None:
-    """Every label of `world` for every model, corpus and seed (the base at seed 0)."""
+    """Every label of `world` for every model, corpus and seed (the base at seed 0); `routing`:
+    per label, analysis entries to override (see `write_run`)."""
     for model in models:
         for corpus in corpora:
             for label, levels in world.items():
                 for seed in [0] if label == "base" else seeds:
-                    write_run(root, model, corpus, label, seed, levels, **kwargs)
+                    extra = (routing or {}).get(label)
+                    write_run(root, model, corpus, label, seed, levels, routing=extra, **kwargs)
 
 
 STAT = {"confidence": 0.95, "n_resamples": 300, "scale": "smoke", "ood": OOD_ALL}
@@ -499,8 +534,9 @@ def test_table2_is_table1_for_another_model(tmp_path: Path) -> None:
 def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     from rpb.tables import build_table3
 
-    write_world(tmp_path, PAPER_WORLD, corpora=("math2",))
-    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "seeds": [0, 1]}
+    seeds = (0, 1, 2, 3, 4)
+    write_world(tmp_path, PAPER_WORLD, corpora=("math2",), seeds=seeds, n_items=400)
+    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "seeds": list(seeds)}
     spec |= {"method": "rpb", "reference": "lbl", "families": {"tinyA": "A", "tinyB": "B"}}
     df = build_table3(tmp_path, spec, tmp_path / "table3.csv")
     assert list(zip(df["model"], df["metric"], strict=True)) == [
@@ -512,9 +548,17 @@ def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     row = df.iloc[0]
     assert row["diff"] == pytest.approx(row["method_score"] - row["reference_score"])
     assert 0 < row["diff_ci_low"] <= row["diff"] <= row["diff_ci_high"]
-    assert row["p_value"] < 0.05 and row["n_items"] == N_ITEMS and row["n_seeds"] == 2
+    assert row["p_value"] < 0.05 and row["n_items"] == 400 and row["n_seeds"] == 5
+    # The run-level t-interval: the paired t-test of the per-run differences, or wider where
+    # the items' own noise exceeds the runs' spread (the floor).
+    a = [100 * np.mean(np.random.default_rng(1000 + s).random(400) < 0.8) for s in seeds]
+    b = [100 * np.mean(np.random.default_rng(1000 + s).random(400) < 0.35) for s in seeds]
+    ci = stats.ttest_rel(a, b).confidence_interval(0.95)
+    assert row["diff_ci_low"] <= ci.low + 1e-9 and row["diff_ci_high"] >= ci.high - 1e-9
+    assert row["diff_sd"] >= np.std(np.subtract(a, b), ddof=1) - 1e-9
+    assert row["mde"] < 5.0
     ood = df.iloc[1]
-    assert ood["n_items"] == N_ITEMS * len(OOD_ALL)  # OOD items of every task pooled
+    assert ood["n_items"] == 400 * len(OOD_ALL)  # the items of every OOD task per run
     on_disk = pd.read_csv(tmp_path / "table3.csv")
     assert list(on_disk.columns) == list(df.columns)
 
@@ -548,7 +592,9 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
     assert len(pairs) == 6 * 2
     first = pairs[(pairs["method"] == "rpb") & (pairs["other"] == "anchor_weight")]
     assert first[first["metric"] == "in_domain"]["diff_ci_high"].item() < 0
-    assert first[first["metric"] == "in_domain"]["n_items"].item() == 2 * N_ITEMS  # both corpora
+    # One paired run per (corpus, seed): 2 corpora x 2 seeds, N_ITEMS items each.
+    assert first[first["metric"] == "in_domain"]["n_seeds"].item() == 4
+    assert first[first["metric"] == "in_domain"]["n_items"].item() == N_ITEMS
     assert "Is any ordering consistent?" in (tmp_path / "table4.md").read_text()
 
 

@@ -245,7 +245,7 @@ def _common_spec():
         "scale": config["scale"],
     }
     if CLAIMS is not None:
-        spec |= {k: CLAIMS[k] for k in ("confidence", "n_resamples")}
+        spec |= {k: CLAIMS[k] for k in ("confidence", "n_resamples", "power")}
     return spec
 
 
@@ -282,6 +282,8 @@ def claims_spec():
     }
     for name in ("table2", "table3", "table4", "table5"):
         spec[name] = table_spec(name)
+    if "readings" in TABLES:  # manipulation check M2 applies the readings rule
+        spec["readings"] = table_spec("readings")
     return spec
 
 
@@ -423,4 +425,47 @@ def diagnostic_table1_spec():
         "scale": config["scale"],
     }
 
+
 # --- router swap ---------------------------------------------------------------------------------
+
+
+# --- controls of the claims audit (rules in controls.smk) ------------------------------------
+
+PERMUTED_PRIOR_LABELS = [
+    m for m, e in config["methods"].items() if (e or {}).get("prior") == "permuted"
+]
+
+
+def permuted_prior_path(model, corpus):
+    return f"{RESULTS}/priors/{model}/permuted/{corpus}.safetensors"
+
+
+def method_prior(wildcards):
+    """The router prior a run trains with: the base's, or for a method whose entry says
+    `prior: permuted` the base's with its experts permuted per layer (control P2)."""
+    if wildcards.method in PERMUTED_PRIOR_LABELS:
+        return permuted_prior_path(wildcards.model, wildcards.corpus)
+    return f"{RESULTS}/priors/{wildcards.model}/{wildcards.corpus}.safetensors"
+
+
+def controls_inputs(wildcards):
+    """Runs the audit's controls compare (table 1's model and corpus, the tables' seeds)."""
+    if CLAIMS is None:
+        return []
+    labels = [CLAIMS[k] for k in ("placebo", "permuted") if CLAIMS.get(k)]
+    t1 = config["table1"]
+    return run_outputs(t1["model"], t1["corpus"], labels, TABLE_SEEDS)
+
+
+def claims_extra_inputs(wildcards):
+    """What the audit's manipulation checks read beyond the tables: the readings rule's runs
+    (M2), the testbed report's split-half stability (M6, tiny scale), and the controls.
+    """
+    paths = controls_inputs(wildcards)
+    readings = TABLES.get("readings")
+    if readings is not None and CLAIMS is not None:
+        labels = [readings["lower"], CLAIMS["method"], readings["upper"]]
+        paths += run_outputs(readings["model"], readings["corpus"], labels, TABLE_SEEDS)
+    if config["scale"] != "paper":
+        paths.append(f"{RESULTS}/testbed.json")
+    return paths

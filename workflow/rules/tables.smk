@@ -23,7 +23,8 @@ rule table1:
     params:
         track=TRACK,
         spec=lambda wc: as_json(
-            {
+            _common_spec()
+            | {
                 "model": config["table1"]["model"],
                 "family": config["models"][config["table1"]["model"]]["family"],
                 "corpus": config["table1"]["corpus"],
@@ -278,6 +279,7 @@ rule claims:
                     ),
                     [],
                 )
+                + claims_extra_inputs(wc)
             )
         ),
     output:

@@ -11,7 +11,7 @@ rule posttrain:
     input:
         ancient(TRACKING_READY),
         base=f"{RESULTS}/models/{{model}}/base/model",
-        prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+        prior=method_prior,
         data=CORPUS_INPUTS,
     output:
         model=directory(f"{RUN_DIR}/model"),
@@ -55,7 +55,8 @@ if ONE_PROCESS_PER_RUN:
         input:
             ancient(TRACKING_READY),
             base=f"{RESULTS}/models/{{model}}/base/model",
-            prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+            prior=method_prior,
+            base_prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
             data=list(dict.fromkeys(CORPUS_INPUTS + EVAL_INPUTS + PROBE_INPUTS)),
         output:
             model=directory(f"{RUN_DIR}/model"),
@@ -107,5 +108,6 @@ if ONE_PROCESS_PER_RUN:
             " --limit {params.limit} --batch-size {params.batch_size}"
             " --work {output.eval_work} --eval-out {output.eval}"
             " --probe-tasks {params.probe_tasks} --probe-limit {params.probe_limit}"
-            " --analysis-out {output.summary} {params.track} > {log} 2>&1"
+            " --analysis-out {output.summary} --analysis-prior {input.base_prior}"
+            " {params.track} > {log} 2>&1"
             " && grep '^rpb run: ' {log}"
