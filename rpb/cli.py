@@ -59,7 +59,11 @@ def _train_spec(args: argparse.Namespace):
 
 
 def _track_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    return {"tracking_uri": args.tracking_uri, "experiment": args.experiment}
+    return {
+        "tracking_uri": args.tracking_uri,
+        "experiment": args.experiment,
+        "group": getattr(args, "run_group", None),
+    }
 
 
 def _run_dir_of(model_dir: Path) -> Path:
@@ -348,6 +352,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         "experts_implementation": args.experts_implementation,
         "tracking_uri": args.tracking_uri,
         "experiment": args.experiment,
+        "run_group": args.run_group,
     }
     cmd_eval(
         argparse.Namespace(
@@ -552,6 +557,12 @@ def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
 def _add_tracking(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: env/config)")
     p.add_argument("--experiment", default="rpb", help="MLflow experiment name")
+    p.add_argument(
+        "--run-group",
+        default=None,
+        help="a group the run belongs to beyond the main tables (e.g. diagnostic): prefixes its "
+        "name and tags it, so its runs never pass for the main runs of the same method",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -44,6 +44,7 @@ SECRET_KEY = re.compile(
 SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bbearer\s+\S+", re.IGNORECASE)
 # Tags naming the process of a run, so a rerun can tell a dead job's run from a live one.
 HOST_TAG, PID_TAG, JOB_DIR_TAG = "rpb.host", "rpb.pid", "rpb.job_dir"
+GROUP_TAG = "rpb.group"  # "main", or the group of runs beyond the main tables (diagnostic)
 END_REASON_TAG = "rpb.end_reason"
 # MLflow's own tags: the experiment kind the UI opens an experiment with ("custom_model_development"
 # is its "Machine learning" kind: the runs table of the "Model training" view, not GenAI traces),
@@ -270,8 +271,12 @@ def tracked_run(
     run_dir: Path | None = None,
     tracking_uri: str | None = None,
     experiment: str = DEFAULT_EXPERIMENT,
+    group: str | None = None,
 ) -> Iterator[Any]:
     """One MLflow run for one job; ends FAILED (and re-raises) if the job raises, KILLED on SIGTERM.
+
+    `group` (e.g. "diagnostic") names runs outside the main tables: it prefixes the run name and
+    is the `rpb.group` tag, so a diagnostic run of `none` never passes for table 1's `none`.
 
     `parents` maps a role (e.g. "base", "prior") to the run id of the job whose output this one
     consumed; they become `parent.<role>` tags, the run's lineage. Runs of the same job left
@@ -282,6 +287,8 @@ def tracked_run(
     mlflow.set_tracking_uri(tracking_uri or resolve_tracking_uri())
     found = mlflow.set_experiment(experiment)
     name = f"{stage}/{model}/{method}/seed{seed}"
+    if group:
+        name = f"{group}/{name}"
     job_dir = str(Path(run_dir).resolve()) if run_dir is not None else "-"
     end_stale_runs(mlflow.MlflowClient(), found.experiment_id, name, job_dir)
     params = dict(params or {})
@@ -296,6 +303,7 @@ def tracked_run(
         HOST_TAG: socket.gethostname(),
         PID_TAG: str(os.getpid()),
         JOB_DIR_TAG: job_dir,
+        GROUP_TAG: group or "main",
     }
     for role, run_id in (parents or {}).items():
         if run_id:

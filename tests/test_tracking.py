@@ -100,6 +100,22 @@ def test_jobs_nest_under_their_invocation(store: dict[str, Any]) -> None:
     assert tracking.PARENT_RUN_TAG not in by_name["eval/m/lbl/seed0"].data.tags
 
 
+def test_a_run_group_keeps_diagnostic_runs_apart_from_the_main_ones(
+    store: dict[str, Any],
+) -> None:
+    uri = store["uri"]
+    for group in (None, "diagnostic"):
+        with tracking.tracked_run(
+            stage="eval", model="m", method="none", seed=0, tracking_uri=uri, group=group
+        ):
+            pass
+    client = _client(uri)
+    experiment_id = client.get_experiment_by_name("rpb").experiment_id
+    by_name = {r.info.run_name: r for r in client.search_runs([experiment_id])}
+    assert by_name["eval/m/none/seed0"].data.tags[tracking.GROUP_TAG] == "main"
+    assert by_name["diagnostic/eval/m/none/seed0"].data.tags[tracking.GROUP_TAG] == "diagnostic"
+
+
 def test_record_of_another_store_or_a_killed_invocation(store: dict[str, Any]) -> None:
     uri, record = store["uri"], store["record"]
     client = _client(uri)
@@ -214,6 +230,18 @@ def _latest_runs(results: Path) -> tuple[Any, list[Any]]:
     return client, runs
 
 
+def _finished_by_name(runs: list[Any], corpus: str) -> dict[str, Any]:
+    """The latest finished run of each name among the runs on `corpus` (run names carry no
+    corpus: table 3's math2 runs share their names with table 1's math runs)."""
+    return {
+        r.info.run_name: r
+        for r in runs
+        if r.info.status == "FINISHED"
+        and r.data.tags.get("corpus") in (corpus, "pretrain", "-")
+        and r.data.tags.get(tracking.GROUP_TAG, "main") == "main"
+    }
+
+
 @pytest.mark.slow
 def test_smoke_runs_are_nested_under_invocations(smoke_run: Path) -> None:
     client, runs = _latest_runs(smoke_run)
@@ -235,8 +263,8 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
 
     _, runs = _latest_runs(smoke_run)
     table = pd.read_csv(smoke_run / "table1.csv").set_index("method")
-    latest = {r.info.run_name: r for r in runs if r.info.status == "FINISHED"}
     spec = json.loads((smoke_run / "table1.meta.json").read_text())
+    latest = _finished_by_name(runs, spec["corpus"])
     accuracy = ["in_domain", "ood_mean"] + [c for c in table.columns if c.startswith("ood_")]
     structure = ["community_nmi", "coact_cosine", "modularity"]
     for method, row in table.iterrows():
@@ -271,7 +299,7 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
 def test_smoke_datasets_and_training_metric_names(smoke_run: Path) -> None:
     _, runs = _latest_runs(smoke_run)
     manifest = json.loads((smoke_run / "data" / "manifest.json").read_text())["files"]
-    latest = {r.info.run_name: r for r in runs if r.info.status == "FINISHED"}
+    latest = _finished_by_name(runs, "math")
 
     def inputs(name: str) -> dict[str, tuple[str, str]]:
         found = latest[name].inputs.dataset_inputs

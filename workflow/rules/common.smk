@@ -321,6 +321,9 @@ def diagnostic_targets():
 
 DIAGNOSTICS = config.get("diagnostics") or {}
 DIAG_ROOT = f"{RESULTS}/diagnostic"
+# Diagnostic jobs name and tag their MLflow runs apart from the main tables' runs of the same
+# method (`diagnostic/eval/tinyA/none/seed0`, tag rpb.group=diagnostic).
+DIAGNOSTIC_TRACK = f"{TRACK} --run-group diagnostic"
 # The router-swap tree below RESULTS (rpb.router_swap reads it from the table's spec).
 SWAP_TREE = "diagnostic/router_swap"
 SWAP_ROOT = f"{RESULTS}/{SWAP_TREE}"

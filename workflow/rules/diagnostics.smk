@@ -28,7 +28,7 @@ rule router_swap:
     resources:
         mem_mb=4000,
     params:
-        track=TRACK,
+        track=DIAGNOSTIC_TRACK,
     shell:
         "rpb router-swap --name {wildcards.model} --label {wildcards.label}"
         " --seed {wildcards.seed} --corpus-name {wildcards.corpus} --weights {input.weights}"
@@ -52,6 +52,8 @@ use rule evaluate as router_swap_evaluate with:
         f"{RESULTS}/logs/router_swap_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     benchmark:
         f"{BENCHMARKS}/router_swap_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+    params:
+        track=DIAGNOSTIC_TRACK,
 
 
 rule router_swap_table:
@@ -90,6 +92,7 @@ use rule posttrain as diagnostic_posttrain with:
         f"{BENCHMARKS}/diagnostic_posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
     params:
         spec=lambda wc: as_json(diagnostic_spec(wc.seed)),
+        track=DIAGNOSTIC_TRACK,
 
 
 use rule evaluate as diagnostic_evaluate with:
@@ -109,6 +112,8 @@ use rule evaluate as diagnostic_evaluate with:
         f"{RESULTS}/logs/diagnostic_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     benchmark:
         f"{BENCHMARKS}/diagnostic_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+    params:
+        track=DIAGNOSTIC_TRACK,
 
 
 use rule analyze as diagnostic_analyze with:
@@ -126,6 +131,8 @@ use rule analyze as diagnostic_analyze with:
         f"{RESULTS}/logs/diagnostic_analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
     benchmark:
         f"{BENCHMARKS}/diagnostic_analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+    params:
+        track=DIAGNOSTIC_TRACK,
 
 
 rule diagnostic_table1:
