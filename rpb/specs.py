@@ -174,9 +174,7 @@ EVAL_SETS: dict[str, tuple[str, ...]] = {
 # Results layout, relative to results_dir. `{method}` is a method label (a key of `methods`).
 PATHS: dict[str, str] = {
     "base_model": "models/{model}/base/model",
-    "run": "runs/{model}/{corpus}/{method}/seed{seed}",
     "model": "runs/{model}/{corpus}/{method}/seed{seed}/model",
-    "prior": "priors/{model}/{corpus}.safetensors",
     "eval": "eval/{model}/{corpus}/{method}/seed{seed}.json",
     "analysis": "analysis/{model}/{corpus}/{method}/seed{seed}.json",
 }

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats as scipy_stats
 
+from rpb.specs import results_path
 from rpb.stats import (
     DEFAULT_POWER,
     DEFAULT_RESAMPLES,
@@ -73,12 +74,14 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def eval_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
     """Where the evaluation output of one trained model lies (`base`: the base, seed 0)."""
-    return Path(results) / "eval" / model / corpus / label / f"seed{seed}.json"
+    return Path(results) / results_path("eval", model=model, corpus=corpus, method=label, seed=seed)
 
 
 def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
     """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
-    return Path(results) / "analysis" / model / corpus / label / f"seed{seed}.json"
+    return Path(results) / results_path(
+        "analysis", model=model, corpus=corpus, method=label, seed=seed
+    )
 
 
 def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.ndarray:

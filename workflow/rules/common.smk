@@ -6,6 +6,7 @@ import shlex
 import sys
 
 from rpb.config_check import ConfigError, check_config
+from rpb.specs import results_path
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -87,8 +88,8 @@ def as_json(value):
 def model_dir(model, method, corpus, seed):
     """The model directory for a (model, method, corpus, seed); `base` is the pretrained base."""
     if method == "base":
-        return f"{RESULTS}/models/{model}/base/model"
-    return f"{RESULTS}/runs/{model}/{corpus}/{method}/seed{seed}/model"
+        return f"{RESULTS}/{results_path('base_model', model=model)}"
+    return f"{RESULTS}/{results_path('model', model=model, corpus=corpus, method=method, seed=seed)}"
 
 
 def evaluated_model(wildcards):
