@@ -275,6 +275,13 @@ def _check_controls(config: Mapping[str, Any]) -> None:
                 f"claims.permuted: methods.{permuted} is a '{family}', not a variant of "
                 f"claims.method '{method}'"
             )
+        reference = methods.get(method) or {}
+        for key in ("strength", "options"):
+            if entry.get(key) != reference.get(key):
+                raise ConfigError(
+                    f"claims.permuted: methods.{permuted}.{key} differs from methods.{method}"
+                    f".{key}: the control must be claims.method with only its prior changed"
+                )
 
 
 def _check_lengths(config: Mapping[str, Any]) -> None:

@@ -85,8 +85,12 @@ def _config() -> dict:
             r"methods\.placebo\.prior: method 'lbl' reads no router prior",
         ),
         (
-            lambda c: c["methods"]["rpb_permuted"].update(kind="anchor_weight"),
+            lambda c: c["methods"]["rpb_permuted"].update(kind="anchor_weight", options={}),
             r"claims\.permuted: methods\.rpb_permuted is a 'anchor_weight', not a variant",
+        ),
+        (
+            lambda c: c["methods"]["rpb_permuted"].pop("options"),
+            r"claims\.permuted: methods\.rpb_permuted\.options differs from methods\.rpb",
         ),
         (
             lambda c: c["methods"]["rpb"].update(prior="shuffled"),
