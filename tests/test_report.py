@@ -60,7 +60,7 @@ def test_all_builds_every_table(smoke_all: Path) -> None:
     assert sweep.groupby("curve")["strength"].min().eq(0).all()
     assert sweep.groupby("curve")["strength"].max().map(math.isinf).all()
     readings = pd.read_csv(smoke_all / "rpb_readings.csv").set_index("method")
-    assert list(readings.index) == ["none", "rpb", "rpb_keep", "hard"]
+    assert list(readings.index) == ["none", "rpb_select", "rpb_keep", "hard"]
     # hard is analysed with the base selection it was trained with (eval_routing re-attached).
     assert readings.loc["hard", "topk_overlap_with_base"] == pytest.approx(1.0)
     assert readings.loc["rpb_keep", "anchors"] in {"yes", "no", "undetermined"}
