@@ -527,8 +527,8 @@ def _premises(audit: Audit, model: str, other: str) -> list[Check]:
     return checks
 
 
-def claim_c1(audit: Audit) -> list[Part]:
-    """RPB - each other table-1 method, in-domain, on table 1's model and corpus."""
+def _table1_parts(audit: Audit, metric: str) -> list[Part]:
+    """RPB - each other table-1 method on `metric`, on table 1's model and corpus."""
     t1 = audit.spec["table1"]
     return [
         _direction_part(
@@ -538,29 +538,21 @@ def claim_c1(audit: Audit) -> list[Part]:
             t1["corpus"],
             audit.method,
             other,
-            "in_domain",
+            metric,
             _premises(audit, t1["model"], other),
         )
         for other in _others(t1["methods"], audit.method)
     ]
+
+
+def claim_c1(audit: Audit) -> list[Part]:
+    """RPB - each other table-1 method, in-domain."""
+    return _table1_parts(audit, "in_domain")
 
 
 def claim_c2(audit: Audit) -> list[Part]:
     """RPB - each other table-1 method, OOD (the mean of the OOD tasks per run)."""
-    t1 = audit.spec["table1"]
-    return [
-        _direction_part(
-            audit,
-            t1,
-            t1["model"],
-            t1["corpus"],
-            audit.method,
-            other,
-            "ood",
-            _premises(audit, t1["model"], other),
-        )
-        for other in _others(t1["methods"], audit.method)
-    ]
+    return _table1_parts(audit, "ood")
 
 
 def claim_c3(audit: Audit) -> list[Part]:
