@@ -446,26 +446,19 @@ def _check_diagnostics(config: Mapping[str, Any], corpora: list[str], corpora_wh
     """Names in `diagnostics` must refer to models, methods and corpora of this config."""
     diagnostics = config.get("diagnostics") or {}
     for section, entry in diagnostics.items():
-        field = "models" if "models" in entry else "model"
-        for name in entry["models"] if field == "models" else [entry["model"]]:
-            if name not in config["models"]:
-                raise ConfigError(
-                    f"diagnostics.{section}.{field}: '{name}' is not a key of models "
-                    f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
-                )
+        for pool in ("models", "methods"):
+            field = pool if pool in entry else pool[:-1]
+            for name in entry[pool] if field == pool else [entry[field]]:
+                if name not in config[pool]:
+                    raise ConfigError(
+                        f"diagnostics.{section}.{field}: '{name}' is not a key of {pool} "
+                        f"({_suggest(name, config[pool])}{pool}: {', '.join(config[pool])})"
+                    )
         if entry["corpus"] not in corpora:
             raise ConfigError(
                 f"diagnostics.{section}.corpus: '{entry['corpus']}' must be {corpora_where} "
                 f"({', '.join(corpora)})"
             )
-        field = "methods" if "methods" in entry else "method"
-        for label in entry["methods"] if field == "methods" else [entry["method"]]:
-            if label not in config["methods"]:
-                raise ConfigError(
-                    f"diagnostics.{section}.{field}: '{label}' is not a key of methods "
-                    f"({_suggest(label, config['methods'])}methods: "
-                    f"{', '.join(config['methods'])})"
-                )
     swap = diagnostics.get("router_swap")
     if swap is not None:
         entry = config["methods"][swap["method"]] or {}
