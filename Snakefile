@@ -21,6 +21,7 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/controls.smk"
 include: "workflow/rules/diagnostics.smk"
+include: "workflow/rules/regime.smk"
 
 
 # One MLflow parent run per invocation that runs jobs (not for dry runs or "nothing to be done").

@@ -94,11 +94,11 @@ def cmd_corpora(args: argparse.Namespace) -> None:
     from rpb.tracking import tracked_run
 
     sizes = SIZE_PRESETS[args.preset]
-    params = {"seed": args.seed, "preset": args.preset, "sizes": sizes}
+    params = {"seed": args.seed, "preset": args.preset, "sizes": sizes, "level": args.level}
     with tracked_run(
         stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)
     ):
-        manifest = write_corpora(args.out, seed=args.seed, sizes=sizes)
+        manifest = write_corpora(args.out, seed=args.seed, sizes=sizes, level=args.level)
         build_tokenizer(args.out / "tokenizer")
         mlflow.log_artifact(str(args.out / "manifest.json"))
         log.info("corpora written to %s: %s", args.out, json.dumps(manifest.get("files", {}))[:400])
@@ -246,6 +246,58 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
                 "router_distance": summary["router_distance"],
             }
         )
+
+
+def cmd_regime(args: argparse.Namespace) -> None:
+    import mlflow
+
+    from rpb.data import SIZE_PRESETS, write_corpora
+    from rpb.regime import RegimeRule, RegimeWalk, write_report
+    from rpb.testbed import stage_durations
+    from rpb.tracking import resolve_tracking_uri, tracked_run
+
+    spec = args.spec
+    rule = RegimeRule.from_dict(spec.get("rule") or {})
+    root = args.out.parent
+    data_dirs = {}
+    for level in rule.levels:  # the corpora at every level (cheap; pretraining is level-free)
+        data_dirs[level] = root / "data" / f"L{level}"
+        if not (data_dirs[level] / "manifest.json").is_file():
+            write_corpora(
+                data_dirs[level],
+                seed=spec["data"]["seed"],
+                sizes=SIZE_PRESETS[spec["data"]["preset"]],
+                level=level,
+            )
+    durations = stage_durations(resolve_tracking_uri(args.tracking_uri), args.experiment)
+    pretrain_s = max(
+        (max(durations.get(f"pretrain/{m}", [float("nan")])) for m in spec["table1_models"]),
+        default=float("nan"),
+    )
+    walk = RegimeWalk(
+        rule=rule,
+        models=spec["models"],
+        data_dirs=data_dirs,
+        corpus=spec["corpus"],
+        posttrain=spec["posttrain"],
+        runs_root=root / "runs",
+        cores=args.cores,
+    )
+    with tracked_run(
+        stage="regime",
+        model=",".join(spec["models"]),
+        params={"rule": json.dumps(spec.get("rule") or {})},
+        run_dir=root,
+        **_track_kwargs(args),
+    ):
+        decision = walk.walk(len(spec["table1_methods"]), pretrain_s)
+        write_report(decision, rule, args.out, args.out.with_suffix(".md"))
+        chosen = decision.get("chosen") or {}
+        mlflow.log_metrics(
+            {"candidates_tried": float(len(decision["tried"])), "chosen": float(bool(chosen))}
+            | {k: float(chosen[k]) for k in ("steps", "runs_needed") if k in chosen}
+        )
+        mlflow.log_artifact(str(args.out.with_suffix(".md")))
 
 
 def _model_job_run(args: argparse.Namespace, stage: str):
@@ -582,6 +634,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--preset", choices=["default", "smoke"], default="default")
+    p.add_argument("--level", type=int, default=1, help="post-training difficulty (POST_LEVELS)")
 
     p = add("pretrain", cmd_pretrain, "pretrain a tiny MoE base with a load-balancing loss")
     p.add_argument("--name", required=True)
@@ -663,6 +716,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
+
+    p = add("regime", cmd_regime, "apply the testbed regime rule (docs/regime.md) on `none`")
+    p.add_argument("--spec", type=_json_arg, required=True)
+    p.add_argument("--out", type=Path, required=True, help="regime.json (regime.md beside it)")
+    p.add_argument("--cores", type=int, default=2, help="calibration runs side by side")
 
     p = add(
         "permute-prior", cmd_permute_prior, "a router prior with its experts permuted per layer"

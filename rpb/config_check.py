@@ -378,7 +378,37 @@ def _check_hub_model_type(name: str, spec: Mapping[str, Any]) -> None:
         )
 
 
+def _check_calibration(config: Mapping[str, Any]) -> None:
+    """data.level and the regime rule's levels must be levels of the generator; the rule's bases
+    must be pretrained models of this config."""
+    from rpb.data import POST_LEVELS
+
+    known = ", ".join(map(str, POST_LEVELS))
+    level = (config.get("data") or {}).get("level", 1)
+    if level not in POST_LEVELS:
+        raise ConfigError(f"data.level: {level} is not a difficulty level (known: {known})")
+    section = config.get("calibration")
+    if section is None:
+        return
+    for i, name in enumerate(section["models"]):
+        entry = config["models"].get(name)
+        if entry is None or entry["source"] != "pretrain":
+            raise ConfigError(
+                f"calibration.models[{i}]: '{name}' is not a pretrained model of models "
+                f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
+            )
+    for i, lvl in enumerate((section.get("rule") or {}).get("levels") or []):
+        if lvl not in POST_LEVELS:
+            raise ConfigError(
+                f"calibration.rule.levels[{i}]: {lvl} is not a difficulty level (known: {known})"
+            )
+    low, high = (section.get("rule") or {}).get("accuracy_range") or (0.0, 1.0)
+    if low >= high:
+        raise ConfigError(f"calibration.rule.accuracy_range: [{low}, {high}] is empty")
+
+
 def _cross_key_errors(config: Mapping[str, Any]) -> None:
+    _check_calibration(config)
     for name in config["models"]:
         if not MODEL_NAME.fullmatch(str(name)):
             raise ConfigError(f"models.{name}: model names may use only letters, digits and _")

@@ -17,6 +17,16 @@ format, with template tokens never seen in pretraining:
 - ``math2``: an independent generator for claim C4: its own tokens (Add, To, Plus, !), two word
   orders ("Add35To47!", "35Plus47!") and a carry-balanced operand distribution.
 
+Difficulty levels of the post-training tasks (``POST_LEVELS``, fixed before the regime rule of
+docs/regime.md was run): the operands' digit counts grow while the template stays, so a level asks
+the base's 2-digit addition skill to stretch further. Level 1 is the 2-digit task above; level 2
+pairs a 3-digit with a 2-digit operand (either order), level 3 two 3-digit operands, level 4 a
+4-digit with a 3-digit one. Pretraining is the same at every level.
+
+Development split: ``dev/{math,math2}.jsonl`` hold operand pairs disjoint from every training
+corpus and every eval set. Only the regime rule reads them (to choose the post-training regime on
+plain fine-tuning), so that choice never looks at the items the tables report.
+
 Text has no spaces: a symbol is a capitalised word (one token) or else one character
 (``TOKEN_PATTERN``); the tokenizer's vocabulary is derived from the alphabets here.
 
@@ -47,7 +57,7 @@ from typing import Any
 
 from rpb.specs import EVAL_SETS
 
-GENERATOR_VERSION = "1"
+GENERATOR_VERSION = "2"  # 2: dev split held out, difficulty levels
 
 # --- alphabets (single source of truth for the tokenizer) --------------------------------------
 
@@ -142,12 +152,24 @@ class CorpusSizes:
     math2: int = 12_000
     eval: int = 200
     facts: int = 200
+    dev: int = 200  # development items per post-training task (the regime rule's split)
 
 
 SIZE_PRESETS: dict[str, dict[str, int]] = {
     "default": dataclasses.asdict(CorpusSizes()),
-    "smoke": {"pretrain": 6_000, "math": 1_200, "math2": 1_200, "eval": 20, "facts": 200},
+    "smoke": {
+        "pretrain": 6_000,
+        "math": 1_200,
+        "math2": 1_200,
+        "eval": 20,
+        "facts": 200,
+        "dev": 20,
+    },
 }
+
+# Post-training difficulty levels: digits of the two operands (the larger first; its position is
+# drawn per item). Level 1 is the 2-digit task the base's pretraining addition covers.
+POST_LEVELS: dict[int, tuple[int, int]] = {1: (2, 2), 2: (3, 2), 3: (3, 3), 4: (4, 3)}
 
 _OPERANDS = range(10, 100)
 _N_UNORDERED_PAIRS = len(_OPERANDS) * (len(_OPERANDS) + 1) // 2
@@ -166,12 +188,22 @@ def _as_sizes(sizes: Mapping[str, int] | CorpusSizes) -> CorpusSizes:
     for name, value in dataclasses.asdict(out).items():
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"corpus size {name!r} must be a positive int, got {value!r}")
-    # Held-out arithmetic pairs must stay a minority so training still covers the pair space.
-    if 3 * out.eval > _N_UNORDERED_PAIRS // 4:
+    # Held-out arithmetic pairs (three eval sets, two dev sets) must stay a minority of the 2-digit
+    # pair space so training still covers it.
+    held_out = 3 * out.eval + len(POST_TASKS) * out.dev
+    if held_out > _N_UNORDERED_PAIRS // 4:
         raise ValueError(
-            f"corpus size 'eval'={out.eval} too large: at most {_N_UNORDERED_PAIRS // 12}"
+            f"corpus sizes 'eval'={out.eval} and 'dev'={out.dev} hold out {held_out} operand "
+            f"pairs: at most {_N_UNORDERED_PAIRS // 4} (3 * eval + 2 * dev)"
         )
     return out
+
+
+def check_level(level: int) -> int:
+    """The post-training difficulty level, or ValueError naming the known ones."""
+    if isinstance(level, bool) or level not in POST_LEVELS:
+        raise ValueError(f"unknown difficulty level {level!r} (known: {sorted(POST_LEVELS)})")
+    return level
 
 
 def _as_mixture(mixture: Mapping[str, float] | None) -> dict[str, float]:
@@ -244,6 +276,30 @@ _ARITHMETIC: dict[str, tuple[Callable[[random.Random], tuple[int, int]], Callabl
 }
 
 
+def _level_pair_law(task: str, level: int) -> Callable[[random.Random], tuple[int, int]]:
+    """Operand law of a post-training task at a difficulty level (level 1: the task's own)."""
+    if level == 1:
+        return _ARITHMETIC[task][0]
+    digits = POST_LEVELS[level]
+
+    def draw(rng: random.Random) -> tuple[int, int]:
+        if task == "math2":  # math2's law at every level: the units carry with probability 1/2
+            carry = rng.random() < 0.5
+            while True:
+                ua, ub = rng.randrange(10), rng.randrange(10)
+                if (ua + ub >= 10) == carry:
+                    break
+            a, b = (
+                10 * rng.randrange(10 ** (d - 2), 10 ** (d - 1)) + u
+                for d, u in zip(digits, (ua, ub), strict=True)
+            )
+        else:
+            a, b = (rng.randrange(10 ** (d - 1), 10**d) for d in digits)
+        return (b, a) if digits[0] != digits[1] and rng.random() < 0.5 else (a, b)
+
+    return draw
+
+
 def _random_string(rng: random.Random) -> str:
     return "".join(rng.choices(LOWER, k=rng.choice(_STRING_LENGTHS)))
 
@@ -307,35 +363,55 @@ def _unique_items(
 
 
 def _held_out_pairs(
-    seed: int, n: int
-) -> tuple[dict[str, list[tuple[int, int]]], set[frozenset[int]]]:
-    """Per arithmetic task n ordered eval pairs; unordered pairs disjoint across tasks."""
+    seed: int, n_eval: int, n_dev: int, level: int
+) -> tuple[dict[str, list[tuple[int, int]]], dict[str, list[tuple[int, int]]], set[frozenset[int]]]:
+    """Per arithmetic task n_eval ordered eval pairs and per post-training task n_dev dev pairs;
+    unordered pairs disjoint across all of them (the third value: every held-out pair).
+
+    The 2-digit (level 1) pairs are drawn at every level, so the pretraining corpus, which rejects
+    them, does not depend on the level; a level above 1 draws its post tasks' pairs from its own
+    space on top."""
     taken: set[frozenset[int]] = set()
-    out: dict[str, list[tuple[int, int]]] = {}
-    for task, (draw_pair, _) in _ARITHMETIC.items():
-        rng, pairs = _rng(seed, f"{task}-eval"), []
+
+    def draw(stream: str, law: Callable[[random.Random], tuple[int, int]], n: int) -> list:
+        rng, pairs = _rng(seed, stream), []
         while len(pairs) < n:
-            a, b = draw_pair(rng)
+            a, b = law(rng)
             if frozenset((a, b)) not in taken:
                 taken.add(frozenset((a, b)))
                 pairs.append((a, b))
-        out[task] = pairs
-    return out, taken
+        return pairs
+
+    evals = {task: draw(f"{task}-eval", law, n_eval) for task, (law, _) in _ARITHMETIC.items()}
+    devs = {task: draw(f"{task}-dev", _ARITHMETIC[task][0], n_dev) for task in POST_TASKS}
+    if level > 1:
+        for task in POST_TASKS:
+            law = _level_pair_law(task, level)
+            evals[task] = draw(f"{task}-eval-L{level}", law, n_eval)
+            devs[task] = draw(f"{task}-dev-L{level}", law, n_dev)
+    return evals, devs, taken
 
 
-def _build(seed: int, sizes: CorpusSizes, mixture: dict[str, float]) -> dict[str, list]:
+def _build(
+    seed: int, sizes: CorpusSizes, mixture: dict[str, float], level: int = 1
+) -> dict[str, list]:
     """All corpora in memory: {relative path: list of records}."""
     files: dict[str, list[dict[str, str]]] = {}
     evals: dict[str, list[tuple[str, str]]] = {}
+    devs: dict[str, list[tuple[str, str]]] = {}
     train: dict[str, list[tuple[str, str]]] = {}
 
-    eval_pairs, held_out = _held_out_pairs(seed, sizes.eval)
+    eval_pairs, dev_pairs, held_out = _held_out_pairs(seed, sizes.eval, sizes.dev, level)
     for task, (_, make) in _ARITHMETIC.items():
         rng = _rng(seed, f"{task}-eval-format")
         evals[task] = [make(a, b, rng) for a, b in eval_pairs[task]]
+    for task in POST_TASKS:
+        rng = _rng(seed, f"{task}-dev-format")
+        devs[task] = [_ARITHMETIC[task][1](a, b, rng) for a, b in dev_pairs[task]]
 
     def arithmetic_train(task: str, n: int) -> list[tuple[str, str]]:
-        draw_pair, make = _ARITHMETIC[task]
+        make = _ARITHMETIC[task][1]
+        draw_pair = _level_pair_law(task, level) if task in POST_TASKS else _ARITHMETIC[task][0]
         rng, items = _rng(seed, f"{task}-train"), []
         while len(items) < n:
             a, b = draw_pair(rng)
@@ -391,6 +467,8 @@ def _build(seed: int, sizes: CorpusSizes, mixture: dict[str, float]) -> dict[str
         files[f"post/{task}.jsonl"] = [{"prompt": p, "completion": c} for p, c in pairs]
     for task in EVAL_TASKS:
         files[f"eval/{task}.jsonl"] = [{"prompt": p, "target": t} for p, t in evals[task]]
+    for task in POST_TASKS:
+        files[f"dev/{task}.jsonl"] = [{"prompt": p, "target": t} for p, t in devs[task]]
     return files
 
 
@@ -440,15 +518,17 @@ def write_corpora(
     seed: int,
     sizes: Mapping[str, int] | CorpusSizes,
     mixture: Mapping[str, float] | None = None,
+    level: int = 1,
 ) -> dict[str, Any]:
-    """Write pretrain.jsonl, post/{math,math2}.jsonl, eval/{task}.jsonl and manifest.json.
+    """Write pretrain.jsonl, post/{math,math2}.jsonl, eval/{task}.jsonl, dev/{math,math2}.jsonl
+    and manifest.json, the post-training tasks at difficulty `level` (POST_LEVELS).
 
-    Same seed, sizes and mixture give byte-identical files. Returns the manifest.
+    Same seed, sizes, mixture and level give byte-identical files. Returns the manifest.
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     corpus_sizes, weights = _as_sizes(sizes), _as_mixture(mixture)
-    files = _build(seed, corpus_sizes, weights)
+    files = _build(seed, corpus_sizes, weights, check_level(level))
 
     # Guard against generator/alphabet drift and held-out leaks before anything is written.
     for records in files.values():
@@ -462,8 +542,8 @@ def write_corpora(
         for i, rec in enumerate(files[name], start=1)
     ]
     prompts: dict[str, tuple[str, int]] = {}
-    for task in HELD_OUT_TASKS:
-        name = f"eval/{task}.jsonl"
+    held_out_files = [f"eval/{task}.jsonl" for task in HELD_OUT_TASKS]
+    for name in [*held_out_files, *(f"dev/{task}.jsonl" for task in POST_TASKS)]:
         prompts.update(_eval_prompts(name, files[name]))
     _find_overlap(train, prompts)
 
@@ -478,6 +558,8 @@ def write_corpora(
     manifest = {
         "generator_version": GENERATOR_VERSION,
         "seed": seed,
+        "level": level,
+        "level_digits": list(POST_LEVELS[level]),
         "sizes": dataclasses.asdict(corpus_sizes),
         "mixture": weights,
         "pretrain_domain_lines": _counts(corpus_sizes.pretrain, weights),

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -361,6 +362,7 @@ def run_training(
     out_dir: Path,
     *,
     save_to: Path | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
 ) -> list[dict[str, float]]:
     """Train `model` in place with `method` attached; resumes from the newest checkpoint.
 
@@ -380,6 +382,7 @@ def run_training(
         callbacks=[
             RoutingDriftCallback(trainer_ref, spec.log_every, history),
             CheckpointStateCallback(method, history),
+            *callbacks,
         ],
     )
     trainer_ref.append(trainer)
@@ -517,13 +520,16 @@ def posttrain(
     out_dir: Path,
     trust_remote_code: bool = False,
     experts_implementation: str | None = None,
+    callbacks: Sequence[TrainerCallback] = (),
+    save_model: bool = True,
 ) -> dict[str, Any]:
     """Post-train a base on a prompt/completion corpus with one router method attached.
 
     `trust_remote_code` applies to the tokenizer only (Moonlight's); the model always loads with
     transformers' own class. `experts_implementation` picks transformers' experts kernel (None:
     its default). Every rank of a multi-process launch calls this; the main process writes the
-    outputs while the others wait.
+    outputs while the others wait. `callbacks` join the Trainer's (the regime rule's dev-accuracy
+    readings); `save_model` false keeps no model (calibration runs need only their readings).
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code)
     torch.manual_seed(spec.seed)
@@ -542,7 +548,14 @@ def posttrain(
     method = make_method(method_spec.name, strength=method_spec.strength, **method_spec.options)
     method.attach(model, prior)
     history = run_training(
-        model, tokenizer, dataset, method, spec, out_dir, save_to=out_dir / "model"
+        model,
+        tokenizer,
+        dataset,
+        method,
+        spec,
+        out_dir,
+        save_to=out_dir / "model" if save_model else None,
+        callbacks=callbacks,
     )
     summary = {
         "final": history[-1] if history else {},
@@ -552,7 +565,8 @@ def posttrain(
     if is_main_process():
         # A method that keeps steering at evaluation (hard, keep_bias_at_eval) travels with the
         # model.
-        save_eval_routing(out_dir / "model", method, prior)
+        if save_model:
+            save_eval_routing(out_dir / "model", method, prior)
         _write_json(out_dir / "train_history.json", {"history": history, **summary})
         remove_checkpoints(out_dir / "checkpoints")
     PartialState().wait_for_everyone()

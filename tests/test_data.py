@@ -222,3 +222,51 @@ def test_bad_sizes_and_mixture_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown symbol ' '"):
         split_symbols("35 +47=")
     assert not list(tmp_path.iterdir())  # nothing written on bad input
+
+
+def _pairs(path: Path) -> set[frozenset[int]]:
+    out = set()
+    for rec in load_jsonl(path, ("prompt",)):
+        out.add(frozenset(int(x) for x in re.findall(r"\d+", rec["prompt"])))
+    return out
+
+
+def test_dev_split_is_disjoint_from_training_and_eval(default_dir: Path) -> None:
+    for task in ("math", "math2"):
+        dev = _pairs(default_dir / "dev" / f"{task}.jsonl")
+        assert len(dev) == SIZE_PRESETS["default"]["dev"]
+        for name in ("addition", "math", "math2"):
+            assert not dev & _pairs(default_dir / "eval" / f"{name}.jsonl"), (task, name)
+        for train in ("post/math.jsonl", "post/math2.jsonl"):
+            assert not dev & _pairs(default_dir / train), (task, train)
+        pretrain = {
+            frozenset(map(int, re.match(r"(\d+)\+(\d+)=", rec["text"]).groups()))
+            for rec in load_jsonl(default_dir / "pretrain.jsonl", ("text",))
+            if rec["domain"] == "addition"
+        }
+        assert not dev & pretrain, task
+
+
+@pytest.mark.parametrize("level", [2, 3, 4])
+def test_levels_change_the_post_tasks_digits_not_pretraining(
+    smoke_dir: Path, tmp_path: Path, level: int
+) -> None:
+    out = tmp_path / f"L{level}"
+    manifest = write_corpora(out, seed=3, sizes=SIZE_PRESETS["smoke"], level=level)
+    base = json.loads((smoke_dir / "manifest.json").read_text())
+    assert manifest["files"]["pretrain.jsonl"] == base["files"]["pretrain.jsonl"]
+    assert manifest["files"]["eval/addition.jsonl"] == base["files"]["eval/addition.jsonl"]
+    digits = sorted(data.POST_LEVELS[level])
+    for name in ("post/math.jsonl", "eval/math.jsonl", "dev/math2.jsonl"):
+        for rec in load_jsonl(out / name, ("prompt",)):
+            operands = re.findall(r"\d+", rec["prompt"])
+            assert sorted(map(len, operands)) == digits, (name, rec)
+            target = rec.get("target") or rec["completion"]
+            assert target == str(sum(map(int, operands)))[::-1]
+
+
+def test_unknown_level_and_too_many_held_out_pairs_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown difficulty level 9"):
+        write_corpora(tmp_path, seed=0, sizes=SIZE_PRESETS["smoke"], level=9)
+    with pytest.raises(ValueError, match="'dev'=400"):
+        write_corpora(tmp_path, seed=0, sizes=SIZE_PRESETS["default"] | {"dev": 400})

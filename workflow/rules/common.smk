@@ -473,3 +473,24 @@ def claims_extra_inputs(wildcards):
     if config["scale"] != "paper":
         paths.append(f"{RESULTS}/testbed.json")
     return paths
+
+
+def regime_spec():
+    """What `rpb regime` needs: the calibration bases, the rule, the data and post-training
+    settings it keeps fixed, and table 1's bases and methods (its cost gate)."""
+    section = config["calibration"]
+    return {
+        "models": {
+            m: {
+                "base_dir": model_dir(m, "base", None, None),
+                "pretrain_lr": config["models"][m]["pretrain"]["lr"],
+            }
+            for m in section["models"]
+        },
+        "rule": section.get("rule") or {},
+        "corpus": config["table1"]["corpus"],
+        "data": {"seed": config["data"]["seed"], "preset": config["data"]["preset"]},
+        "posttrain": config["posttrain"],
+        "table1_models": [config["table1"]["model"]],
+        "table1_methods": config["table1"]["methods"],
+    }

@@ -30,6 +30,8 @@ rule corpora:
         out=parent_dir("manifest"),
         seed=config["data"]["seed"],
         preset=config["data"]["preset"],
+        level=config["data"].get("level", 1),
     shell:
-        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset} {params.track}"
+        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
+        " --level {params.level} {params.track}"
         " > {log} 2>&1"

@@ -1,0 +1,441 @@
+"""The testbed regime rule of docs/regime.md, applied.
+
+The rule chooses the post-training regime (learning rate, step count, task difficulty, seed count)
+from plain fine-tuning (`none`) and the base alone, before any method comparison: calibration runs
+of `none` on their own seeds, scored on the development split (`rpb.data`: disjoint from training
+data and from every eval set the tables read), walked over the candidates in the rule's order. The
+first candidate that passes every gate is the regime; every candidate tried is reported.
+
+Calibration runs are cached one JSON per (model, level, lr fraction, steps, seed), so an
+interrupted or extended walk never recomputes a finished run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RegimeRule:
+    """The rule's settings (config key `regime`); defaults are docs/regime.md's."""
+
+    seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
+    lr_fractions: tuple[float, ...] = (0.1, 1 / 30)  # R0: of the base's pretraining peak lr
+    steps: tuple[int, ...] = (200, 400, 800, 1600)  # R1: the smallest all seeds plateau at
+    levels: tuple[int, ...] = (1, 2, 3, 4)  # R2: tried from the easiest upward
+    readings: int = 10  # dev accuracy read every steps / readings
+    plateau_tolerance: float = 0.02  # R1: last two readings, and final vs late maximum
+    plateau_window: float = 0.3  # R1: the late part of training the maximum is taken over
+    accuracy_range: tuple[float, float] = (0.40, 0.85)  # R2: none's mean dev accuracy
+    table1_budget_s: float = 900.0  # R3: table 1 within 15 minutes on the development machine
+    run_overhead_s: float = 4.5  # R3: a run's non-training seconds (bench/pipeline_cost.py)
+    margin: float = 5.0  # R4: points; the claims margin
+    confidence: float = 0.95
+    power: float = 0.8
+    warmup_ratio: float = 0.02  # R0: the pretraining schedule's shape (warm-up, cosine)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> RegimeRule:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(raw) - known)
+        if unknown:
+            raise ValueError(f"regime: unknown key(s) {', '.join(unknown)}")
+        tuples = {k: tuple(v) for k, v in raw.items() if isinstance(v, list)}
+        return cls(**(raw | tuples))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One calibration setting of one base."""
+
+    model: str
+    level: int
+    lr_fraction: float
+    steps: int
+
+    def path(self, root: Path, seed: int) -> Path:
+        frac = f"{self.lr_fraction:.4g}".replace(".", "p")
+        return (
+            root
+            / self.model
+            / f"L{self.level}"
+            / f"lr{frac}"
+            / f"S{self.steps}"
+            / f"seed{seed}.json"
+        )
+
+
+# --- the gates ------------------------------------------------------------------------------------
+
+
+def plateaued(
+    curve: Sequence[tuple[int, float]], steps: int, tolerance: float, window: float
+) -> bool:
+    """R1 for one run: the last two readings differ by less than `tolerance`, and the final
+    reading is within `tolerance` of the maximum over the last `window` of training."""
+    if len(curve) < 2:
+        return False
+    accs = [acc for _, acc in curve]
+    late = [acc for step, acc in curve if step >= (1 - window) * steps]
+    return abs(accs[-1] - accs[-2]) < tolerance and max(late) - accs[-1] <= tolerance
+
+
+def seeds_for_margin(sigma: float, rule: RegimeRule) -> int:
+    """R4: the smallest n whose paired MDE at sd sqrt(2) * sigma (points) is at most the margin."""
+    from rpb.stats import seeds_needed
+
+    return seeds_needed(
+        math.sqrt(2) * sigma, rule.margin, confidence=rule.confidence, power=rule.power
+    )
+
+
+def table1_seconds(
+    run_seconds: float, n_runs: int, n_methods: int, pretrain_seconds: float, cores: int
+) -> float:
+    """R3's estimate of table 1's wall time: the bases pretrained side by side, then every
+    (method, run) post-trained, evaluated and analysed, `cores` at a time."""
+    return pretrain_seconds + n_runs * n_methods * run_seconds / max(1, cores)
+
+
+# --- one calibration run --------------------------------------------------------------------------
+
+
+def dev_accuracy(model: Any, tokenizer: Any, items: Sequence[dict[str, str]]) -> float:
+    """Greedy exact match on prompt/target items: the target's tokens, then EOS.
+
+    Prompts are grouped by token length, so no batch needs padding and positions are the ones
+    training saw (the tiny tokenizer has no BOS)."""
+    import torch
+
+    from rpb.tokenizer import encode
+
+    eos = tokenizer.eos_token_id
+    groups: dict[int, list[tuple[list[int], list[int]]]] = {}
+    for i, item in enumerate(items):
+        prompt = encode(tokenizer, item["prompt"], f"dev item {i}")
+        target = [*encode(tokenizer, item["target"], f"dev item {i}"), eos]
+        groups.setdefault(len(prompt), []).append((prompt, target))
+    was_training = model.training
+    model.eval()
+    correct = 0
+    with torch.no_grad():
+        for group in groups.values():
+            width = max(len(t) for _, t in group)
+            ids = torch.tensor([p for p, _ in group])
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=width,
+                do_sample=False,
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=eos,
+            )[:, ids.shape[1] :]
+            for row, (_, target) in zip(out.tolist(), group, strict=True):
+                correct += row[: len(target)] == target
+    model.train(was_training)
+    return correct / max(1, len(items))
+
+
+def _dev_callback(tokenizer: Any, items: list[dict[str, str]], every: int, curve: list) -> Any:
+    from transformers import TrainerCallback
+
+    class DevAccuracyCallback(TrainerCallback):
+        """Reads dev accuracy every `every` optimizer steps (and at the last)."""
+
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % every == 0 or state.global_step == state.max_steps:
+                start = time.perf_counter()
+                curve.append((state.global_step, dev_accuracy(model, tokenizer, items)))
+                self.seconds = getattr(self, "seconds", 0.0) + time.perf_counter() - start
+
+    return DevAccuracyCallback()
+
+
+def calibration_run(
+    *,
+    base_dir: Path,
+    data_dir: Path,
+    corpus: str,
+    lr: float,
+    steps: int,
+    seed: int,
+    posttrain: dict[str, Any],
+    rule: RegimeRule,
+    out: Path,
+) -> dict[str, Any]:
+    """Post-train `none` on `corpus` of `data_dir` and write its dev-accuracy curve to `out`."""
+    import tempfile
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from rpb.data import load_jsonl
+    from rpb.training import MethodSpec, TrainSpec
+    from rpb.training import posttrain as run_posttrain
+
+    torch.set_num_threads(1)
+    items = load_jsonl(data_dir / "dev" / f"{corpus}.jsonl", ("prompt", "target"))
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    curve: list[tuple[int, float]] = []
+    callback = _dev_callback(tokenizer, items, max(1, steps // rule.readings), curve)
+    settings = {k: v for k, v in posttrain.items() if k in ("batch_size", "max_length")}
+    spec = TrainSpec(
+        steps=steps,
+        lr=lr,
+        seed=seed,
+        warmup_ratio=rule.warmup_ratio,
+        threads=1,
+        log_every=max(1, steps // rule.readings),
+        **settings,
+    )
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="rpb-calib-") as tmp:
+        run_posttrain(
+            base_dir=base_dir,
+            prior_path=None,
+            corpus=data_dir / "post" / f"{corpus}.jsonl",
+            method_spec=MethodSpec("none"),
+            spec=spec,
+            out_dir=Path(tmp),
+            callbacks=[callback],
+            save_model=False,
+        )
+    wall = time.perf_counter() - start
+    record = {
+        "curve": curve,
+        "final": curve[-1][1] if curve else float("nan"),
+        "wall_s": wall,
+        "dev_eval_s": getattr(callback, "seconds", 0.0),
+        "train_s": wall - getattr(callback, "seconds", 0.0),
+        "settings": {"lr": lr, "steps": steps, "seed": seed, "corpus": corpus} | settings,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out.with_suffix(".tmp")
+    tmp_out.write_text(json.dumps(record, indent=2) + "\n")
+    tmp_out.replace(out)  # a finished run only: an interrupted one leaves no JSON
+    return record
+
+
+def _calibration_job(kwargs: dict[str, Any]) -> dict[str, Any]:
+    logging.basicConfig(level=logging.WARNING)
+    return calibration_run(**kwargs)
+
+
+# --- the walk -------------------------------------------------------------------------------------
+
+
+@dataclass
+class CandidateResult:
+    """What the rule saw for one candidate."""
+
+    candidate: Candidate
+    finals: list[float]
+    plateau: list[bool]
+    train_s: float  # median seconds of a run's training (dev readings excluded)
+    gate: str = ""  # which gate it passed or failed, in words
+
+    @property
+    def mean(self) -> float:
+        return sum(self.finals) / len(self.finals)
+
+    @property
+    def sd_points(self) -> float:
+        import statistics
+
+        return 100 * statistics.stdev(self.finals) if len(self.finals) > 1 else float("nan")
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self.candidate) | {
+            "dev_mean": round(self.mean, 4),
+            "dev_sd_points": round(self.sd_points, 2),
+            "finals": [round(f, 3) for f in self.finals],
+            "all_plateaued": all(self.plateau),
+            "train_s": round(self.train_s, 1),
+            "gate": self.gate,
+        }
+
+
+@dataclass
+class RegimeWalk:
+    """Walks the rule's candidates in order, running (or reading cached) calibration runs."""
+
+    rule: RegimeRule
+    models: dict[str, dict[str, Any]]  # name -> {"base_dir", "pretrain_lr"}
+    data_dirs: dict[int, Path]  # level -> corpora written at that level
+    corpus: str
+    posttrain: dict[str, Any]
+    runs_root: Path
+    cores: int = 2
+    tried: list[CandidateResult] = field(default_factory=list)
+    runner: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
+
+    def _run_all(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.runner is not None:
+            return self.runner(jobs)
+        todo = [j for j in jobs if not j["out"].is_file()]
+        if todo:
+            log.info("regime: %d calibration run(s) to train", len(todo))
+            with ProcessPoolExecutor(
+                max_workers=min(self.cores, len(todo)), mp_context=get_context("spawn")
+            ) as pool:
+                list(pool.map(_calibration_job, todo))
+        return [json.loads(j["out"].read_text()) for j in jobs]
+
+    def evaluate(self, candidate: Candidate) -> CandidateResult:
+        model = self.models[candidate.model]
+        jobs = [
+            {
+                "base_dir": Path(model["base_dir"]),
+                "data_dir": self.data_dirs[candidate.level],
+                "corpus": self.corpus,
+                "lr": candidate.lr_fraction * model["pretrain_lr"],
+                "steps": candidate.steps,
+                "seed": seed,
+                "posttrain": self.posttrain,
+                "rule": self.rule,
+                "out": candidate.path(self.runs_root, seed),
+            }
+            for seed in self.rule.seeds
+        ]
+        records = self._run_all(jobs)
+        r = self.rule
+        result = CandidateResult(
+            candidate,
+            finals=[rec["final"] for rec in records],
+            plateau=[
+                plateaued(rec["curve"], candidate.steps, r.plateau_tolerance, r.plateau_window)
+                for rec in records
+            ],
+            train_s=sorted(rec["train_s"] for rec in records)[len(records) // 2],
+        )
+        self.tried.append(result)
+        log.info("regime: %s", json.dumps(result.row()))
+        return result
+
+    def family_setting(self, model: str, frac: float) -> CandidateResult | None:
+        """R1 then R2 for one base at one lr: the easiest level whose plateau step count puts
+        none's mean dev accuracy inside the range; None if no level does."""
+        low, high = self.rule.accuracy_range
+        for level in self.rule.levels:
+            found = None
+            for steps in self.rule.steps:
+                result = self.evaluate(Candidate(model, level, frac, steps))
+                if all(result.plateau):
+                    found = result
+                    break
+                result.gate = "R1 fails: not every seed has plateaued"
+            if found is None:
+                continue
+            if found.mean > high:
+                found.gate = f"R2 fails: ceiling ({found.mean:.3f} > {high})"
+            elif found.mean < low:
+                # Harder levels only lower accuracy further (docs/regime.md): stop climbing.
+                found.gate = f"R2 fails: floor ({found.mean:.3f} < {low})"
+                return None
+            else:
+                found.gate = "R1, R2 pass"
+                return found
+        return None
+
+    def walk(self, table1_methods: int, pretrain_seconds: float) -> dict[str, Any]:
+        """The regime: the first lr fraction at which every base passes R1 and R2 at one common
+        step count, then R4's seed count and R3's cost gate."""
+        decision: dict[str, Any] = {"chosen": None}
+        for frac in self.rule.lr_fractions:
+            settings = {m: self.family_setting(m, frac) for m in self.models}
+            failed = [m for m, s in settings.items() if s is None]
+            if failed:
+                decision.setdefault("rejected", []).append(
+                    {"lr_fraction": frac, "why": f"no level passes R1+R2 on {', '.join(failed)}"}
+                )
+                continue
+            steps = max(s.candidate.steps for s in settings.values())
+            common = {}
+            for m, s in settings.items():  # R1 + R2 again at the common step count
+                if s.candidate.steps != steps:
+                    s = self.evaluate(Candidate(m, s.candidate.level, frac, steps))
+                    low, high = self.rule.accuracy_range
+                    ok = all(s.plateau) and low <= s.mean <= high
+                    s.gate = (
+                        "R1, R2 pass at the common steps"
+                        if ok
+                        else "R1/R2 fail at the common steps"
+                    )
+                common[m] = s
+            if not all(s.gate.startswith("R1, R2 pass") for s in common.values()):
+                decision.setdefault("rejected", []).append(
+                    {"lr_fraction": frac, "why": "R1/R2 fail at the common step count"}
+                )
+                continue
+            sigma = max(s.sd_points for s in common.values())
+            n = seeds_for_margin(sigma, self.rule)
+            run_s = max(s.train_s for s in common.values()) + self.rule.run_overhead_s
+            cost = table1_seconds(run_s, n, table1_methods, pretrain_seconds, self.cores)
+            entry = {
+                "lr_fraction": frac,
+                "steps": steps,
+                "levels": {m: s.candidate.level for m, s in common.items()},
+                "lr": {m: frac * self.models[m]["pretrain_lr"] for m in common},
+                "dev_mean": {m: round(s.mean, 4) for m, s in common.items()},
+                "sigma_points": round(sigma, 2),
+                "runs_needed": n,
+                "run_seconds": round(run_s, 1),
+                "table1_seconds_estimate": round(cost, 0),
+            }
+            if cost > self.rule.table1_budget_s:
+                entry["why"] = (
+                    f"R3 fails: table 1 estimate {cost:.0f} s > {self.rule.table1_budget_s:.0f} s"
+                )
+                decision.setdefault("rejected", []).append(entry)
+                continue
+            decision["chosen"] = entry
+            break
+        decision["tried"] = [t.row() for t in self.tried]
+        return decision
+
+
+def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out_md: Path) -> None:
+    """The decision and every candidate tried, as JSON and a Markdown table."""
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps({"rule": asdict(rule), **decision}, indent=2) + "\n")
+    lines = [
+        "# Testbed regime (the rule of docs/regime.md, applied by `rpb regime`)",
+        "",
+        f"Calibration seeds {list(rule.seeds)}; in-domain accuracy of `none` on the development",
+        f"split, read every steps/{rule.readings}. R2 range {list(rule.accuracy_range)}; margin"
+        f" {rule.margin} points.",
+        "",
+        "| model | level | lr fraction | steps | dev mean | sd (points) | all plateaued | train s"
+        " | gate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t in decision["tried"]:
+        lines.append(
+            f"| {t['model']} | {t['level']} | {t['lr_fraction']:.4g} | {t['steps']} | "
+            f"{t['dev_mean']:.3f} | {t['dev_sd_points']:.2f} | {t['all_plateaued']} | "
+            f"{t['train_s']} | {t['gate']} |"
+        )
+    lines += ["", "## Decision", ""]
+    for r in decision.get("rejected", []):
+        lines.append(f"- rejected: `{json.dumps(r)}`")
+    chosen = decision.get("chosen")
+    lines.append(
+        f"- chosen: `{json.dumps(chosen)}`" if chosen else "- chosen: none (no candidate passes)"
+    )
+    out_md.write_text("\n".join(lines) + "\n")
+
+
+def default_cores() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)

@@ -1,0 +1,26 @@
+# The testbed regime rule (docs/regime.md): calibration runs of `none` on the development split,
+# walked in the rule's order. Not part of `all`: its decision is written into config.yaml.
+
+
+rule calibrate_regime:
+    input:
+        ancient(TRACKING_READY),
+        bases=lambda wc: [
+            model_dir(m, "base", None, None) for m in config["calibration"]["models"]
+        ],
+    output:
+        json=f"{RESULTS}/calibration/regime.json",
+        md=f"{RESULTS}/calibration/regime.md",
+    log:
+        f"{RESULTS}/logs/regime.log",
+    benchmark:
+        f"{BENCHMARKS}/calibration.tsv"
+    conda:
+        CONDA_ENV
+    threads: workflow.cores
+    params:
+        track=TRACK,
+        spec=lambda wc: as_json(regime_spec()),
+    shell:
+        "rpb regime --spec {params.spec} --out {output.json} --cores {threads} {params.track}"
+        " > {log} 2>&1"
