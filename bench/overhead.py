@@ -49,7 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--repeats", type=int, default=7, help="timed rounds per method")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
-    X
+    p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "overhead.json")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check that it runs")
