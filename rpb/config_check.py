@@ -20,7 +20,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from rpb.specs import EVAL_SETS, METHOD_SPECS
+from rpb.specs import EVAL_SETS, METHOD_SPECS, replicate_name
 
 __all__ = [
     "METHOD_FAMILIES",
@@ -571,4 +571,29 @@ def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> N
     problem."""
     schema = _load_schema(schema_path)
     _schema_errors(config, schema)
+    expand_replicates(config)
     _cross_key_errors(config)
+
+
+def expand_replicates(config: MutableMapping[str, Any]) -> None:
+    """Add a model per pretraining seed in a model's `replicates` (rpb.specs.replicate_name),
+    its copy with that seed; idempotent, so a config checked twice stays the same."""
+    models = config["models"]
+    for name, entry in list(models.items()):
+        seeds = entry.get("replicates") or []
+        if seeds and entry["source"] != "pretrain":
+            raise ConfigError(f"models.{name}.replicates: only a pretrained model has replicates")
+        for i, seed in enumerate(seeds):
+            if seed == entry["pretrain"].get("seed", 0):
+                raise ConfigError(
+                    f"models.{name}.replicates[{i}]: {seed} is the model's own pretrain.seed"
+                )
+            derived = replicate_name(name, seed)
+            existing = models.get(derived)
+            if existing is not None and existing.get("replicate_of") != name:
+                raise ConfigError(
+                    f"models.{derived}: the name of models.{name}'s replicate {seed} is taken"
+                )
+            copy = json.loads(json.dumps({k: v for k, v in entry.items() if k != "replicates"}))
+            copy["pretrain"]["seed"] = seed
+            models[derived] = copy | {"replicate_of": name}

@@ -12,6 +12,7 @@ generator in `rpb.data` plus its name in `EVAL_SETS`.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +23,9 @@ __all__ = [
     "PATHS",
     "MethodSpec",
     "Option",
+    "bases_of",
     "method_spec",
+    "replicate_name",
     "results_path",
 ]
 
@@ -183,3 +186,17 @@ PATHS: dict[str, str] = {
 def results_path(kind: str, **fields: Any) -> str:
     """A results-relative path of `kind` (a key of PATHS) with its fields filled in."""
     return PATHS[kind].format(**fields)
+
+
+# Replicate bases: a pretrained model's `replicates` (pretraining seeds) become further models of
+# the same family, each its own base, named here; tables pool (base, seed) runs over them.
+def replicate_name(model: str, pretrain_seed: int) -> str:
+    """The model name of `model`'s replicate base pretrained with `pretrain_seed`."""
+    return f"{model}_p{pretrain_seed}"
+
+
+def bases_of(models: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
+    """`model` and its replicate bases, in the order of its `replicates` (a model without any:
+    itself alone). `models` is the config's `models` after rpb.config_check expanded it."""
+    seeds = (models.get(model) or {}).get("replicates") or []
+    return [model, *(replicate_name(model, s) for s in seeds)]

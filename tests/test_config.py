@@ -485,3 +485,35 @@ def test_claims_without_the_tables_they_read_is_named() -> None:
     del config["tables"]["table5"]
     with pytest.raises(ConfigError, match=r"^claims: needs tables\.table5$"):
         check_config(config, SCHEMA)
+
+
+def test_replicates_become_models_with_their_pretraining_seed() -> None:
+    from rpb.specs import bases_of
+
+    config = copy.deepcopy(BASE)
+    config["models"]["tinyA"]["replicates"] = [1, 2]
+    check_config(config, SCHEMA)
+    check_config(config, SCHEMA)  # idempotent: a config checked twice stays the same
+    models = config["models"]
+    assert bases_of(models, "tinyA") == ["tinyA", "tinyA_p1", "tinyA_p2"]
+    assert bases_of(models, "tinyB") == ["tinyB"]
+    assert models["tinyA_p2"]["pretrain"]["seed"] == 2
+    assert models["tinyA"]["pretrain"]["seed"] == 0  # the original is untouched
+    assert models["tinyA_p1"]["replicate_of"] == "tinyA"
+    assert models["tinyA_p1"]["architecture"] == models["tinyA"]["architecture"]
+
+
+@pytest.mark.parametrize(
+    ("name", "replicates", "message"),
+    [
+        ("tinyA", [0], "models.tinyA.replicates[0]: 0 is the model's own pretrain.seed"),
+        ("tinyA", [3], "models.tinyA_p3: the name of models.tinyA's replicate 3 is taken"),
+    ],
+)
+def test_bad_replicates_name_the_key(name: str, replicates: list, message: str) -> None:
+    config = copy.deepcopy(BASE)
+    config["models"][name]["replicates"] = replicates
+    config["models"]["tinyA_p3"] = copy.deepcopy(config["models"]["tinyB"])
+    with pytest.raises(ConfigError) as err:
+        check_config(config, SCHEMA)
+    assert str(err.value) == message

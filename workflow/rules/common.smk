@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from rpb.config_check import ConfigError, check_config
-from rpb.specs import results_path
+from rpb.specs import bases_of, results_path
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -137,20 +137,15 @@ PROBE_TASKS = config.get("analysis", {}).get("probe_tasks", eval_tasks())
 PROBE_LIMIT = config.get("analysis", {}).get("probe_limit", 200)
 
 
+def bases(model):
+    """`model` and its replicate bases (models.<model>.replicates): a table's runs are the
+    (base, seed) pairs over them."""
+    return bases_of(config["models"], model)
+
+
 def table1_inputs(wildcards):
     t1 = config["table1"]
-    model, corpus = t1["model"], t1["corpus"]
-    paths = [
-        f"{RESULTS}/eval/{model}/{corpus}/base/seed0.json",
-        f"{RESULTS}/analysis/{model}/{corpus}/base/seed0.json",
-    ]
-    for method in t1["methods"]:
-        for seed in SEEDS:
-            paths.append(f"{RESULTS}/eval/{model}/{corpus}/{method}/seed{seed}.json")
-            paths.append(
-                f"{RESULTS}/analysis/{model}/{corpus}/{method}/seed{seed}.json"
-            )
-    return paths
+    return run_outputs(t1["model"], t1["corpus"], t1["methods"], SEEDS, base=True)
 
 
 def testbed_inputs(wildcards):
@@ -176,19 +171,21 @@ TABLE_SEEDS = TABLES.get("seeds") or SEEDS
 
 
 def run_outputs(model, corpus, methods, seeds, base=False):
-    """Evaluation and analysis outputs of `methods` x `seeds` (and the base) on one corpus."""
+    """Evaluation and analysis outputs of `methods` x `seeds` (and each base) on one corpus, for
+    `model` and each of its replicate bases."""
     paths = []
-    if base:
-        paths += [
-            f"{RESULTS}/eval/{model}/{corpus}/base/seed0.json",
-            f"{RESULTS}/analysis/{model}/{corpus}/base/seed0.json",
-        ]
-    for method in methods:
-        for seed in seeds:
+    for b in bases(model):
+        if base:
             paths += [
-                f"{RESULTS}/eval/{model}/{corpus}/{method}/seed{seed}.json",
-                f"{RESULTS}/analysis/{model}/{corpus}/{method}/seed{seed}.json",
+                f"{RESULTS}/eval/{b}/{corpus}/base/seed0.json",
+                f"{RESULTS}/analysis/{b}/{corpus}/base/seed0.json",
             ]
+        for method in methods:
+            for seed in seeds:
+                paths += [
+                    f"{RESULTS}/eval/{b}/{corpus}/{method}/seed{seed}.json",
+                    f"{RESULTS}/analysis/{b}/{corpus}/{method}/seed{seed}.json",
+                ]
     return paths
 
 
@@ -225,7 +222,8 @@ def table_inputs(name):
             return run_outputs(t["model"], t["corpus"], labels, TABLE_SEEDS)
         if name == "drift":
             return [
-                f"{RESULTS}/runs/{t['model']}/{t['corpus']}/{m}/seed{s}/train_history.json"
+                f"{RESULTS}/runs/{b}/{t['corpus']}/{m}/seed{s}/train_history.json"
+                for b in bases(t["model"])
                 for m in t["methods"]
                 for s in TABLE_SEEDS
             ]
@@ -241,6 +239,10 @@ def sweep_inputs(wildcards):
 
 def _common_spec():
     spec = {
+        # Every model's bases (itself and its replicates): tables pool their (base, seed) runs.
+        "bases": {
+            m: bases(m) for m, e in config["models"].items() if "replicate_of" not in e
+        },
         "ood": config["evaluation"]["ood"],
         "corpus_tasks": config["evaluation"].get("corpus_tasks") or {},
         "scale": config["scale"],
