@@ -12,6 +12,7 @@ interrupted or extended walk never recomputes a finished run.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -33,11 +34,11 @@ class RegimeRule:
 
     seeds: tuple[int, ...] = (100, 101, 102, 103, 104)
     lr_fractions: tuple[float, ...] = (0.1, 1 / 30)  # R0: of the base's pretraining peak lr
-    steps: tuple[int, ...] = (200, 400, 800, 1600)  # R1: the smallest all seeds plateau at
+    steps: tuple[int, ...] = (200, 400, 800)  # R1: the smallest whose doubling changes nothing
     levels: tuple[int, ...] = (1, 2, 3, 4)  # R2: tried from the easiest upward
     readings: int = 10  # dev accuracy read every steps / readings
-    plateau_tolerance: float = 0.02  # R1: last two readings, and final vs late maximum
-    plateau_window: float = 0.3  # R1: the late part of training the maximum is taken over
+    plateau_tolerance: float = 0.02  # R1: mean change of dev accuracy from S to 2S steps
+    plateau_seed_tolerance: float = 0.05  # R1: every seed's change from S to 2S steps
     accuracy_range: tuple[float, float] = (0.40, 0.85)  # R2: none's mean dev accuracy
     table1_budget_s: float = 900.0  # R3: table 1 within 15 minutes on the development machine
     run_overhead_s: float = 4.5  # R3: a run's non-training seconds (bench/pipeline_cost.py)
@@ -81,15 +82,21 @@ class Candidate:
 
 
 def plateaued(
-    curve: Sequence[tuple[int, float]], steps: int, tolerance: float, window: float
-) -> bool:
-    """R1 for one run: the last two readings differ by less than `tolerance`, and the final
-    reading is within `tolerance` of the maximum over the last `window` of training."""
-    if len(curve) < 2:
-        return False
-    accs = [acc for _, acc in curve]
-    late = [acc for step, acc in curve if step >= (1 - window) * steps]
-    return abs(accs[-1] - accs[-2]) < tolerance and max(late) - accs[-1] <= tolerance
+    short: Sequence[float], long: Sequence[float], tolerance: float, seed_tolerance: float
+) -> list[bool]:
+    """R1 (revised, docs/regime.md): a step count S is past the learning transition when
+    training for 2S steps (same seeds, same schedule shape) changes the mean final dev accuracy
+    by less than `tolerance` and no seed's by `seed_tolerance` or more. Per seed: whether that
+    seed stays within `seed_tolerance` (all False when the mean moves by `tolerance` or more).
+
+    A cosine schedule freezes the last steps of any run, so a flat end of one run's curve
+    cannot tell a plateau from a stalled climb; only a longer run can."""
+    if len(short) != len(long) or not short:
+        raise ValueError("plateau check: the S and 2S runs must cover the same seeds")
+    mean_change = abs(sum(long) / len(long) - sum(short) / len(short))
+    if mean_change >= tolerance:
+        return [False] * len(short)
+    return [abs(b - a) < seed_tolerance for a, b in zip(short, long, strict=True)]
 
 
 def seeds_for_margin(sigma: float, rule: RegimeRule) -> int:
@@ -310,43 +317,63 @@ class RegimeWalk:
             for seed in self.rule.seeds
         ]
         records = self._run_all(jobs)
-        r = self.rule
         result = CandidateResult(
             candidate,
             finals=[rec["final"] for rec in records],
-            plateau=[
-                plateaued(rec["curve"], candidate.steps, r.plateau_tolerance, r.plateau_window)
-                for rec in records
-            ],
+            plateau=[],
             train_s=sorted(rec["train_s"] for rec in records)[len(records) // 2],
         )
         self.tried.append(result)
-        log.info("regime: %s", json.dumps(result.row()))
         return result
+
+    def result(self, candidate: Candidate) -> CandidateResult:
+        """The candidate's runs, trained once per walk (and once ever: the JSON cache)."""
+        for done in self.tried:
+            if done.candidate == candidate:
+                return done
+        return self.evaluate(candidate)
+
+    def check(self, candidate: Candidate) -> CandidateResult:
+        """R1 at `candidate.steps` (S) against the same setting at 2S, then R2 at S."""
+        r = self.rule
+        short = self.result(candidate)
+        long = self.result(dataclasses.replace(candidate, steps=2 * candidate.steps))
+        if not long.gate:
+            long.gate = f"2S run of S={candidate.steps}"
+        short.plateau = plateaued(
+            short.finals, long.finals, r.plateau_tolerance, r.plateau_seed_tolerance
+        )
+        change = long.mean - short.mean
+        low, high = r.accuracy_range
+        if not all(short.plateau):
+            moved = max(abs(b - a) for a, b in zip(short.finals, long.finals, strict=True))
+            short.gate = f"R1 fails: mean {change:+.3f} at 2S, a seed up to {moved:.3f}"
+        elif short.mean > high:
+            short.gate = f"R1 passes; R2 fails: ceiling ({short.mean:.3f} > {high})"
+        elif short.mean < low:
+            short.gate = f"R1 passes; R2 fails: floor ({short.mean:.3f} < {low})"
+        else:
+            short.gate = "R1, R2 pass"
+        log.info("regime: %s", json.dumps(short.row()))
+        return short
 
     def family_setting(self, model: str, frac: float) -> CandidateResult | None:
         """R1 then R2 for one base at one lr: the easiest level whose plateau step count puts
         none's mean dev accuracy inside the range; None if no level does."""
-        low, high = self.rule.accuracy_range
         for level in self.rule.levels:
             found = None
             for steps in self.rule.steps:
-                result = self.evaluate(Candidate(model, level, frac, steps))
+                result = self.check(Candidate(model, level, frac, steps))
                 if all(result.plateau):
                     found = result
                     break
-                result.gate = "R1 fails: not every seed has plateaued"
             if found is None:
-                continue
-            if found.mean > high:
-                found.gate = f"R2 fails: ceiling ({found.mean:.3f} > {high})"
-            elif found.mean < low:
-                # Harder levels only lower accuracy further (docs/regime.md): stop climbing.
-                found.gate = f"R2 fails: floor ({found.mean:.3f} < {low})"
-                return None
-            else:
-                found.gate = "R1, R2 pass"
+                continue  # R1 fails at every step count: the next level
+            if found.gate == "R1, R2 pass":
                 return found
+            if "floor" in found.gate:
+                # Harder levels only lower accuracy further (docs/regime.md): stop climbing.
+                return None
         return None
 
     def walk(self, table1_methods: int, pretrain_seconds: float) -> dict[str, Any]:
@@ -365,16 +392,9 @@ class RegimeWalk:
             common = {}
             for m, s in settings.items():  # R1 + R2 again at the common step count
                 if s.candidate.steps != steps:
-                    s = self.evaluate(Candidate(m, s.candidate.level, frac, steps))
-                    low, high = self.rule.accuracy_range
-                    ok = all(s.plateau) and low <= s.mean <= high
-                    s.gate = (
-                        "R1, R2 pass at the common steps"
-                        if ok
-                        else "R1/R2 fail at the common steps"
-                    )
+                    s = self.check(Candidate(m, s.candidate.level, frac, steps))
                 common[m] = s
-            if not all(s.gate.startswith("R1, R2 pass") for s in common.values()):
+            if not all(s.gate == "R1, R2 pass" for s in common.values()):
                 decision.setdefault("rejected", []).append(
                     {"lr_fraction": frac, "why": "R1/R2 fail at the common step count"}
                 )

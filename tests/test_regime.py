@@ -20,15 +20,15 @@ from rpb.regime import (
 from rpb.stats import mde
 
 
-def test_plateaued_known_curves() -> None:
-    flat = [(s, 0.6) for s in range(20, 201, 20)]
-    assert plateaued(flat, 200, 0.02, 0.3)
-    rising = [(s, s / 250) for s in range(20, 201, 20)]  # +0.08 per reading
-    assert not plateaued(rising, 200, 0.02, 0.3)
-    # Last two agree but the final is 5 points under the late maximum: a collapse, not a plateau.
-    dropped = [*flat[:-3], (160, 0.65), (180, 0.60), (200, 0.60)]
-    assert not plateaued(dropped, 200, 0.02, 0.3)
-    assert not plateaued([(200, 0.6)], 200, 0.02, 0.3)  # one reading cannot show a plateau
+def test_plateaued_compares_s_with_2s_steps() -> None:
+    # Doubling the steps moves nothing: past the transition.
+    assert plateaued([0.6, 0.62, 0.58], [0.61, 0.62, 0.59], 0.02, 0.05) == [True, True, True]
+    # A stalled climb (the schedule froze it) shows as a mean gain at 2S: every seed fails.
+    assert plateaued([0.05, 0.1, 0.08], [0.3, 0.4, 0.35], 0.02, 0.05) == [False] * 3
+    # The mean holds, but one seed clicks later and another falls back: those two fail.
+    assert plateaued([0.5, 0.9, 0.6], [0.58, 0.84, 0.6], 0.02, 0.05) == [False, False, True]
+    with pytest.raises(ValueError, match="same seeds"):
+        plateaued([0.5], [0.5, 0.6], 0.02, 0.05)
 
 
 def test_seeds_for_margin_is_the_smallest_n_whose_paired_mde_fits() -> None:
@@ -46,25 +46,22 @@ def test_table1_seconds_counts_every_run_once_per_core() -> None:
 
 
 def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
-    """A walk whose calibration runs return `outcomes[(model, level, steps)]` = (finals,
-    plateaued) without training anything."""
+    """A walk whose calibration runs return `outcomes[(model, level, steps)]` (one final dev
+    accuracy per seed) without training anything; a missing key is a test failure."""
+    calls: list[tuple[str, int, int, int]] = []
 
     def runner(jobs):
         out = []
         for job in jobs:
-            model = job["base_dir"].name
-            level = int(job["data_dir"].name.removeprefix("L"))
-            finals, flat = outcomes[(model, level, job["steps"])]
-            final = finals[rule.seeds.index(job["seed"])]
-            step = job["steps"] // rule.readings
-            if flat:
-                curve = [(step * i, final) for i in range(1, rule.readings + 1)]
-            else:
-                curve = [(step * i, final * i / rule.readings) for i in range(1, 11)]
-            out.append({"curve": curve, "final": final, "train_s": 0.05 * job["steps"]})
+            key = (job["base_dir"].name, int(job["data_dir"].name.removeprefix("L")), job["steps"])
+            calls.append((*key, job["seed"]))
+            final = outcomes[key][rule.seeds.index(job["seed"])]
+            out.append(
+                {"curve": [(job["steps"], final)], "final": final, "train_s": 0.05 * job["steps"]}
+            )
         return out
 
-    return RegimeWalk(
+    walk = RegimeWalk(
         rule=rule,
         models={m: {"base_dir": tmp_path / m, "pretrain_lr": 3e-3} for m in ("A", "B")},
         data_dirs={lvl: tmp_path / f"L{lvl}" for lvl in rule.levels},
@@ -73,34 +70,44 @@ def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
         runs_root=tmp_path / "runs",
         runner=runner,
     )
+    walk.calls = calls
+    return walk
 
 
 def test_walk_takes_the_first_candidate_through_every_gate(tmp_path: Path) -> None:
     rule = RegimeRule(seeds=(0, 1, 2), steps=(200, 400), levels=(1, 2, 3))
-    mid = [0.60, 0.62, 0.58]
     outcomes = {
-        ("A", 1, 200): ([0.99, 0.98, 0.99], True),  # plateau at the ceiling: R2 fails
-        ("A", 2, 200): (mid, False),  # still learning at 200 steps: R1 fails
-        ("A", 2, 400): (mid, True),  # level 2 at 400 steps: passes
-        ("B", 1, 200): ([0.70, 0.72, 0.71], True),  # family B passes at 200 ...
-        ("B", 1, 400): ([0.75, 0.76, 0.74], True),  # ... and again at the common 400
+        ("A", 1, 200): [0.99, 0.98, 0.99],  # plateau at the ceiling: R2 fails
+        ("A", 1, 400): [0.99, 0.99, 0.99],
+        ("A", 2, 200): [0.30, 0.35, 0.20],  # still climbing at 200 steps: R1 fails
+        ("A", 2, 400): [0.60, 0.62, 0.58],  # level 2 at 400 steps ...
+        ("A", 2, 800): [0.61, 0.62, 0.59],  # ... no better at 800: passes
+        ("B", 1, 200): [0.70, 0.72, 0.71],  # family B passes at 200 ...
+        ("B", 1, 400): [0.71, 0.72, 0.71],
+        ("B", 1, 800): [0.72, 0.72, 0.71],  # ... and again at the common 400
     }
-    decision = _fake_walk(tmp_path, outcomes, rule).walk(table1_methods=3, pretrain_seconds=0)
+    walk = _fake_walk(tmp_path, outcomes, rule)
+    decision = walk.walk(table1_methods=3, pretrain_seconds=0)
     chosen = decision["chosen"]
     assert chosen["steps"] == 400
     assert chosen["levels"] == {"A": 2, "B": 1}
     assert chosen["lr"] == {"A": pytest.approx(3e-4), "B": pytest.approx(3e-4)}
-    tried = [(t["model"], t["level"], t["steps"]) for t in decision["tried"]]
-    assert tried == [("A", 1, 200), ("A", 2, 200), ("A", 2, 400), ("B", 1, 200), ("B", 1, 400)]
-    sigma = max(100 * 0.02, 100 * 0.01)
+    assert len(walk.calls) == len(set(walk.calls))  # no setting is trained twice
+    gates = {(t["model"], t["level"], t["steps"]): t["gate"] for t in decision["tried"]}
+    assert gates[("A", 1, 200)].startswith("R1 passes; R2 fails: ceiling")
+    assert gates[("A", 2, 200)].startswith("R1 fails")
+    assert gates[("A", 2, 400)] == gates[("B", 1, 400)] == "R1, R2 pass"
+    sigma = 100 * 0.02  # A's sd at level 2, 400 steps (B's is smaller)
     assert chosen["runs_needed"] == seeds_for_margin(sigma, rule)
 
 
 def test_walk_stops_climbing_at_a_floor_and_moves_to_the_next_lr(tmp_path: Path) -> None:
     rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1, 2), lr_fractions=(0.1, 0.05))
     outcomes = {
-        ("A", 1, 200): ([0.10, 0.12], True),  # floor at level 1: level 2 is never tried
-        ("B", 1, 200): ([0.5, 0.52], True),
+        ("A", 1, 200): [0.10, 0.12],  # floor at level 1: level 2 is never tried
+        ("A", 1, 400): [0.10, 0.12],
+        ("B", 1, 200): [0.5, 0.52],
+        ("B", 1, 400): [0.5, 0.52],
     }
     decision = _fake_walk(tmp_path, outcomes, rule).walk(table1_methods=3, pretrain_seconds=0)
     assert decision["chosen"] is None
@@ -110,8 +117,8 @@ def test_walk_stops_climbing_at_a_floor_and_moves_to_the_next_lr(tmp_path: Path)
 
 def test_walk_rejects_a_candidate_over_the_cost_budget(tmp_path: Path) -> None:
     rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1,), table1_budget_s=1.0)
-    outcomes = {("A", 1, 200): ([0.5, 0.6], True), ("B", 1, 200): ([0.5, 0.6], True)}
-    decision = _fake_walk(tmp_path, outcomes, rule).walk(table1_methods=3, pretrain_seconds=10)
+    same = {(m, 1, s): [0.5, 0.6] for m in ("A", "B") for s in (200, 400)}
+    decision = _fake_walk(tmp_path, same, rule).walk(table1_methods=3, pretrain_seconds=10)
     assert decision["chosen"] is None
     assert decision["rejected"][0]["why"].startswith("R3 fails")
 
