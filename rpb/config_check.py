@@ -238,17 +238,14 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
             raise ConfigError(f"{where}: {value!r} is not a finite number >= 0")
 
 
-# Methods that read no router prior: a permuted prior would silently change nothing.
-PRIOR_FREE = ("none", "lbl")
-
-
 def _check_controls(config: Mapping[str, Any]) -> None:
     """The claims audit's control labels (claims.placebo, claims.permuted) and `prior` keys."""
     methods = config["methods"]
     for label, entry in methods.items():
         entry = entry or {}
         family = entry.get("kind", label)
-        if entry.get("prior") == "permuted" and family in PRIOR_FREE:
+        # A method that reads no router prior: a permuted one would silently change nothing.
+        if entry.get("prior") == "permuted" and not METHOD_SPECS[family].needs_prior:
             raise ConfigError(
                 f"methods.{label}.prior: method '{family}' reads no router prior, so a permuted "
                 "one changes nothing"

@@ -48,13 +48,16 @@ class Option:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method family: its strength (None: it takes none) and its options."""
+    """A method family: its strength (None: it takes none), its options, and whether it reads
+    the base's router prior (`needs_prior`: the method's `attach` requires one, and a permuted
+    prior is a meaningful control of it)."""
 
     name: str
     default_strength: float | None
     options: dict[str, Option] = field(default_factory=dict)
     doc: str = ""
     max_strength: float = math.inf
+    needs_prior: bool = True
 
     @property
     def uses_strength(self) -> bool:
@@ -78,7 +81,9 @@ def _specs(*specs: MethodSpec) -> dict[str, MethodSpec]:
 
 
 METHOD_SPECS: dict[str, MethodSpec] = _specs(
-    MethodSpec("none", None, doc="plain fine-tuning, router trainable, no router term"),
+    MethodSpec(
+        "none", None, doc="plain fine-tuning, router trainable, no router term", needs_prior=False
+    ),
     MethodSpec(
         "lbl",
         0.001,
@@ -90,6 +95,7 @@ METHOD_SPECS: dict[str, MethodSpec] = _specs(
             )
         },
         doc="re-applied load-balancing loss, as the family was pretrained",
+        needs_prior=False,
     ),
     MethodSpec(
         "rpb",

@@ -21,7 +21,6 @@ import yaml
 from rpb.config_check import (
     METHOD_FAMILIES,
     NO_STRENGTH,
-    PRIOR_FREE,
     ConfigError,
     check_config,
     format_key_path,
@@ -330,7 +329,6 @@ def test_every_method_class_has_a_spec_and_reads_it() -> None:
 
     assert set(METHOD_SPECS) == set(METHODS) == set(METHOD_FAMILIES)
     assert set(NO_STRENGTH) == {name for name, cls in METHODS.items() if not cls.uses_strength}
-    assert set(PRIOR_FREE) == {name for name, cls in METHODS.items() if not cls.needs_prior}
     for name, spec in METHOD_SPECS.items():
         method = make_method(name)
         assert method.options == spec.option_defaults, name
