@@ -181,8 +181,11 @@ EVAL_SETS: dict[str, tuple[str, ...]] = {
 PATHS: dict[str, str] = {
     "base_model": "models/{model}/base/model",
     "model": "runs/{model}/{corpus}/{method}/seed{seed}/model",
+    "train_history": "runs/{model}/{corpus}/{method}/seed{seed}/train_history.json",
     "eval": "eval/{model}/{corpus}/{method}/seed{seed}.json",
     "analysis": "analysis/{model}/{corpus}/{method}/seed{seed}.json",
+    # The analysis job's co-activation counts, beside its JSON.
+    "analysis_counts": "analysis/{model}/{corpus}/{method}/seed{seed}.safetensors",
 }
 
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from test_tables import write_run
 
-from rpb.tables import build_readings
+from rpb.exploratory import build_readings
 
 SEEDS = [0, 1]
 

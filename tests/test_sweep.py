@@ -13,8 +13,7 @@ import pytest
 from matplotlib.image import imread
 from test_tables import OOD_ALL, PAPER_WORLD, write_run
 
-from rpb.figures import plot_sweep
-from rpb.tables import (
+from rpb.exploratory import (
     KEPT_AT_EVAL,
     OWN_ROUTER,
     build_drift,
@@ -23,6 +22,7 @@ from rpb.tables import (
     match_strengths,
     method_strength,
 )
+from rpb.figures import plot_sweep
 
 METHODS = {
     "none": {"kind": "none"},
