@@ -459,6 +459,10 @@ BAD_REPORT = {
         {"tables": {"table4": {"methods": ["anchor_kl", "anchor_logit"]}}},
         "tables.table4.methods: lacks claims.method",
     ),
+    "unknown_table": (
+        {"tables": {"tabel2": {"model": "tinyB", "corpus": "math", "methods": ["none"]}}},
+        "tables.tabel2: unknown table (did you mean 'table2'? a table is a report job",
+    ),
     "corpus_task_not_in_domain": (
         {"evaluation": {"corpus_tasks": {"math": ["gsm8k"]}}},
         "evaluation.corpus_tasks.math: 'gsm8k' is not in evaluation.in_domain",
@@ -476,6 +480,25 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
     with pytest.raises(ConfigError) as info:
         check_config(config, SCHEMA)
     assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
+
+
+def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of the plain shape (model, corpus, methods) needs no schema entry: its name in
+    rpb.cli.REPORT_JOBS makes it known, and its keys are checked like the others'."""
+    from rpb import cli
+
+    config = _merged("config.yaml", "smoke.yaml")
+    config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rbp"]}
+    with pytest.raises(ConfigError, match=r"^tables\.mytable: unknown table"):
+        check_config(copy.deepcopy(config), SCHEMA)
+    monkeypatch.setitem(cli.REPORT_JOBS, "mytable", ("rpb.tables:build_table2", "my table"))
+    with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
+        check_config(copy.deepcopy(config), SCHEMA)
+    config["tables"]["mytable"]["methods"] = ["none", "rpb"]
+    check_config(config, SCHEMA)
+    config["tables"]["mytable"]["extra"] = 1
+    with pytest.raises(ConfigError, match=r"^tables\.mytable\.extra: unknown key"):
+        check_config(config, SCHEMA)
 
 
 def test_claims_without_the_tables_they_read_is_named() -> None:
