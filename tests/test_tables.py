@@ -306,3 +306,25 @@ def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
     assert base.loc["mean", "top_k"] == 2 and base.loc["mean", "experts"] == 4
     for name in ("retention_vs_in_domain", "retention_vs_ood_mean", "table5_coactivation"):
         assert (tmp_path / "figures" / f"{name}.png").is_file()
+
+
+def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
+    """The rows of tables 1, 2 and 5 are `method_row`'s, each table a choice of its columns."""
+    from rpb.tables import method_row, table5_frames
+
+    write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
+    spec = {**STAT, "model": "tinyA", "corpus": "math", "seeds": [0, 1], "family": "B"}
+    spec |= {"methods": ["none", "rpb", "hard"], "correlate": ["none", "rpb"]}
+    row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [0, 1])
+    assert row["n_seeds"] == 2 and row["ood_mean"] == pytest.approx(
+        np.mean([row[f"ood_{t}"] for t in OOD_ALL])
+    )
+    assert row["kl_to_base"] == pytest.approx(0.3)  # write_run's 1 - NMI level, both seeds
+    for table in (
+        build_table1(tmp_path, spec, tmp_path / "t1.csv"),
+        build_table2(tmp_path, spec, tmp_path / "t2.csv"),
+        table5_frames(tmp_path, spec)["table"],
+    ):
+        mine = table.set_index("method").loc["rpb"]
+        for column in mine.index.drop(["model", "paper_in_domain"], errors="ignore"):
+            assert mine[column] == row[column], column
