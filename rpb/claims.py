@@ -19,7 +19,7 @@ Before any of that, manipulation checks (M1-M6) test the premises: a part whose 
 is, otherwise not testable when any part is, supported when every part is, and inconclusive
 otherwise. Controls (P1 placebo, P2 permuted prior) are exploratory parts judged by the same rules.
 Only the paper's reported numbers (C1's three) are constants here; every measured number is read
-from this run's outputs through `rpb.tables`.
+from this run's outputs through `rpb.run_records` and the tables' frames (`rpb.tables`).
 """
 
 from __future__ import annotations
@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rpb.exploratory import ANCHOR_METRICS
+from rpb.run_records import analysis_mean
 from rpb.stats import (
     DEFAULT_POWER,
     Difference,
@@ -43,12 +45,10 @@ from rpb.stats import (
     seeds_needed,
 )
 from rpb.tables import (
-    ANCHOR_METRICS,
     PAPER_TABLE1,
-    _rank_order,
-    analysis_mean,
     compare,
     hard_labels,
+    rank_order,
     table4_frames,
     table5_frames,
 )
@@ -633,7 +633,7 @@ def claim_c5(audit: Audit) -> list[Part]:
         f"in-domain ranking over {check.n_blocks} (corpus, seed) blocks: Kendall's W "
         f"{_fmt(check.kendall_w, 2)}, Friedman p={_fmt(check.friedman_p, 3)}, its power "
         f"{_fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block noise "
-        f"{_fmt(pw.noise_sd)} pp); mean-rank order {_rank_order(check.mean_rank)}"
+        f"{_fmt(pw.noise_sd)} pp); mean-rank order {rank_order(check.mean_rank)}"
     )
     name = f"{t4['model']} no consistent in-domain ordering of {', '.join(methods)}"
     common = {

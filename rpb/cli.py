@@ -521,9 +521,15 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
         "table 4: anchors and RPB, ranks and ordering consistency",
     ),
     "table5": ("rpb.tables:build_table5", "table 5: structure retention vs accuracy, hard routing"),
-    "sweep": ("rpb.tables:build_sweep", "softness sweep: accuracy and retention against strength"),
-    "drift": ("rpb.tables:build_drift", "training-time routing drift curves"),
-    "readings": ("rpb.tables:build_readings", "which RPB reading anchors (the default's rule)"),
+    "sweep": (
+        "rpb.exploratory:build_sweep",
+        "softness sweep: accuracy and retention against strength",
+    ),
+    "drift": ("rpb.exploratory:build_drift", "training-time routing drift curves"),
+    "readings": (
+        "rpb.exploratory:build_readings",
+        "which RPB reading anchors (the default's rule)",
+    ),
     "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
     "router_swap_table": (
         "rpb.router_swap:build_router_swap_table",

@@ -238,17 +238,14 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
             raise ConfigError(f"{where}: {value!r} is not a finite number >= 0")
 
 
-# Methods that read no router prior: a permuted prior would silently change nothing.
-PRIOR_FREE = ("none", "lbl")
-
-
 def _check_controls(config: Mapping[str, Any]) -> None:
     """The claims audit's control labels (claims.placebo, claims.permuted) and `prior` keys."""
     methods = config["methods"]
     for label, entry in methods.items():
         entry = entry or {}
         family = entry.get("kind", label)
-        if entry.get("prior") == "permuted" and family in PRIOR_FREE:
+        # A method that reads no router prior: a permuted one would silently change nothing.
+        if entry.get("prior") == "permuted" and not METHOD_SPECS[family].needs_prior:
             raise ConfigError(
                 f"methods.{label}.prior: method '{family}' reads no router prior, so a permuted "
                 "one changes nothing"
@@ -528,9 +525,17 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
                 raise ConfigError(
                     f"evaluation.corpus_tasks.{c}: '{task}' is not in evaluation.in_domain"
                 )
+    from rpb.cli import REPORT_JOBS  # plain data; the CLI's imports are lazy
+
     for key, entry in tables.items():
         if key == "seeds" or not isinstance(entry, Mapping):
             continue
+        if key not in REPORT_JOBS:
+            # Every table is a report job of that name (its rule and `rpb <name>` subcommand).
+            raise ConfigError(
+                f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
+                "job of rpb.cli.REPORT_JOBS)"
+            )
         for m in entry.get("models", [entry.get("model")]):
             model(f"tables.{key}.model", m)
         for c in entry.get("corpora", [entry.get("corpus")]):

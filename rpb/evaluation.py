@@ -672,10 +672,3 @@ def evaluate_model(
         out_json,
     )
     return result
-
-
-def summary(result: dict[str, Any]) -> dict[str, float]:
-    """`{task: score}` of a run_lm_eval result (for tables and MLflow metrics)."""
-    if "tasks" not in result:
-        raise ValueError("summary: not a run_lm_eval result (no 'tasks')")
-    return {t: r["score"] for t, r in result["tasks"].items()}

@@ -53,6 +53,7 @@ def _register(cls: type[RouterMethod]) -> type[RouterMethod]:
     cls.uses_strength = spec.uses_strength
     cls.default_strength = spec.default_strength if spec.uses_strength else 0.0
     cls.max_strength = spec.max_strength
+    cls.needs_prior = spec.needs_prior
     cls.option_defaults = spec.option_defaults
     METHODS[cls.name] = cls
     return cls
@@ -118,11 +119,12 @@ class RouterMethod:
     """Base class and the `none` method: plain fine-tuning, no router term, no steering."""
 
     name: ClassVar[str] = "none"
-    needs_prior: ClassVar[bool] = False
     # Whether the router hooks record ||W - W0||^2 (RouterControl's `weight_distance`).
     needs_weight_distance: ClassVar[bool] = False
-    # Set by `_register` from the method's rpb.specs entry: strength default and limit, options.
+    # Set by `_register` from the method's rpb.specs entry: strength default and limit, options,
+    # whether `attach` needs a router prior.
     spec: ClassVar[MethodSpec]
+    needs_prior: ClassVar[bool] = False
     default_strength: ClassVar[float] = 0.0
     uses_strength: ClassVar[bool] = False
     max_strength: ClassVar[float] = math.inf
@@ -430,8 +432,6 @@ class LBL(RouterMethod):
 class _SelectionBiasMethod(RouterMethod):
     """Shared option handling of the RPB family (bias applied by the router hooks)."""
 
-    needs_prior = True
-
     @property
     def gradient_path(self) -> str:
         # A selection bias only chooses experts; a logit bias also changes the gate weights.
@@ -511,7 +511,6 @@ class RPBInterp(RouterMethod):
     every RPB reading: dropped at evaluation unless `keep_bias_at_eval`."""
 
     name = "rpb_interp"
-    needs_prior = True
 
     @property
     def gradient_path(self) -> str:
@@ -602,7 +601,6 @@ class RPBAdaptive(RouterMethod):
     dropped at evaluation unless `keep_bias_at_eval`."""
 
     name = "rpb_adaptive"
-    needs_prior = True
 
     @property
     def gradient_path(self) -> str:
@@ -693,7 +691,6 @@ class AnchorWeight(RouterMethod):
     """
 
     name = "anchor_weight"
-    needs_prior = True
     needs_weight_distance = True
 
     @property
@@ -715,7 +712,6 @@ class AnchorLogit(RouterMethod):
     0.01 is roughly anchor_kl's 1.0 at E = 64."""
 
     name = "anchor_logit"
-    needs_prior = True
 
     @property
     def gradient_path(self) -> str:
@@ -737,7 +733,6 @@ class AnchorKL(RouterMethod):
     Default 1.0: KL is in nats like the LM loss."""
 
     name = "anchor_kl"
-    needs_prior = True
 
     @property
     def gradient_path(self) -> str:
@@ -769,7 +764,6 @@ class Hard(RouterMethod):
     """
 
     name = "hard"
-    needs_prior = True
 
     @property
     def gradient_path(self) -> str:

@@ -181,12 +181,6 @@ def swap_labels(method: str) -> dict[str, str]:
     }
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise FileNotFoundError(f"missing input for the router-swap table: {path}")
-    return json.loads(path.read_text())
-
-
 def task_scores(result: dict[str, Any], tasks: Sequence[str], path: Path) -> dict[tuple, float]:
     """(task, metric) -> score of one evaluation output: each task's main score in percent
     (exact match of `rpb_<task>`, or a standard task's metric), and for our eval sets also the
@@ -205,7 +199,7 @@ def task_scores(result: dict[str, Any], tasks: Sequence[str], path: Path) -> dic
 
 
 def _cell_paths(results: Path, spec: dict[str, Any], model: str, seed: int) -> dict[str, Path]:
-    from rpb.tables import eval_path
+    from rpb.run_records import eval_path
 
     corpus, method = spec["corpus"], spec["method"]
     swap_root = results / spec["swap_tree"]
@@ -221,7 +215,7 @@ def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
     """One row per (model, seed, task, metric): the four cells and the decomposition, plus the
     `in_domain` and `ood_mean` groups (means over their tasks; the decomposition is linear, so
     their parts add up too)."""
-    from rpb.tables import in_domain_tasks
+    from rpb.run_records import in_domain_tasks, read_json
 
     results = Path(results)
     tasks = list(dict.fromkeys([*spec["in_domain"], *spec["ood"]]))
@@ -230,7 +224,7 @@ def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
     for model in spec["models"]:
         for seed in spec["seeds"]:
             cells = {
-                cell: task_scores(_read_json(path), tasks, path)
+                cell: task_scores(read_json(path, "the router-swap table"), tasks, path)
                 for cell, path in _cell_paths(results, spec, model, seed).items()
             }
             keys = list(cells["base"])

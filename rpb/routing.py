@@ -786,10 +786,6 @@ class RouterControl:
         return len(self.handles)
 
     @property
-    def has_base(self) -> bool:
-        return self._base is not None
-
-    @property
     def base_weights(self) -> list[Tensor] | None:
         return self._base
 
@@ -815,10 +811,6 @@ class RouterControl:
             self.policies[i] = RoutingPolicy(
                 logit_bias, selection_bias, forced_indices, use_base_logits
             )
-
-    def clear_policy(self, layer: int | None = None) -> None:
-        for i in self._layers(layer):
-            self.policies[i] = RoutingPolicy()
 
     def clear_records(self) -> None:
         self.records = [None] * self.num_layers

@@ -51,13 +51,16 @@ class Option:
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A method family: its strength (None: it takes none) and its options."""
+    """A method family: its strength (None: it takes none), its options, and whether it reads
+    the base's router prior (`needs_prior`: the method's `attach` requires one, and a permuted
+    prior is a meaningful control of it)."""
 
     name: str
     default_strength: float | None
     options: dict[str, Option] = field(default_factory=dict)
     doc: str = ""
     max_strength: float = math.inf
+    needs_prior: bool = True
 
     @property
     def uses_strength(self) -> bool:
@@ -81,7 +84,9 @@ def _specs(*specs: MethodSpec) -> dict[str, MethodSpec]:
 
 
 METHOD_SPECS: dict[str, MethodSpec] = _specs(
-    MethodSpec("none", None, doc="plain fine-tuning, router trainable, no router term"),
+    MethodSpec(
+        "none", None, doc="plain fine-tuning, router trainable, no router term", needs_prior=False
+    ),
     MethodSpec(
         "lbl",
         0.001,
@@ -93,6 +98,7 @@ METHOD_SPECS: dict[str, MethodSpec] = _specs(
             )
         },
         doc="re-applied load-balancing loss, as the family was pretrained",
+        needs_prior=False,
     ),
     MethodSpec(
         "rpb",
@@ -178,8 +184,11 @@ EVAL_SETS: dict[str, tuple[str, ...]] = {
 PATHS: dict[str, str] = {
     "base_model": "models/{model}/base/model",
     "model": "runs/{model}/{corpus}/{method}/seed{seed}/model",
+    "train_history": "runs/{model}/{corpus}/{method}/seed{seed}/train_history.json",
     "eval": "eval/{model}/{corpus}/{method}/seed{seed}.json",
     "analysis": "analysis/{model}/{corpus}/{method}/seed{seed}.json",
+    # The analysis job's co-activation counts, beside its JSON.
+    "analysis_counts": "analysis/{model}/{corpus}/{method}/seed{seed}.safetensors",
 }
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "block_ranks",
     "bootstrap_p_value",
     "friedman_power",
+    "item_interval",
     "item_sd_of_difference",
     "mde",
     "paired_difference",
@@ -314,6 +315,16 @@ def paired_runs(
     if a.shape != b.shape:
         raise ValueError(f"paired runs differ in shape: {a.shape} vs {b.shape}")
     return run_interval(a - b, confidence=confidence, power=power, n_items=n_items, min_sd=item_sd)
+
+
+def item_interval(per_task: Sequence[np.ndarray], confidence: float) -> tuple[float, float, float]:
+    """Score (%) of ONE run (the mean of its task means) and the normal interval of its item
+    sampling: the only variance a single run (the base) has."""
+    means = [float(np.mean(v)) for v in per_task]
+    var = sum(m * (1 - m) / max(len(v), 1) for m, v in zip(means, per_task, strict=True))
+    half = stats.norm.ppf((1 + confidence) / 2) * math.sqrt(var) / len(means)
+    mean = float(np.mean(means))
+    return 100 * mean, 100 * max(0.0, mean - half), 100 * min(1.0, mean + half)
 
 
 def item_sd_of_difference(runs: Sequence[Sequence[tuple[Any, Any]]]) -> float:

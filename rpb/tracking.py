@@ -524,11 +524,11 @@ def model_job_params(
 def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]) -> dict:
     """Table 1's accuracy columns for one evaluation output (percent): `in_domain` (the corpus's
     in-domain items pooled), `ood_<task>` for each OOD task and `ood_mean`, computed by the same
-    functions as table 1 (rpb.tables), so that table 1's cell is the mean of these over seeds.
+    functions as table 1 (rpb.run_records), so that table 1's cell is the mean of these over seeds.
     A task the output lacks leaves its metric (and `ood_mean`) out, with a warning."""
     import numpy as np
 
-    from rpb.tables import exact_match_items, in_domain_items
+    from rpb.run_records import exact_match_items, in_domain_items
 
     where = Path(f"<eval {corpus}>")
     metrics: dict[str, float] = {}

@@ -102,3 +102,23 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory):
     results = tmp_path_factory.mktemp("smoke") / "results"
     run_or_fail(results, str(results / "table1.csv"), "--cores", "2")
     return results
+
+
+# The modules that share the one smoke run (`smoke_run`), in the order they must run: the
+# determinism and pipeline tests read it at table 1, test_report extends it to `all`, and the
+# rerun and tracking tests read the extended folder. Only these modules' slots are reordered;
+# every other test keeps its place.
+SMOKE_ORDER = (
+    "test_determinism",
+    "test_pipeline",
+    "test_report",
+    "test_rerun_triggers",
+    "test_tracking",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    slots = [i for i, item in enumerate(items) if item.path.stem in SMOKE_ORDER]
+    ordered = sorted((items[i] for i in slots), key=lambda it: SMOKE_ORDER.index(it.path.stem))
+    for slot, item in zip(slots, ordered, strict=True):
+        items[slot] = item

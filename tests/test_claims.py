@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_tables import OOD_ALL, PAPER_WORLD, write_world
+from result_worlds import OOD_ALL, PAPER_WORLD, write_world
 
 from rpb.claims import (
     INCONCLUSIVE,

@@ -5,7 +5,12 @@ import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from rpb.figures import plot_coactivation_heatmaps, plot_curves, plot_retention_vs_accuracy
+from rpb.figures import (
+    plot_coactivation_heatmaps,
+    plot_curves,
+    plot_retention_vs_accuracy,
+    plot_sweep,
+)
 
 
 def _check_outputs(paths, stem):
@@ -72,3 +77,11 @@ def test_curves_average_seeds(tmp_path):
     _check_outputs(plot_curves(df, "step", ["kl_to_base", "topk_overlap"], "method", stem), stem)
     with pytest.raises(ValueError, match="missing_metric"):
         plot_curves(df, "step", ["missing_metric"], "method", stem)
+
+
+def test_plot_sweep_rejects_bad_strengths(tmp_path):
+    df = pd.DataFrame({"curve": ["a", "a"], "strength": [-1.0, 1.0], "in_domain": [1.0, 2.0]})
+    with pytest.raises(ValueError, match="strengths >= 0"):
+        plot_sweep(df, tmp_path / "s", ["in_domain"])
+    with pytest.raises(ValueError, match="lacks column"):
+        plot_sweep(df, tmp_path / "s", ["ood_mean"])

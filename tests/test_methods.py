@@ -16,6 +16,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 from rpb.methods import GRADIENT_PATHS, METHODS, anneal_factor, make_method, switch_lbl
 from rpb.prior import extract_prior
 from rpb.routing import RouterControl, find_routers
+from rpb.specs import METHOD_SPECS
 
 
 def _prior(model):
@@ -92,6 +93,20 @@ def test_prior_is_required_and_checked(tiny_model, tiny_prior):
     method.detach()
     with pytest.raises(RuntimeError, match="not attached"):
         method.router_loss()
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_method_trains_without_a_prior_exactly_when_its_spec_needs_none(name, tiny_batch):
+    """`MethodSpec.needs_prior` (what the config check reads to refuse a permuted prior that
+    would change nothing) matches what the method does: one without it trains with no prior."""
+    model = make_model("qwen3_moe").train()
+    if METHOD_SPECS[name].needs_prior:
+        with pytest.raises(ValueError, match=f"method '{name}' needs a router prior"):
+            make_method(name).attach(model)
+        return
+    with make_method(name).attach(model) as method:
+        loss = model(**tiny_batch).loss + method.router_loss()
+    assert torch.isfinite(loss)
 
 
 @pytest.mark.parametrize(("name", "options"), STEP0_EXACT)

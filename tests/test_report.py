@@ -107,7 +107,7 @@ def test_report_bundles_tables_and_figures(smoke_all: Path) -> None:
     assert dry.returncode == 0 and "Nothing to be done" in dry.stdout + dry.stderr
 
 
-# The report checks themselves are unit-tested in tests/test_config.py; this checks that a bad
+# The report checks themselves are unit-tested in tests/test_config_check.py; this checks that a bad
 # report config stops a Snakemake invocation with one line and no traceback.
 @pytest.mark.parametrize(
     ("override", "message"),

@@ -1,6 +1,8 @@
 """Run-level inference (rpb.stats): the t-interval on per-run paired differences is calibrated on
 synthetic data with a known effect, realistic seed-level and item-level variance; MDE, seeds
-needed, Friedman power and the within-cluster correlation behave as stated in docs/claims.md."""
+needed, Friedman power and the within-cluster correlation behave as stated in docs/claims.md;
+one run's item interval; and the descriptive statistics (two-way bootstrap, paired bootstrap
+differences and p-values, Spearman with a bootstrap CI, rank consistency) against scipy."""
 
 from __future__ import annotations
 
@@ -11,13 +13,19 @@ import pytest
 from scipy import special, stats
 
 from rpb.stats import (
+    bootstrap_p_value,
     friedman_power,
+    item_interval,
     item_sd_of_difference,
     mde,
+    paired_difference,
     paired_runs,
+    rank_consistency,
     run_interval,
     seeds_needed,
+    spearman_ci,
     t_interval,
+    two_way_bootstrap_ci,
     within_cluster_spearman,
 )
 
@@ -176,3 +184,199 @@ def test_item_noise_floors_the_spread_of_tied_runs() -> None:
     assert floored.mde > 0 and 0 < floored.p_value < 1
     same = item_sd_of_difference([[(a[i], a[i])] for i in range(2)])
     assert same == 0.0 and paired_runs(scores_a, scores_a, item_sd=same).high == 0.0
+
+
+def test_item_interval_is_the_normal_interval_of_the_mean_of_task_means() -> None:
+    """One run (the base): its score weighs each task the same; the variance of that mean is the
+    binomial variance of each task's mean, summed and divided by the number of tasks squared."""
+    tasks = [np.array([1, 1, 0, 0]), np.array([1, 1, 1, 1, 1, 0, 0, 0])]
+    score, low, high = item_interval(tasks, 0.9)
+    assert score == pytest.approx(100 * (0.5 + 0.625) / 2)
+    half = stats.norm.ppf(0.95) * math.sqrt(0.25 / 4 + 0.625 * 0.375 / 8) / 2
+    assert (low, high) == pytest.approx((score - 100 * half, score + 100 * half))
+    # Cut to [0, 100]: a perfect run has a zero-width interval at 100.
+    assert item_interval([np.ones(5)], 0.95) == (100.0, 100.0, 100.0)
+
+
+# --- two_way_bootstrap_ci ---------------------------------------------------------------------
+
+
+def test_mean_is_exact_and_ci_brackets_it() -> None:
+    scores = np.random.default_rng(0).random((3, 40))
+    mean, low, high = two_way_bootstrap_ci(scores, n_resamples=500)
+    assert mean == scores.mean()
+    assert low < mean < high
+
+
+def test_one_seed_is_the_item_bootstrap_of_scipy() -> None:
+    items = np.random.default_rng(1).normal(0.6, 0.2, size=300)
+    _, low, high = two_way_bootstrap_ci(items[None, :], n_resamples=4000, seed=3)
+    ref = stats.bootstrap(
+        (items,),
+        np.mean,
+        confidence_level=0.95,
+        n_resamples=4000,
+        method="percentile",
+        random_state=np.random.default_rng(4),
+    ).confidence_interval
+    width = ref.high - ref.low
+    # Different random draws: agreement to a few percent of the width is what Monte Carlo allows.
+    assert low == pytest.approx(ref.low, abs=0.06 * width)
+    assert high == pytest.approx(ref.high, abs=0.06 * width)
+
+
+def test_ci_narrows_with_more_items() -> None:
+    rng = np.random.default_rng(2)
+    few = two_way_bootstrap_ci(rng.random((2, 50)), n_resamples=1000)
+    many = two_way_bootstrap_ci(rng.random((2, 800)), n_resamples=1000)
+    # Width scales as 1/sqrt(items): 16x the items, about 1/4 the width.
+    assert (many[2] - many[1]) < 0.4 * (few[2] - few[1])
+
+
+def test_seed_to_seed_variation_widens_the_ci() -> None:
+    """Resampling seeds, not only items: rows that disagree must widen the interval."""
+    items = np.random.default_rng(5).random(200)
+    same = np.stack([items] * 4)
+    spread = same + np.array([-0.2, -0.1, 0.1, 0.2])[:, None]
+    _, low_same, high_same = two_way_bootstrap_ci(same, n_resamples=1000)
+    mean, low_spread, high_spread = two_way_bootstrap_ci(spread, n_resamples=1000)
+    assert mean == pytest.approx(same.mean())
+    assert (high_spread - low_spread) > 2 * (high_same - low_same)
+
+
+def test_bootstrap_is_deterministic_per_seed() -> None:
+    scores = np.random.default_rng(6).random((3, 30))
+    assert two_way_bootstrap_ci(scores, seed=7) == two_way_bootstrap_ci(scores, seed=7)
+    assert two_way_bootstrap_ci(scores, seed=7) != two_way_bootstrap_ci(scores, seed=8)
+
+
+@pytest.mark.parametrize("bad", [np.zeros(5), np.zeros((0, 4)), np.zeros((2, 3, 4))])
+def test_bootstrap_rejects_non_matrices(bad: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="seeds x items"):
+        two_way_bootstrap_ci(bad)
+
+
+# --- descriptive statistics: paired bootstrap differences, p-values, Spearman, rank consistency
+
+
+def test_paired_difference_matches_scipy_paired_bootstrap_for_one_seed() -> None:
+    rng = np.random.default_rng(10)
+    a = rng.normal(0.5, 0.3, 300)
+    b = a - 0.05 + rng.normal(0, 0.2, 300)
+    diff = paired_difference(a[None], b[None], n_resamples=4000, seed=1)
+    ref = stats.bootstrap(
+        (a, b),
+        lambda x, y: np.mean(x - y),
+        paired=True,
+        vectorized=False,
+        n_resamples=4000,
+        method="percentile",
+        rng=np.random.default_rng(2),
+    ).confidence_interval
+    width = ref.high - ref.low
+    assert diff.estimate == pytest.approx(np.mean(a - b))
+    assert diff.low == pytest.approx(ref.low, abs=0.06 * width)
+    assert diff.high == pytest.approx(ref.high, abs=0.06 * width)
+    assert (diff.n_seeds, diff.n_items) == (1, 300)
+
+
+def test_paired_difference_keeps_the_pairing() -> None:
+    """Items vary a lot but both methods move together: the paired CI must be narrow."""
+    base = np.random.default_rng(11).random((2, 200)) * 100
+    diff = paired_difference(base + 1.0, base)
+    assert diff.estimate == pytest.approx(1.0)
+    assert diff.low == pytest.approx(1.0) and diff.high == pytest.approx(1.0)
+    assert diff.p_value < 0.01
+
+
+@pytest.mark.parametrize("shift", [0.0, 0.04, 0.08])
+def test_bootstrap_p_value_agrees_with_the_paired_t_test(shift: float) -> None:
+    rng = np.random.default_rng(12)
+    a = rng.normal(0.0, 0.3, 400)
+    b = a - shift + rng.normal(0, 0.3, 400)
+    diff = paired_difference(a[None], b[None], n_resamples=4000, seed=3)
+    ref = stats.ttest_rel(a, b).pvalue
+    # Large n: the bootstrap and t reference distributions agree; the rest is Monte Carlo error.
+    assert diff.p_value == pytest.approx(ref, abs=0.03 + 0.15 * ref)
+    # p < 0.05 exactly when the 95% CI excludes zero: both come from the same replicates.
+    assert (diff.p_value < 0.05) == (diff.low > 0 or diff.high < 0)
+
+
+def test_bootstrap_p_value_edges() -> None:
+    assert bootstrap_p_value(np.zeros(99)) == 1.0
+    assert bootstrap_p_value(np.ones(99)) == pytest.approx(2 / 100)
+    assert bootstrap_p_value(np.r_[-np.ones(10), np.ones(89)]) == pytest.approx(2 * 11 / 100)
+    with pytest.raises(ValueError, match="finite"):
+        bootstrap_p_value(np.array([np.nan, 1.0]))
+
+
+def test_paired_difference_of_one_cell_has_no_interval() -> None:
+    diff = paired_difference(np.array([[0.9]]), np.array([[0.4]]))
+    assert diff.estimate == pytest.approx(0.5)
+    assert math.isnan(diff.low) and math.isnan(diff.high) and math.isnan(diff.p_value)
+
+
+def test_paired_difference_rejects_unpaired_shapes() -> None:
+    with pytest.raises(ValueError, match="differ in shape"):
+        paired_difference(np.zeros((2, 5)), np.zeros((2, 6)))
+    with pytest.raises(ValueError, match="NaN"):
+        paired_difference(np.full((1, 3), np.nan), np.zeros((1, 3)))
+
+
+def test_spearman_matches_scipy_and_its_ci_brackets_rho() -> None:
+    rng = np.random.default_rng(13)
+    x = rng.random(30)
+    y = x + rng.normal(0, 0.3, 30)
+    corr = spearman_ci(x, y, n_resamples=1000)
+    ref = stats.spearmanr(x, y)
+    assert corr.rho == pytest.approx(ref.statistic)
+    assert corr.p_value == pytest.approx(ref.pvalue)
+    assert corr.low < corr.rho < corr.high and corr.n == 30
+    boot = stats.bootstrap(
+        (x, y),
+        lambda u, v: stats.spearmanr(u, v).statistic,
+        paired=True,
+        vectorized=False,
+        n_resamples=1000,
+        method="percentile",
+        rng=np.random.default_rng(4),
+    ).confidence_interval
+    assert corr.low == pytest.approx(boot.low, abs=0.08)
+    assert corr.high == pytest.approx(boot.high, abs=0.08)
+
+
+def test_spearman_monotone_and_degenerate() -> None:
+    x = np.arange(8.0)
+    perfect = spearman_ci(x, x**3, n_resamples=200)
+    assert (perfect.rho, perfect.low, perfect.high) == pytest.approx((1.0, 1.0, 1.0))
+    flat = spearman_ci(x, np.ones(8))
+    assert math.isnan(flat.rho) and math.isnan(flat.low)
+    assert math.isnan(spearman_ci([1.0, 2.0], [2.0, 1.0]).rho)
+
+
+def test_spearman_ci_survives_constant_resamples() -> None:
+    """Four of five units share x: many replicates are constant and have no rho."""
+    x, y = np.array([0.0, 0.0, 0.0, 0.0, 1.0]), np.array([0.1, 0.3, 0.2, 0.4, 0.9])
+    corr = spearman_ci(x, y, n_resamples=500)
+    assert corr.rho == pytest.approx(stats.spearmanr(x, y).statistic)
+    assert -1.0 <= corr.low <= corr.high <= 1.0
+
+
+def test_rank_consistency_identical_vs_shuffled_orderings() -> None:
+    methods = ["a", "b", "c", "d"]
+    same = np.tile([4.0, 3.0, 2.0, 1.0], (6, 1))
+    check = rank_consistency(same, methods)
+    assert check.identical_ranking and check.same_best == "a"
+    assert check.kendall_w == pytest.approx(1.0)
+    # scipy's Friedman test on the same blocks.
+    assert check.friedman_p == pytest.approx(stats.friedmanchisquare(*same.T).pvalue)
+    assert check.friedman_p < 0.01 and check.mean_rank == {"a": 1, "b": 2, "c": 3, "d": 4}
+    # Every method wins some blocks: no ordering.
+    latin = np.array([np.roll([4.0, 3.0, 2.0, 1.0], i) for i in range(4)])
+    check = rank_consistency(latin, methods)
+    assert not check.identical_ranking and check.same_best is None
+    assert check.kendall_w == pytest.approx(0.0) and check.friedman_p == pytest.approx(1.0)
+    ties = rank_consistency(np.ones((3, 4)), methods)
+    assert math.isnan(ties.friedman_p) and ties.same_best is None
+    with pytest.raises(ValueError, match="blocks x methods"):
+        rank_consistency(np.ones((3, 4)), methods[:3])

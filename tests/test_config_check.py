@@ -21,7 +21,6 @@ import yaml
 from rpb.config_check import (
     METHOD_FAMILIES,
     NO_STRENGTH,
-    PRIOR_FREE,
     ConfigError,
     check_config,
     format_key_path,
@@ -323,18 +322,13 @@ def test_format_key_path() -> None:
     assert format_key_path([]) == "(top level)"
 
 
-def test_every_method_class_has_a_spec_and_reads_it() -> None:
-    """rpb.specs (read by the config check at every Snakefile parse) is the methods' registry."""
-    from rpb.methods import METHODS, make_method
+def test_the_check_knows_the_method_families_of_the_specs() -> None:
+    """rpb.specs (read by the config check at every Snakefile parse) is the methods' registry
+    (tests/test_specs.py checks it against rpb.methods)."""
     from rpb.specs import METHOD_SPECS
 
-    assert set(METHOD_SPECS) == set(METHODS) == set(METHOD_FAMILIES)
-    assert set(NO_STRENGTH) == {name for name, cls in METHODS.items() if not cls.uses_strength}
-    assert set(PRIOR_FREE) == {name for name, cls in METHODS.items() if not cls.needs_prior}
-    for name, spec in METHOD_SPECS.items():
-        method = make_method(name)
-        assert method.options == spec.option_defaults, name
-        assert method.strength == (spec.default_strength or 0.0), name
+    assert tuple(METHOD_SPECS) == METHOD_FAMILIES
+    assert set(NO_STRENGTH) == {n for n, spec in METHOD_SPECS.items() if not spec.uses_strength}
 
 
 def test_schema_names_the_method_families_of_the_specs() -> None:
@@ -461,6 +455,10 @@ BAD_REPORT = {
         {"tables": {"table4": {"methods": ["anchor_kl", "anchor_logit"]}}},
         "tables.table4.methods: lacks claims.method",
     ),
+    "unknown_table": (
+        {"tables": {"tabel2": {"model": "tinyB", "corpus": "math", "methods": ["none"]}}},
+        "tables.tabel2: unknown table (did you mean 'table2'? a table is a report job",
+    ),
     "corpus_task_not_in_domain": (
         {"evaluation": {"corpus_tasks": {"math": ["gsm8k"]}}},
         "evaluation.corpus_tasks.math: 'gsm8k' is not in evaluation.in_domain",
@@ -478,6 +476,25 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
     with pytest.raises(ConfigError) as info:
         check_config(config, SCHEMA)
     assert str(info.value) == message or str(info.value).startswith(message), str(info.value)
+
+
+def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A table of the plain shape (model, corpus, methods) needs no schema entry: its name in
+    rpb.cli.REPORT_JOBS makes it known, and its keys are checked like the others'."""
+    from rpb import cli
+
+    config = _merged("config.yaml", "smoke.yaml")
+    config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rbp"]}
+    with pytest.raises(ConfigError, match=r"^tables\.mytable: unknown table"):
+        check_config(copy.deepcopy(config), SCHEMA)
+    monkeypatch.setitem(cli.REPORT_JOBS, "mytable", ("rpb.tables:build_table2", "my table"))
+    with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
+        check_config(copy.deepcopy(config), SCHEMA)
+    config["tables"]["mytable"]["methods"] = ["none", "rpb"]
+    check_config(config, SCHEMA)
+    config["tables"]["mytable"]["extra"] = 1
+    with pytest.raises(ConfigError, match=r"^tables\.mytable\.extra: unknown key"):
+        check_config(config, SCHEMA)
 
 
 def test_claims_without_the_tables_they_read_is_named() -> None:

@@ -1,18 +1,18 @@
-"""Every registered transformers MoE family, on a tiny random model of its own config class:
-zero-bias equivalence, the step-0 invariant of every method, anchor terms, hard routing, the
-prior, and refusals (unsupported routers, wrong descriptions) in one line."""
+"""Every MoE family rpb.router_specs describes, on a tiny random model of its own config class
+(tests/family_models.py): zero-bias equivalence, the step-0 invariant of every method, anchor
+terms, hard routing, the prior, refusals of unsupported routers in one line, and the registry's
+families in the README and the schema. The self-check's own refusals: tests/test_router_check.py."""
 
 from __future__ import annotations
 
-import copy
 import functools
-import re
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from conftest import make_batch
+from family_models import FAMILIES, TINY_TYPE, family_base, family_model, family_prior
 from method_variants import STEP0_EXACT
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -22,53 +22,22 @@ from rpb.architectures import (
     SUPPORTED_MODEL_TYPES,
     TINY_MODEL_TYPES,
     build_config,
-    random_model,
 )
 from rpb.config_check import ConfigError, check_config
 from rpb.methods import make_method
-from rpb.prior import RouterPrior, extract_prior
-from rpb.router_check import CHECKED, check_router
+from rpb.prior import RouterPrior
 from rpb.router_specs import (
-    FAMILY_ROUTERS,
-    MODEL_TYPE_ALIASES,
     families_markdown,
     routed_model_types,
 )
 from rpb.routing import (
-    ROUTER_REGISTRY,
     RouterControl,
     find_routers,
     parse_output,
-    register_router,
     route,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-# The tiny model type that stands for each family (text-only configs of multimodal families).
-_TINY_TYPE = {family: family for family in FAMILY_ROUTERS} | {
-    f: alias for alias, f in MODEL_TYPE_ALIASES.items()
-}
-FAMILIES = [_TINY_TYPE[f] for f in FAMILY_ROUTERS if f != "phimoe"]
-
-# Every method variant that must compute exactly the base model's outputs at step 0 (all but
-# rpb_marginal and bias_on: logits, which bias routing by design).
-
-
-@functools.cache
-def _base(model_type: str) -> nn.Module:
-    return random_model(model_type, seed=0)
-
-
-def _model(model_type: str) -> nn.Module:
-    return copy.deepcopy(_base(model_type))
-
-
-@functools.cache
-def _prior(model_type: str) -> RouterPrior:
-    batches = [make_batch(seed=s) for s in range(2)]
-    return extract_prior(
-        _base(model_type), batches, model_id="tiny", revision="r0", corpus_hash="0", progress=False
-    )
 
 
 def _perturb(model: nn.Module, seed: int = 1) -> None:
@@ -99,25 +68,15 @@ def _sent(spec, output, top_k: int) -> torch.Tensor:
     return _mask(indices, logits.shape[1])
 
 
-@pytest.fixture
-def registry():
-    """Restores rpb's router registry after a test that registers classes."""
-    saved = dict(ROUTER_REGISTRY)
-    yield
-    ROUTER_REGISTRY.clear()
-    ROUTER_REGISTRY.update(saved)
-    CHECKED.clear()
-
-
-def test_every_registered_family_has_a_tiny_model():
-    assert set(_TINY_TYPE.values()) <= set(TINY_MODEL_TYPES)
+def test_every_registered_family_has_a_tinyfamily_model():
+    assert set(TINY_TYPE.values()) <= set(TINY_MODEL_TYPES)
     assert sorted(SUPPORTED_MODEL_TYPES) == sorted(FAMILIES)
     assert set(PRETRAIN_MODEL_TYPES) < set(FAMILIES)
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_zero_bias_routing_is_the_library_routing(model_type):
-    model = _model(model_type).train()
+    model = family_model(model_type).train()
     batch = make_batch()
     handles = find_routers(model)
     assert len(handles) == 2 and {(h.num_experts, h.top_k) for h in handles} == {(8, 2)}
@@ -142,7 +101,7 @@ def test_zero_bias_routing_is_the_library_routing(model_type):
 
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "granitemoe", "glm4_moe", "jetmoe"])
 def test_zero_bias_routing_is_exact_in_bfloat16(model_type):
-    model = _model(model_type).to(torch.bfloat16).train()
+    model = family_model(model_type).to(torch.bfloat16).train()
     batch = make_batch()
     ref = model(**batch).logits
     handles = find_routers(model)
@@ -156,7 +115,7 @@ def test_zero_bias_routing_is_exact_in_bfloat16(model_type):
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_step0_every_method_computes_the_base_outputs(model_type):
-    model, prior, batch = _model(model_type), _prior(model_type), make_batch()
+    model, prior, batch = family_model(model_type), family_prior(model_type), make_batch()
     for training in (True, False):
         model.train(training)
         ref = model(**batch).logits
@@ -169,7 +128,7 @@ def test_step0_every_method_computes_the_base_outputs(model_type):
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_anchor_terms_are_zero_at_step0_and_pull_after_a_perturbation(model_type):
-    model, prior, batch = _model(model_type).train(), _prior(model_type), make_batch()
+    model, prior, batch = family_model(model_type).train(), family_prior(model_type), make_batch()
     for name in ("anchor_weight", "anchor_logit", "anchor_kl"):
         with make_method(name).attach(model, prior) as method:
             model(**batch)
@@ -190,9 +149,9 @@ def test_anchor_terms_are_zero_at_step0_and_pull_after_a_perturbation(model_type
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_hard_sends_exactly_the_base_top_k(model_type):
-    model, prior, batch = _model(model_type).train(), _prior(model_type), make_batch()
+    model, prior, batch = family_model(model_type).train(), family_prior(model_type), make_batch()
     _perturb(model)
-    base_handles = find_routers(_base(model_type))
+    base_handles = find_routers(family_base(model_type))
     seen = {}
 
     def spy(layer, module, args, kwargs, output):
@@ -224,7 +183,7 @@ def test_hard_sends_exactly_the_base_top_k(model_type):
 @pytest.mark.parametrize("model_type", ["qwen3_moe", "llama4_text", "jetmoe"])
 def test_a_second_control_records_what_the_first_one_sent(model_type):
     """Evaluation routing plus analysis hooks: the recorder must read the steered output."""
-    model, batch = _model(model_type).train(), make_batch()
+    model, batch = family_model(model_type).train(), make_batch()
     t = batch["input_ids"].numel()
     forced = (torch.arange(t)[:, None] * 3 + torch.arange(2)) % 8
     with RouterControl(model) as steer, RouterControl(model) as recorder:
@@ -237,7 +196,7 @@ def test_a_second_control_records_what_the_first_one_sent(model_type):
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_prior_extraction_and_loading(model_type, tmp_path):
-    model, prior = _model(model_type), _prior(model_type)
+    model, prior = family_model(model_type), family_prior(model_type)
     handles = find_routers(model)
     assert prior.kind == handles[0].kind and prior.num_layers == 2
     for w, h in zip(prior.base_weights, handles, strict=True):
@@ -262,7 +221,7 @@ def test_prior_extraction_and_loading(model_type, tmp_path):
 
 def test_a_router_bias_needs_the_base_bias():
     """gpt_oss: z0 = W0 h + b0; without b0, z0 would drop or misplace the bias silently."""
-    model = _model("gpt_oss")
+    model = family_model("gpt_oss")
     handles = find_routers(model)
     with pytest.raises(ValueError, match=r"GptOssTopKRouter\) has a logit bias: pass base_rou"):
         RouterControl(model, [h.weight for h in handles])
@@ -272,7 +231,7 @@ def test_unsupported_router_is_refused_in_one_line():
     model = AutoModelForCausalLM.from_config(build_config("phimoe"))
     for call in (
         lambda: find_routers(model),
-        lambda: make_method("rpb").attach(model, _prior("qwen3_moe")),
+        lambda: make_method("rpb").attach(model, family_prior("qwen3_moe")),
     ):
         with pytest.raises(ValueError) as err:
             call()
@@ -283,85 +242,10 @@ def test_unsupported_router_is_refused_in_one_line():
 
 
 def test_more_logit_columns_than_experts_is_refused():
-    model = _model("qwen3_moe")
+    model = family_model("qwen3_moe")
     find_routers(model)[0].module.num_experts = 6  # e.g. zero-compute experts
     with pytest.raises(ValueError, match=r"Qwen3MoeTopKRouter .*weight has 8 rows but num_exp"):
         find_routers(model)
-
-
-# family -> (a wrong description, what the one-line refusal must say)
-WRONG = {
-    "qwen3_5_moe_text": ({"normalise": "norm_topk_prob"}, r"gate weights differ \(max \|diff\| "),
-    "gpt_oss": ({"router_bias": None}, r"router logits differ from the module's \(max \|diff\| "),
-    "ernie4_5_moe": ({"correction_bias": None}, r"expert indices differ on \d+/64 probe tokens"),
-    "deepseek_v2": ({"groups": False}, r"expert indices differ on \d+/64 probe tokens"),
-    "granitemoe": ({"order": "score_topk"}, r"gate weights differ"),
-    "minimax": ({"weights_dtype": "logits", "normalise": False}, r"gate weights differ"),
-    "glm4_moe": ({"scaling": None}, r"gate weights differ"),
-    "hunyuan_v1_moe": ({"weight": "weight"}, r"no \[experts, hidden\] weight at 'weight'"),
-    "llama4_text": ({"output": "triple"}, r"forward or output does not fit"),
-    "jetmoe": ({"output": "triple"}, r"forward or output does not fit"),
-    "lfm2_moe": ({"norm_eps": 0.0}, r"gate weights differ"),
-    # only visible in low precision: the probe also runs the router cast to bfloat16
-    "minimax_m2": ({"score_float32": False}, r"gate weights .*\[bfloat16\]$"),
-    "hy_v3": ({"scaling": None}, r"gate weights differ"),
-}
-
-
-@pytest.mark.parametrize("model_type", list(WRONG))
-def test_a_wrong_description_is_refused_in_one_line(model_type, registry):
-    model = _model(model_type)
-    handle = find_routers(model)[0]
-    changes, message = WRONG[model_type]
-    cls = type(handle.module)
-    register_router(cls, handle.spec.replace(**changes))
-    with pytest.raises(ValueError) as err:
-        find_routers(model)
-    msg = str(err.value)
-    assert "\n" not in msg and msg.startswith(f"router class {cls.__name__}: ")
-    assert re.search(message, msg), msg
-    with pytest.raises(ValueError, match=message):
-        make_method("rpb").attach(model, _prior(model_type))
-
-
-def test_the_check_picks_the_settings_that_reproduce_the_module(registry):
-    """The former flags a user had to guess: qwen3_5_moe renormalises unconditionally."""
-    from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
-
-    model = _model("qwen3_5_moe_text")
-    register_router(Qwen3_5MoeTopKRouter, "softmax")  # flags left to the check
-    assert find_routers(model)[0].spec.normalise is True
-    register_router(Qwen3_5MoeTopKRouter, "softmax", always_normalise=False, float_weights=False)
-    with pytest.raises(ValueError, match="Qwen3_5MoeTopKRouter: gate weights differ"):
-        find_routers(model)
-
-
-def test_an_unknown_router_class_is_described_by_the_check(registry):
-    """A router class the registry has never seen, with its weight under another name and a
-    logit bias: register_router without a description tries the built-in ones (and weight
-    locations) and keeps the one that reproduces the module."""
-
-    class CustomGate(nn.Module):
-        def __init__(self, hidden: int = 32, experts: int = 8, top_k: int = 2) -> None:
-            super().__init__()
-            self.w_gate = nn.Parameter(torch.randn(experts, hidden))
-            self.bias = nn.Parameter(torch.zeros(experts))
-            self.top_k, self.num_experts = top_k, experts
-
-        def forward(self, hidden: torch.Tensor):
-            logits = nn.functional.linear(hidden, self.w_gate, self.bias)
-            probs = logits.softmax(-1, dtype=torch.float)
-            top, idx = probs.topk(self.top_k, dim=-1)
-            return logits, (top / top.sum(-1, keepdim=True)).to(logits.dtype), idx
-
-    gate = CustomGate()
-    register_router(CustomGate, example=gate)
-    assert isinstance(ROUTER_REGISTRY[CustomGate], tuple)  # candidates; the check picks:
-    chosen = find_routers(nn.ModuleDict({"gate": gate}))[0].spec
-    assert (chosen.weight, chosen.router_bias, chosen.normalise) == ("w_gate", "bias", True)
-    assert check_router(gate, chosen) is None
-    with pytest.raises(ValueError, match=r"CustomGate: rpb's router logits differ"):
-        check_router(gate, chosen.replace(router_bias=None))
 
 
 def test_readme_lists_the_registry_families():
@@ -396,13 +280,3 @@ def test_schema_accepts_any_registered_family_for_hub_models():
     bad["models"]["tinyA"]["model_type"] = "gpt_oss"  # pretrain: only the five tiny-base types
     with pytest.raises(ConfigError, match=r"models\.tinyA\.model_type"):
         check_config(bad, schema)
-
-
-def test_a_passed_in_bias_the_description_cannot_find_is_refused(registry):
-    """LFM2's block passes its expert bias to the router: a description pointing elsewhere would
-    route the base (and everything outside the forward) without it."""
-    model = _model("lfm2_moe")
-    handle = find_routers(model)[0]
-    register_router(type(handle.module), handle.spec.replace(correction_bias="../no_such_bias"))
-    with RouterControl(model), pytest.raises(ValueError, match=r"is passed a correction bias"):
-        model(**make_batch())

@@ -1,23 +1,27 @@
-"""The softness sweep (strength axis, protocols, table, figure), table 4 at strengths matched on
-routing, and the training-drift curves."""
+"""rpb.exploratory: the softness sweep (strength axis, protocols, table, figure), table 4 at
+strengths matched on routing, the training-drift curves, and the rule that picks the default RPB
+reading (positions between the bounds, both metrics required, order of preference, the
+undetermined case, and no say for accuracy)."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from matplotlib.image import imread
-from test_tables import OOD_ALL, PAPER_WORLD, write_run
+from result_worlds import OOD_ALL, PAPER_WORLD, write_run
 
-from rpb.figures import plot_sweep
-from rpb.tables import (
+from rpb.exploratory import (
     KEPT_AT_EVAL,
     OWN_ROUTER,
     build_drift,
+    build_readings,
     build_sweep,
     eval_protocol,
     match_strengths,
@@ -192,14 +196,6 @@ def test_matching_without_a_gap_is_undetermined() -> None:
         match_strengths(_sweep_means(OVERLAP).query("label != 'hard'"))
 
 
-def test_plot_sweep_rejects_bad_strengths(tmp_path: Path) -> None:
-    df = pd.DataFrame({"curve": ["a", "a"], "strength": [-1.0, 1.0], "in_domain": [1.0, 2.0]})
-    with pytest.raises(ValueError, match="strengths >= 0"):
-        plot_sweep(df, tmp_path / "s", ["in_domain"])
-    with pytest.raises(ValueError, match="lacks column"):
-        plot_sweep(df, tmp_path / "s", ["ood_mean"])
-
-
 def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
     for label, drift in (("none", 0.3), ("rpb", 0.1)):
         for seed in (0, 1):
@@ -237,3 +233,96 @@ def test_a_sweep_without_the_bounds_writes_no_matched_table(tmp_path: Path) -> N
     spec |= {"methods": METHODS, "curves": {"rpb": ["rpb_l0p5", "rpb", "rpb_l4"]}}
     assert len(build_sweep(tmp_path, spec, tmp_path / "sweep.csv")) == 3
     assert not (tmp_path / "sweep_table4_matched.csv").exists()
+
+
+# --- which RPB reading anchors (build_readings) -------------------------------------------------
+
+READING_SEEDS = [0, 1]
+
+
+def _readings_spec(methods: list[str]) -> dict:
+    return {
+        "model": "m",
+        "corpus": "math",
+        "methods": methods,
+        "lower": "none",
+        "upper": "hard",
+        "min_gain": 0.25,
+        "seeds": READING_SEEDS,
+        "ood": ["addition", "facts"],
+        "scale": "test",
+    }
+
+
+def _readings_world(root: Path, nmi: dict[str, float], accuracy: float = 0.5) -> None:
+    for label, value in nmi.items():
+        for seed in READING_SEEDS:
+            write_run(root, "m", "math", label, seed, (accuracy, accuracy, value))
+
+
+def _set_overlap(root: Path, label: str, value: float) -> None:
+    for seed in READING_SEEDS:
+        path = root / "analysis" / "m" / "math" / label / f"seed{seed}.json"
+        payload = json.loads(path.read_text())
+        payload["mean"]["topk_overlap_with_base"] = value
+        path.write_text(json.dumps(payload))
+
+
+def _by_method(table: pd.DataFrame) -> dict[str, dict]:
+    return {row["method"]: row for row in table.to_dict("records")}
+
+
+def test_positions_verdicts_and_the_first_anchoring_reading_wins(tmp_path: Path) -> None:
+    _readings_world(tmp_path, {"none": 0.2, "hard": 1.0, "weak": 0.25, "strong": 0.5, "split": 0.6})
+    _set_overlap(tmp_path, "split", 0.21)  # structure retained, routing not held: not anchoring
+    out = tmp_path / "out" / "rpb_readings.csv"
+    table = build_readings(tmp_path, _readings_spec(["weak", "split", "strong"]), out)
+    rows = _by_method(table)
+    assert list(table["method"]) == ["none", "weak", "split", "strong", "hard"]
+    assert rows["strong"]["community_nmi_position"] == pytest.approx((0.5 - 0.2) / 0.8)
+    assert rows["weak"]["topk_overlap_with_base_position"] == pytest.approx(0.05 / 0.8)
+    assert rows["split"]["topk_overlap_with_base_position"] == pytest.approx(0.01 / 0.8)
+    verdicts = {m: rows[m]["anchors"] for m in ("weak", "split", "strong")}
+    assert verdicts == {"weak": "no", "split": "no", "strong": "yes"}
+    assert [m for m, r in rows.items() if r["default_by_rule"]] == ["strong"]
+    assert {rows["none"]["role"], rows["hard"]["role"]} == {"lower bound", "upper bound"}
+    assert "default by the rule: `strong`" in out.with_suffix(".md").read_text()
+    assert (out.parent / "figures" / "rpb_readings.png").is_file()
+    assert len(pd.read_csv(out.parent / "rpb_readings_runs.csv")) == 5 * len(READING_SEEDS)
+
+
+def test_order_of_preference_decides_between_anchoring_readings(tmp_path: Path) -> None:
+    _readings_world(tmp_path, {"none": 0.2, "hard": 1.0, "a": 0.5, "b": 0.9})
+    table = build_readings(tmp_path, _readings_spec(["b", "a"]), tmp_path / "r.csv")
+    assert table.loc[table["default_by_rule"], "method"].tolist() == ["b"]
+
+
+def test_no_gap_between_the_bounds_is_undetermined(tmp_path: Path) -> None:
+    _readings_world(tmp_path, {"none": 0.6, "hard": 0.6, "a": 0.9})
+    table = build_readings(tmp_path, _readings_spec(["a"]), tmp_path / "r.csv")
+    assert _by_method(table)["a"]["anchors"] == "undetermined"
+    assert not table["default_by_rule"].any()
+    assert "no reading anchors" in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.parametrize("accuracy", [0.1, 0.9])
+def test_accuracy_has_no_say(tmp_path: Path, accuracy: float) -> None:
+    _readings_world(tmp_path, {"none": 0.2, "hard": 1.0}, accuracy=0.5)
+    _readings_world(tmp_path, {"a": 0.3, "b": 0.7}, accuracy=accuracy)
+    table = build_readings(tmp_path, _readings_spec(["a", "b"]), tmp_path / "r.csv")
+    rows = _by_method(table)
+    assert rows["a"]["in_domain"] == pytest.approx(100 * accuracy, abs=15)
+    assert (rows["a"]["anchors"], rows["b"]["anchors"]) == ("no", "yes")
+
+
+def test_configured_readings_are_the_documented_ones_in_the_documented_order() -> None:
+    """The order of preference is part of the rule: configs and docs/methods.md must agree."""
+    root = Path(__file__).resolve().parents[1]
+    docs = (root / "docs" / "methods.md").read_text()
+    section = docs.split("## Choosing the default RPB reading")[1].split("The rule, fixed")[0]
+    documented = re.findall(r"^\| `(\w+)` \|", section, flags=re.M)
+    for name in ("config.yaml", "paper.yaml"):
+        config = yaml.safe_load((root / "config" / name).read_text())
+        readings = config["tables"]["readings"]
+        assert readings["methods"] == documented, name
+        assert all(label in config["methods"] for label in documented), name

@@ -1,0 +1,80 @@
+"""Writing a table: its CSV, side CSVs, Markdown, provenance side file and co-activation
+heatmaps, the same way for every table (the build_* entry points of rpb.tables and
+rpb.exploratory compute frames and hand them here).
+
+CSVs carry 4 decimals; Markdown is `<title>. <note>` followed by each section's table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from rpb.run_records import coactivation_counts
+
+__all__ = ["coactivation_figure", "side_path", "write_csv", "write_markdown", "write_table"]
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False, float_format="%.4f")
+
+
+def side_path(out_csv: Path, part: str) -> Path:
+    """`<stem>_<part>.csv` beside the table's CSV (its runs, pairs, ...)."""
+    return out_csv.with_name(f"{out_csv.stem}_{part}.csv")
+
+
+def write_markdown(
+    path: Path,
+    title: str,
+    note: str,
+    sections: Sequence[tuple[str, pd.DataFrame]],
+    floatfmt: str = ".3g",
+) -> None:
+    """`<title>. <note>`, then each section (an empty heading: the table alone)."""
+    text = f"{title}. {note}\n"
+    for heading, frame in sections:
+        body = frame.to_markdown(index=False, floatfmt=floatfmt) if len(frame) else "(no rows)"
+        text += f"\n{heading}\n\n{body}\n" if heading else f"\n{body}\n"
+    path.write_text(text)
+
+
+def write_table(
+    out_csv: Path,
+    table: pd.DataFrame,
+    *,
+    title: str | None = None,
+    note: str = "",
+    sections: Sequence[tuple[str, pd.DataFrame]] | None = None,
+    side: Mapping[str, pd.DataFrame] | None = None,
+    meta: Mapping[str, Any] | None = None,
+    floatfmt: str = ".3g",
+) -> Path:
+    """Write `table` to `out_csv`, each `side` frame to `<stem>_<part>.csv`, with a `title` the
+    Markdown `<stem>.md` (`sections`, default the table alone) and with `meta` the provenance
+    `<stem>.meta.json`. Returns the stem (for figure names)."""
+    out_csv = Path(out_csv)
+    write_csv(table, out_csv)
+    for part, frame in (side or {}).items():
+        write_csv(frame, side_path(out_csv, part))
+    if meta is not None:
+        out_csv.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    if title is not None:
+        write_markdown(out_csv.with_suffix(".md"), title, note, sections or [("", table)], floatfmt)
+    return out_csv.with_suffix("")
+
+
+def coactivation_figure(
+    results: Path, model: str, corpus: str, methods: Sequence[str], seed: int, path_stem: Path
+) -> list[Path]:
+    """Heatmaps of the base and each method (at `seed`) of one model and corpus."""
+    from rpb.figures import plot_coactivation_heatmaps
+
+    named = coactivation_counts(results, model, corpus, methods, seed)
+    path_stem.parent.mkdir(parents=True, exist_ok=True)
+    return plot_coactivation_heatmaps(named, path_stem, base="base")

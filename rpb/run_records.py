@@ -1,0 +1,212 @@
+"""Reading this run's outputs: what the tables, the claims audit and the router-swap table know
+about one trained model (a run: model, corpus, method label, seed).
+
+Paths come from the results layout in `rpb.specs.PATHS`; everything here reads, nothing writes.
+A run's score (`run_score`) is the mean over its benchmarks of each benchmark's item mean in
+percent, so every benchmark weighs the same whatever its size (docs/claims.md); its structure and
+drift metrics are the layer means of its analysis output (`analysis_mean`). A missing file or
+task is an error naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rpb.specs import results_path
+
+__all__ = [
+    "ACCURACY",
+    "DRIFT",
+    "RETENTION",
+    "analysis_mean",
+    "analysis_path",
+    "base_analysis",
+    "coactivation_counts",
+    "eval_path",
+    "exact_match_items",
+    "in_domain_items",
+    "in_domain_tasks",
+    "metric_tasks",
+    "read_json",
+    "run_record",
+    "run_score",
+    "run_scores",
+    "training_history",
+]
+
+# Structure metrics of an analysis output ("mean" over MoE layers): how much of the base's
+# co-activation structure a run retains, and how far its routing drifted from the base's.
+RETENTION = ["community_nmi", "community_ari", "coact_cosine"]
+DRIFT = ["kl_to_base", "topk_overlap_with_base"]
+# A run record's accuracy columns (percent): in-domain, and the mean over the OOD tasks.
+ACCURACY = ["in_domain", "ood_mean"]
+
+
+def read_json(path: Path, what: str = "the table") -> dict[str, Any]:
+    """One JSON output; a missing file is a FileNotFoundError naming it and `what` needs it."""
+    if not path.is_file():
+        raise FileNotFoundError(f"missing input for {what}: {path}")
+    return json.loads(path.read_text())
+
+
+def _path(kind: str, results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    fields = {"model": model, "corpus": corpus, "method": label, "seed": seed}
+    return Path(results) / results_path(kind, **fields)
+
+
+def eval_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where the evaluation output of one trained model lies (`base`: the base, seed 0)."""
+    return _path("eval", results, model, corpus, label, seed)
+
+
+def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
+    return _path("analysis", results, model, corpus, label, seed)
+
+
+def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.ndarray:
+    """Per-item scores (0/1) of one task in an evaluation output: our eval set's generation task
+    `rpb_<task>` (tiny scale), else the standard lm-eval task `<task>` (paper scale: gsm8k,
+    mmlu, ... scored by the suite's metric)."""
+    tasks = eval_result.get("tasks", {})
+    key = f"rpb_{task}" if f"rpb_{task}" in tasks else task
+    if key not in tasks:
+        raise ValueError(f"{path}: no task 'rpb_{task}' or '{task}' in the evaluation output")
+    return np.asarray(tasks[key]["items"], dtype=float)
+
+
+def in_domain_tasks(spec: dict[str, Any], corpus: str) -> list[str]:
+    """The tasks that score post-training on `corpus` in-domain: `spec["corpus_tasks"][corpus]`
+    (config `evaluation.corpus_tasks`; paper scale: the math benchmarks), else the corpus's own
+    held-out set (tiny scale)."""
+    return list((spec.get("corpus_tasks") or {}).get(corpus, [corpus]))
+
+
+def metric_tasks(spec: dict[str, Any], corpus: str, metric: str) -> list[str]:
+    """The tasks of a comparison metric: "in_domain" (the corpus's in-domain tasks) or "ood"."""
+    if metric not in ("in_domain", "ood"):
+        raise ValueError(f"unknown comparison metric {metric!r} (in_domain or ood)")
+    return in_domain_tasks(spec, corpus) if metric == "in_domain" else list(spec["ood"])
+
+
+def in_domain_items(
+    eval_result: dict[str, Any], spec: dict[str, Any], corpus: str, path: Path
+) -> np.ndarray:
+    """The in-domain items of `corpus`: every in-domain task's items, side by side."""
+    tasks = in_domain_tasks(spec, corpus)
+    return np.concatenate([exact_match_items(eval_result, t, path) for t in tasks])
+
+
+def analysis_mean(results: Path, model: str, corpus: str, label: str, seed: int) -> dict:
+    """The layer-mean structure and drift metrics of one analysis output."""
+    path = analysis_path(results, model, corpus, label, seed)
+    summary = read_json(path)
+    if "mean" not in summary:
+        raise ValueError(f"{path}: no 'mean' entry in the analysis output")
+    return {k: float(v) for k, v in summary["mean"].items()}
+
+
+def _pct(x: float) -> float:
+    return 100.0 * float(x)
+
+
+def run_score(
+    result: dict[str, Any], tasks: Sequence[str], path: Path
+) -> tuple[float, dict[str, float], int]:
+    """One run's score (%) over `tasks`: the mean of each task's item mean, so every benchmark
+    weighs the same whatever its size; also each task's mean and the item count."""
+    per_task = {t: exact_match_items(result, t, path) for t in tasks}
+    means = {t: _pct(items.mean()) for t, items in per_task.items()}
+    return float(np.mean(list(means.values()))), means, sum(v.size for v in per_task.values())
+
+
+def run_scores(
+    results: Path,
+    spec: dict[str, Any],
+    model: str,
+    corpus: str,
+    label: str,
+    seeds: Sequence[int],
+    metric: str,
+) -> tuple[np.ndarray, int]:
+    """Per-run scores (%) of `label` on `metric` ("in_domain": the corpus's in-domain tasks;
+    "ood": the OOD tasks), one per seed in order, and the items per run. A seed whose item count
+    differs from the first seed's is an error naming its file (runs must be paired item by item)."""
+    tasks = metric_tasks(spec, corpus, metric)
+    scores, n_items = [], None
+    for seed in seeds:
+        path = eval_path(results, model, corpus, label, seed)
+        score, _, n = run_score(read_json(path), tasks, path)
+        if n_items is not None and n != n_items:
+            raise ValueError(f"{path}: {n} items, but seed {seeds[0]} has {n_items}")
+        scores.append(score)
+        n_items = n
+    return np.array(scores), int(n_items or 0)
+
+
+def run_record(
+    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
+) -> dict[str, Any]:
+    """One trained model: in-domain and mean OOD accuracy (%) and its analysis metrics (NaN
+    where its analysis output lacks one)."""
+    path = eval_path(results, model, corpus, label, seed)
+    result = read_json(path)
+    record: dict[str, Any] = {"model": model, "corpus": corpus, "method": label, "seed": seed}
+    record["in_domain"] = run_score(result, in_domain_tasks(spec, corpus), path)[0]
+    record["ood_mean"] = run_score(result, spec["ood"], path)[0]
+    mean = analysis_mean(results, model, corpus, label, seed)
+    for key in ("modularity", *RETENTION, *DRIFT, "usage_entropy"):
+        record[key] = mean.get(key, math.nan)
+    return record
+
+
+def training_history(
+    results: Path, model: str, corpus: str, label: str, seed: int
+) -> list[dict[str, Any]]:
+    """The logged training steps of one post-training run (`train_history.json`)."""
+    path = _path("train_history", results, model, corpus, label, seed)
+    history = read_json(path).get("history")
+    if not history:
+        raise ValueError(f"{path}: no 'history' entries")
+    return history
+
+
+def _load_counts(path: Path, key: str = "counts") -> np.ndarray:
+    from safetensors.torch import load_file  # torch: only where counts are read
+
+    return load_file(path)[key].numpy()
+
+
+def coactivation_counts(
+    results: Path, model: str, corpus: str, methods: Sequence[str], seed: int
+) -> dict[str, np.ndarray]:
+    """Co-activation counts [layers, experts, experts] of the base and of each method's run at
+    `seed`, named for a figure (`base`, `<label> (seed <seed>)`)."""
+    # The base analysis is per (model, corpus); a corpus without one (math2) uses the base counts
+    # that every analysis stores beside its own (the same base, the same probe set).
+    base_file = _path("analysis_counts", results, model, corpus, "base", 0)
+    if base_file.is_file():
+        base = _load_counts(base_file)
+    else:
+        first = _path("analysis_counts", results, model, corpus, methods[0], seed)
+        base = _load_counts(first, "base_counts")
+    named = {"base": base}
+    for label in methods:
+        path = _path("analysis_counts", results, model, corpus, label, seed)
+        if not path.is_file():
+            raise FileNotFoundError(f"missing input for the figure: {path}")
+        named[f"{label} (seed {seed})"] = _load_counts(path)
+    return named
+
+
+def base_analysis(results: Path, model: str, corpus: str) -> tuple[dict[str, Any], np.ndarray]:
+    """The base's analysis output on `corpus` (per-layer rows, probe size) and its counts."""
+    path = analysis_path(results, model, corpus, "base", 0)
+    summary = read_json(path)
+    return summary, _load_counts(_path("analysis_counts", results, model, corpus, "base", 0))

@@ -1,0 +1,136 @@
+"""Synthetic pipeline outputs for the table, claims and run-record tests: eval and analysis
+JSONs and co-activation counts laid out as the pipeline writes them (rpb.specs.PATHS)."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload))
+
+
+N_ITEMS = 40
+OOD_ALL = ["addition", "facts"]
+# label -> (in-domain accuracy, OOD accuracy, community NMI) of a "paper-like" world.
+PAPER_WORLD = {
+    "base": (0.0, 0.9, 1.0),
+    "none": (0.30, 0.40, 0.20),
+    "lbl": (0.35, 0.50, 0.30),
+    "rpb": (0.80, 0.80, 0.70),
+    "anchor_weight": (0.80, 0.80, 0.69),
+    "anchor_logit": (0.80, 0.80, 0.68),
+    "anchor_kl": (0.80, 0.80, 0.71),
+    "hard": (0.10, 0.40, 0.95),
+}
+
+
+def _block_counts(tokens: int, structured: bool, seed: int = 0) -> np.ndarray:
+    """[2 layers, 4 experts, 4 experts] counts of top-2 routing: experts {0,1} / {2,3} always
+    together (structured) or every pair equally often (no structure at all)."""
+    pairs = [(0, 1), (2, 3)] if structured else [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    counts = np.zeros((4, 4))
+    for t in range(tokens):
+        i, j = pairs[(t + seed) % len(pairs)]
+        counts[[i, j, i, j], [j, i, i, j]] += 1
+    return np.stack([counts, counts])
+
+
+@functools.cache
+def _base_layers(tokens: int, structured: bool) -> list[dict[str, Any]]:
+    """Per-layer rows of the base's analysis, as rpb.analysis writes them."""
+    from rpb.coactivation import communities, modularity, usage_entropy
+
+    rows = []
+    for layer, c in enumerate(_block_counts(tokens, structured)):
+        labels = communities(c)
+        rows.append(
+            {
+                "layer": layer,
+                "usage_entropy": usage_entropy(np.diag(c)),
+                "modularity": modularity(c, labels),
+                "n_communities": int(labels.max() + 1),
+            }
+        )
+    return rows
+
+
+def write_run(
+    root: Path,
+    model: str,
+    corpus: str,
+    label: str,
+    seed: int,
+    levels: tuple[float, float, float],
+    *,
+    ood: list[str] = OOD_ALL,
+    n_items: int = N_ITEMS,
+    structured_base: bool = True,
+    routing: dict[str, float] | None = None,
+) -> None:
+    """One (model, corpus, label, seed) as the pipeline lays it out: eval JSON with exact-match
+    items, analysis JSON with layer means (and, for the base, per-layer rows and the probe size)
+    and co-activation counts. Items are coupled across labels (item i is right when a fixed
+    per-seed uniform draw is below the label's accuracy), so paired differences are clean.
+    `routing` overrides layer-mean analysis entries (usage entropy, drift)."""
+    p_in, p_ood, nmi = levels
+    u = np.random.default_rng(1000 + seed).random(n_items)
+    tasks = {corpus: (u < p_in).astype(int).tolist()}
+    tasks |= {t: (u < p_ood).astype(int).tolist() for t in ood}
+    where = Path(model, corpus, label, f"seed{seed}.json")
+    payload = {f"rpb_{t}": {"items": v, "metric": "exact_match"} for t, v in tasks.items()}
+    write_json(root / "eval" / where, {"tasks": payload})
+    jitter = 0.01 * seed
+    tokens = 600
+    base_counts = _block_counts(tokens, structured_base)
+    layers = _base_layers(tokens, structured_base)
+    mean = {
+        "modularity": 0.3 + jitter,
+        "community_nmi": nmi + jitter,
+        "community_ari": nmi - 0.1 + jitter,
+        "coact_cosine": 0.5 + nmi / 2,
+        "kl_to_base": 1.0 - nmi,
+        "topk_overlap_with_base": nmi,
+        "usage_entropy": 0.9 + jitter,
+    }
+    mean |= routing or {}
+    write_json(
+        root / "analysis" / where,
+        {"mean": mean, "layers": layers, "probe": {"tokens": tokens}},
+    )
+    counts = base_counts if label == "base" else _block_counts(tokens, False, seed)
+    save_file(
+        {
+            "counts": torch.from_numpy(counts).long(),
+            "base_counts": torch.from_numpy(base_counts).long(),
+        },
+        str((root / "analysis" / where).with_suffix(".safetensors")),
+    )
+
+
+def write_world(
+    root: Path,
+    world: dict[str, tuple[float, float, float]],
+    *,
+    models: tuple[str, ...] = ("tinyA", "tinyB"),
+    corpora: tuple[str, ...] = ("math", "math2"),
+    seeds: tuple[int, ...] = (0, 1),
+    routing: dict[str, dict[str, float]] | None = None,
+    **kwargs: Any,
+) -> None:
+    """Every label of `world` for every model, corpus and seed (the base at seed 0); `routing`:
+    per label, analysis entries to override (see `write_run`)."""
+    for model in models:
+        for corpus in corpora:
+            for label, levels in world.items():
+                for seed in [0] if label == "base" else seeds:
+                    extra = (routing or {}).get(label)
+                    write_run(root, model, corpus, label, seed, levels, routing=extra, **kwargs)

@@ -1,0 +1,141 @@
+"""rpb.run_records, reading a run's outputs: paths from the results layout, per-item scores of
+our eval sets and of standard tasks, run scores that weigh each benchmark the same, per-run
+records, training histories and co-activation counts; every missing file or entry is an error
+naming the file."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from result_worlds import PAPER_WORLD, write_json, write_run
+
+from rpb.run_records import (
+    analysis_path,
+    base_analysis,
+    coactivation_counts,
+    eval_path,
+    exact_match_items,
+    in_domain_items,
+    in_domain_tasks,
+    metric_tasks,
+    read_json,
+    run_record,
+    run_score,
+    run_scores,
+    training_history,
+)
+from rpb.specs import results_path
+
+SPEC = {"ood": ["addition", "facts"]}
+WHERE = Path("eval.json")
+
+
+def _eval(**tasks: list[int]) -> dict:
+    return {"tasks": {name: {"items": items} for name, items in tasks.items()}}
+
+
+def test_paths_follow_the_results_layout(tmp_path: Path) -> None:
+    fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "seed": 2}
+    assert eval_path(tmp_path, "tinyA", "math", "rpb", 2) == tmp_path / results_path(
+        "eval", **fields
+    )
+    assert analysis_path(tmp_path, "tinyA", "math", "rpb", 2) == tmp_path / results_path(
+        "analysis", **fields
+    )
+
+
+def test_items_of_our_eval_sets_and_of_standard_tasks() -> None:
+    result = _eval(rpb_math=[1, 0, 1], gsm8k=[0, 0, 1, 1])
+    np.testing.assert_array_equal(exact_match_items(result, "math", WHERE), [1.0, 0.0, 1.0])
+    np.testing.assert_array_equal(exact_match_items(result, "gsm8k", WHERE), [0, 0, 1, 1])
+    with pytest.raises(ValueError, match=r"^eval\.json: no task 'rpb_mmlu' or 'mmlu' in the eval"):
+        exact_match_items(result, "mmlu", WHERE)
+
+
+def test_in_domain_tasks_of_a_corpus() -> None:
+    assert in_domain_tasks(SPEC, "math") == ["math"]
+    spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva"]}}
+    assert in_domain_tasks(spec, "math") == ["gsm8k", "minerva"]
+    assert in_domain_tasks(spec, "math2") == ["math2"]
+    assert metric_tasks(spec, "math", "ood") == ["addition", "facts"]
+    with pytest.raises(ValueError, match="unknown comparison metric 'accuracy'"):
+        metric_tasks(spec, "math", "accuracy")
+    result = _eval(gsm8k=[1, 0], minerva=[1])
+    np.testing.assert_array_equal(in_domain_items(result, spec, "math", WHERE), [1, 0, 1])
+
+
+def test_a_run_score_weighs_each_benchmark_the_same() -> None:
+    result = _eval(rpb_a=[1, 0, 1, 0], rpb_b=[1, 1])
+    score, per_task, n_items = run_score(result, ["a", "b"], WHERE)
+    assert per_task == {"a": 50.0, "b": 100.0}
+    assert score == 75.0 and n_items == 6  # pooled items would give 66.7
+
+
+def test_run_scores_are_per_seed_and_must_pair_item_by_item(tmp_path: Path) -> None:
+    for seed, items in ((0, [1, 1, 0, 0]), (1, [1, 1, 1, 0])):
+        write_json(eval_path(tmp_path, "m", "math", "rpb", seed), _eval(rpb_math=items))
+    scores, n_items = run_scores(tmp_path, SPEC, "m", "math", "rpb", [0, 1], "in_domain")
+    np.testing.assert_array_equal(scores, [50.0, 75.0])
+    assert n_items == 4
+    write_json(eval_path(tmp_path, "m", "math", "rpb", 1), _eval(rpb_math=[1, 0]))
+    with pytest.raises(ValueError, match=r"rpb/seed1\.json: 2 items, but seed 0 has 4"):
+        run_scores(tmp_path, SPEC, "m", "math", "rpb", [0, 1], "in_domain")
+
+
+def test_a_run_record_is_accuracy_and_the_layer_means(tmp_path: Path) -> None:
+    write_run(tmp_path, "m", "math", "rpb", 1, PAPER_WORLD["rpb"])
+    record = run_record(tmp_path, SPEC, "m", "math", "rpb", 1)
+    u = np.random.default_rng(1001).random(40)  # write_run's item draw for seed 1
+    assert record["in_domain"] == pytest.approx(100 * np.mean(u < 0.8))
+    assert record["ood_mean"] == pytest.approx(100 * np.mean(u < 0.8))
+    assert record["community_nmi"] == pytest.approx(0.71)
+    assert {k: record[k] for k in ("model", "corpus", "method", "seed")} == {
+        "model": "m",
+        "corpus": "math",
+        "method": "rpb",
+        "seed": 1,
+    }
+    path = analysis_path(tmp_path, "m", "math", "rpb", 1)
+    write_json(path, {"mean": {"modularity": 0.3}})
+    assert math.isnan(run_record(tmp_path, SPEC, "m", "math", "rpb", 1)["kl_to_base"])
+    write_json(path, {"layers": []})
+    with pytest.raises(ValueError, match=re.escape(f"{path}: no 'mean' entry")):
+        run_record(tmp_path, SPEC, "m", "math", "rpb", 1)
+
+
+def test_a_missing_output_names_the_file_and_who_needs_it(tmp_path: Path) -> None:
+    path = tmp_path / "eval" / "x.json"
+    with pytest.raises(FileNotFoundError, match=re.escape(f"missing input for the table: {path}")):
+        read_json(path)
+    with pytest.raises(FileNotFoundError, match="missing input for the router-swap table: "):
+        read_json(path, "the router-swap table")
+
+
+def test_training_history(tmp_path: Path) -> None:
+    path = tmp_path / results_path("train_history", model="m", corpus="math", method="none", seed=0)
+    write_json(path, {"history": [{"step": 2, "task_loss": 1.5}]})
+    assert training_history(tmp_path, "m", "math", "none", 0) == [{"step": 2, "task_loss": 1.5}]
+    write_json(path, {"history": []})
+    with pytest.raises(ValueError, match=re.escape(f"{path}: no 'history' entries")):
+        training_history(tmp_path, "m", "math", "none", 0)
+
+
+def test_coactivation_counts_of_the_base_and_each_method(tmp_path: Path) -> None:
+    for label in ("base", "none", "rpb"):
+        write_run(tmp_path, "m", "math", label, 0, PAPER_WORLD[label])
+    named = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], 0)
+    assert list(named) == ["base", "none (seed 0)", "rpb (seed 0)"]
+    summary, base = base_analysis(tmp_path, "m", "math")
+    np.testing.assert_array_equal(named["base"], base)
+    assert summary["probe"]["tokens"] == 600 and base.shape == (2, 4, 4)
+    assert not np.array_equal(named["none (seed 0)"], base)
+    # A corpus without a base analysis: the base counts stored beside the first method's.
+    analysis_path(tmp_path, "m", "math", "base", 0).with_suffix(".safetensors").unlink()
+    fallback = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], 0)
+    np.testing.assert_array_equal(fallback["base"], base)
+    with pytest.raises(FileNotFoundError, match=r"missing input for the figure: .*hard/seed0"):
+        coactivation_counts(tmp_path, "m", "math", ["none", "hard"], 0)

@@ -1,0 +1,74 @@
+"""rpb.specs, the names every part agrees on: each method spec is a registered method class that
+reads it (and nothing else is registered), option kinds, unknown names, the eval sets, and the
+results layout the rules write and the loaders read."""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from pathlib import Path
+
+import pytest
+
+from rpb.specs import CORPORA, EVAL_SETS, METHOD_SPECS, PATHS, Option, method_spec, results_path
+
+ROOT = Path(__file__).resolve().parents[1]
+FIELDS = {"model": "tinyA", "corpus": "math2", "method": "rpb_keep", "seed": 3}
+
+
+def test_every_spec_is_a_registered_method_and_every_method_has_a_spec() -> None:
+    from rpb.methods import METHODS, make_method
+
+    assert set(METHOD_SPECS) == set(METHODS)
+    for name, spec in METHOD_SPECS.items():
+        cls = METHODS[name]
+        assert cls.spec is spec and spec.name == name, name
+        assert cls.needs_prior == spec.needs_prior, name
+        assert cls.max_strength == spec.max_strength, name
+        method = make_method(name)
+        assert method.options == spec.option_defaults, name
+        assert method.strength == (spec.default_strength if spec.uses_strength else 0.0), name
+
+
+def test_option_kinds_follow_choices_or_the_default() -> None:
+    assert Option("a", ("a", "b")).kind == "choice"
+    assert Option(True).kind == "bool"
+    assert Option(0.001).kind == "float"
+    for spec in METHOD_SPECS.values():
+        for key, option in spec.options.items():
+            if option.choices is not None:
+                assert option.default in option.choices, (spec.name, key)
+    assert all(s.max_strength >= (s.default_strength or 0) for s in METHOD_SPECS.values())
+    assert not math.isfinite(method_spec("rpb").max_strength)
+
+
+def test_an_unknown_method_names_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"^unknown router method 'rbp' \(known: none, lbl, rpb,"):
+        method_spec("rbp")
+
+
+def test_each_corpus_is_its_own_in_domain_eval_set() -> None:
+    assert EVAL_SETS["in_domain"] == CORPORA
+    assert not set(EVAL_SETS["in_domain"]) & set(EVAL_SETS["ood"])
+
+
+@pytest.mark.parametrize("kind", list(PATHS))
+def test_results_path_templates_render(kind: str) -> None:
+    names = {name for _, name, _, _ in string.Formatter().parse(PATHS[kind]) if name}
+    assert names <= set(FIELDS), kind
+    path = results_path(kind, **FIELDS)
+    assert not re.search(r"[{}]", path) and not Path(path).is_absolute(), path
+    for name in names:
+        assert f"{FIELDS[name]}" in path, (kind, name)
+    with pytest.raises(KeyError):
+        results_path(kind)  # a field left out
+
+
+def test_the_rules_write_where_the_loaders_read() -> None:
+    """Every template is a rule output pattern (wildcards in double braces) below a results
+    root in workflow/rules: the layout the tables read is the one the jobs write."""
+    rules = "".join(p.read_text() for p in (ROOT / "workflow" / "rules").glob("*.smk"))
+    for kind, template in PATHS.items():
+        pattern = template.replace("{", "{{").replace("}", "}}")
+        assert f"/{pattern}" in rules, kind
