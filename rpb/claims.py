@@ -36,6 +36,7 @@ import pandas as pd
 
 from rpb.exploratory import ANCHOR_METRICS
 from rpb.run_records import analysis_mean
+from rpb.specs import base_index
 from rpb.stats import (
     DEFAULT_POWER,
     Difference,
@@ -913,6 +914,9 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     audit = Audit(Path(results), spec)
     parts = judge_claims(results, spec, audit)
     table = claims_frame(parts)
+    per_base = per_base_verdicts(results, spec)
+    for k, verdicts in per_base.items():
+        table[f"verdict_base{k}"] = table["part"].map(verdicts).fillna("")
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out_csv, index=False)
@@ -953,5 +957,49 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
                 )
             ]
         lines.append("")
+    if per_base:
+        lines += [
+            "## Per-base verdicts",
+            "",
+            "The same audit on each base's runs alone (base 0: the model as configured; base k: "
+            "its k-th replicate, `models.<name>.replicates`). A part whose verdict differs "
+            "between bases depends on the base.",
+            "",
+            "| part | pooled | " + " | ".join(f"base {k}" for k in per_base) + " |",
+            "|---|---|" + "---|" * len(per_base),
+        ]
+        for _, row in table.iterrows():
+            cells = [str(row[f"verdict_base{k}"]) for k in per_base]
+            flag = " (depends on the base)" if len(set(cells)) > 1 else ""
+            lines.append(f"| {row['part']}{flag} | {row['verdict']} | " + " | ".join(cells) + " |")
+        lines.append("")
     out_csv.with_suffix(".md").write_text("\n".join(lines))
     return table
+
+
+def _restrict_runs(node: Any, k: int) -> Any:
+    """`node` (a spec) with every `seeds` / `controls_seeds` list cut to base k's runs."""
+    if isinstance(node, dict):
+        return {
+            key: (
+                [s for s in value if base_index(s) == k]
+                if key in ("seeds", "controls_seeds") and isinstance(value, list)
+                else _restrict_runs(value, k)
+            )
+            for key, value in node.items()
+        }
+    return node
+
+
+def per_base_verdicts(results: Path, spec: dict[str, Any]) -> dict[int, dict[str, str]]:
+    """Each part's verdict on each base alone, {base index: {part: verdict}}; empty when the
+    runs come from one base."""
+    indices = sorted({base_index(s) for s in spec["table1"]["seeds"]})
+    if len(indices) < 2:
+        return {}
+    out = {}
+    for k in indices:
+        sub = _restrict_runs(spec, k)
+        frame = claims_frame(judge_claims(results, sub, Audit(Path(results), sub)))
+        out[k] = dict(zip(frame["part"], frame["verdict"], strict=True))
+    return out

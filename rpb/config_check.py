@@ -602,3 +602,16 @@ def expand_replicates(config: MutableMapping[str, Any]) -> None:
             copy = json.loads(json.dumps({k: v for k, v in entry.items() if k != "replicates"}))
             copy["pretrain"]["seed"] = seed
             models[derived] = copy | {"replicate_of": name}
+    # A table pools a model's runs over its bases by run id (rpb.specs.run_ids); tables that
+    # compare models (table 3) need the same bases per model.
+    counts = {
+        n: len(e.get("replicates") or [])
+        for n, e in models.items()
+        if e["source"] == "pretrain" and "replicate_of" not in e
+    }
+    if len(set(counts.values())) > 1:
+        name = max(counts, key=lambda n: counts[n])
+        raise ConfigError(
+            f"models.{name}.replicates: every pretrained model needs the same number of "
+            f"replicates ({', '.join(f'{n}: {c}' for n, c in counts.items())})"
+        )

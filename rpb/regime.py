@@ -360,13 +360,19 @@ class RegimeWalk:
     def family_setting(self, model: str, frac: float) -> CandidateResult | None:
         """R1 then R2 for one base at one lr: the easiest level whose plateau step count puts
         none's mean dev accuracy inside the range; None if no level does."""
+        low = self.rule.accuracy_range[0]
         for level in self.rule.levels:
             found = None
             for steps in self.rule.steps:
                 result = self.check(Candidate(model, level, frac, steps))
-                if all(result.plateau):
+                last = steps == self.rule.steps[-1]
+                # A plateau below the range before the largest S may be the flat start before
+                # the transition (doubling 0 gives 0): only the largest S can show a floor.
+                if all(result.plateau) and (result.mean >= low or last):
                     found = result
                     break
+                if all(result.plateau):
+                    result.gate = "R1: flat below the range before the largest S; next S"
             if found is None:
                 continue  # R1 fails at every step count: the next level
             if found.gate == "R1, R2 pass":

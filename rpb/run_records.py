@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rpb.specs import results_path
+from rpb.specs import RUN_STRIDE, base_index, results_path
 
 __all__ = [
     "ACCURACY",
@@ -46,6 +46,12 @@ RETENTION = ["community_nmi", "community_ari", "coact_cosine"]
 DRIFT = ["kl_to_base", "topk_overlap_with_base"]
 # A run record's accuracy columns (percent): in-domain, and the mean over the OOD tasks.
 ACCURACY = ["in_domain", "ood_mean"]
+
+
+def base_runs(seeds: Sequence[int]) -> list[int]:
+    """The ids under which the bases of runs `seeds` were evaluated (label `base`): one per base
+    index (rpb.specs.run_ids), so a table's base row pools every base its runs start from."""
+    return sorted({RUN_STRIDE * base_index(s) for s in seeds}) or [0]
 
 
 def read_json(path: Path, what: str = "the table") -> dict[str, Any]:

@@ -12,7 +12,7 @@ generator in `rpb.data` plus its name in `EVAL_SETS`.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,12 +21,16 @@ __all__ = [
     "EVAL_SETS",
     "METHOD_SPECS",
     "PATHS",
+    "RUN_STRIDE",
     "MethodSpec",
     "Option",
+    "base_index",
+    "base_of_run",
     "bases_of",
     "method_spec",
     "replicate_name",
     "results_path",
+    "run_ids",
 ]
 
 
@@ -198,7 +202,12 @@ def results_path(kind: str, **fields: Any) -> str:
 
 
 # Replicate bases: a pretrained model's `replicates` (pretraining seeds) become further models of
-# the same family, each its own base, named here; tables pool (base, seed) runs over them.
+# the same family, each its own base. A table pools the (base, seed) runs of a model over its bases
+# under one run id per pair, so every table, path and statistic keeps one integer per run: run id
+# = RUN_STRIDE * (base index) + seed, base index 0 being the model itself (its ids are its seeds).
+RUN_STRIDE = 1000
+
+
 def replicate_name(model: str, pretrain_seed: int) -> str:
     """The model name of `model`'s replicate base pretrained with `pretrain_seed`."""
     return f"{model}_p{pretrain_seed}"
@@ -209,3 +218,24 @@ def bases_of(models: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
     itself alone). `models` is the config's `models` after rpb.config_check expanded it."""
     seeds = (models.get(model) or {}).get("replicates") or []
     return [model, *(replicate_name(model, s) for s in seeds)]
+
+
+def run_ids(n_bases: int, seeds: Sequence[int]) -> list[int]:
+    """The run ids of `seeds` on each of `n_bases` bases, base by base."""
+    if any(not 0 <= s < RUN_STRIDE for s in seeds):
+        raise ValueError(f"seeds must lie in [0, {RUN_STRIDE}) to be pooled over bases: {seeds}")
+    return [RUN_STRIDE * k + s for k in range(n_bases) for s in seeds]
+
+
+def base_index(run_id: int) -> int:
+    """Which of a model's bases (0: the model itself) run `run_id` was trained from."""
+    return int(run_id) // RUN_STRIDE
+
+
+def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run_id: int) -> str:
+    """The base model (a key of `models`) run `run_id` of `model` was trained from."""
+    bases = bases_of(models, model)
+    k = base_index(run_id)
+    if k >= len(bases):
+        raise ValueError(f"run {run_id} of {model} needs base {k}, but {model} has {len(bases)}")
+    return bases[k]

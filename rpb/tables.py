@@ -40,6 +40,7 @@ from rpb.run_records import (
     RETENTION,
     analysis_mean,
     base_analysis,
+    base_runs,
     eval_path,
     exact_match_items,
     in_domain_tasks,
@@ -168,7 +169,8 @@ def method_table_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
     (family A only)."""
     results = Path(results)
     model, corpus = spec["model"], spec["corpus"]
-    runs = [("base", [0])] + [(label, list(spec["seeds"])) for label in spec["methods"]]
+    runs = [("base", base_runs(spec["seeds"]))]
+    runs += [(label, list(spec["seeds"])) for label in spec["methods"]]
     rows = [method_row(results, spec, model, corpus, label, seeds) for label, seeds in runs]
     for row in rows:
         paper = PAPER_TABLE1.get(row["method"])
@@ -485,7 +487,7 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     )
     rows = [
         method_row(results, spec, model, corpus, label, label_seeds)
-        for label, label_seeds in [("base", [0]), *((m, seeds) for m in methods)]
+        for label, label_seeds in [("base", base_runs(seeds)), *((m, seeds) for m in methods)]
     ]
     columns = ["model", "method", "n_seeds", *RETENTION, "modularity", "in_domain"]
     columns += ["in_domain_ci_low", "in_domain_ci_high", "ood_mean", *DRIFT]

@@ -407,3 +407,26 @@ def test_unknown_method_is_named(tmp_path: Path) -> None:
 def test_nan_in_a_metric_is_an_error_not_a_verdict() -> None:
     with pytest.raises(ValueError, match="finite"):
         run_interval([1.0, math.nan])
+
+
+def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
+    from result_worlds import write_run
+
+    pooled = [*SEEDS, *(1000 + s for s in SEEDS)]  # base 0 and its first replicate (run ids)
+    write_world(tmp_path, PAPER_WORLD, seeds=tuple(pooled), routing=_routing(PAPER_WORLD))
+    for model in ("tinyA", "tinyB"):
+        for corpus in ("math", "math2"):
+            write_run(tmp_path, model, corpus, "base", 1000, PAPER_WORLD["base"])
+    _testbed(tmp_path, 0.8)
+    build_claims(tmp_path, _spec(pooled), tmp_path / "claims.csv")
+    table = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
+    assert list(table.columns) == [*PART_COLUMNS, "verdict_base0", "verdict_base1"]
+    c1 = table[table["claim"] == "C1"].iloc[0]
+    assert c1["n_runs"] == 10  # the pooled part counts (base, seed) runs
+    assert c1["verdict_base0"] and c1["verdict_base1"]
+    # Each base alone is the audit of its own runs: the same as building it on base 0's alone.
+    alone = tmp_path / "alone.csv"
+    build_claims(tmp_path, _spec(SEEDS), alone)
+    base0 = pd.read_csv(alone, keep_default_na=False)
+    assert table["verdict_base0"].tolist() == base0["verdict"].tolist()
+    assert "## Per-base verdicts" in (tmp_path / "claims.md").read_text()

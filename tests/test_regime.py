@@ -162,3 +162,23 @@ def test_dev_accuracy_is_exact_match_with_eos(tmp_path: Path) -> None:
     no_eos = _EchoModel([*answer, answer[0], answer[0]])
     assert dev_accuracy(no_eos, tok, items) == 0.0  # "28" then more digits is not "28"
     assert model.training  # the model's mode is restored
+
+
+def test_a_flat_start_below_the_range_is_not_a_floor_before_the_largest_steps(
+    tmp_path: Path,
+) -> None:
+    rule = RegimeRule(seeds=(0, 1), steps=(200, 400), levels=(1,))
+    outcomes = {
+        ("A", 1, 200): [0.0, 0.01],  # nothing learnt yet, and nothing at 400 either ...
+        ("A", 1, 400): [0.0, 0.0],
+        ("A", 1, 800): [0.6, 0.62],  # ... but 400 is no plateau: 800 moves it
+        ("B", 1, 200): [0.5, 0.52],
+        ("B", 1, 400): [0.5, 0.52],
+        ("B", 1, 800): [0.5, 0.52],
+    }
+    decision = _fake_walk(tmp_path, outcomes, rule).walk(table1_methods=3, pretrain_seconds=0)
+    gates = {(t["model"], t["steps"]): t["gate"] for t in decision["tried"]}
+    assert gates[("A", 200)].startswith("R1: flat below the range")
+    assert gates[("A", 400)].startswith("R1 fails")
+    assert decision["chosen"] is None  # A passes at no S of the rule
+    assert "no level passes R1+R2 on A" in decision["rejected"][0]["why"]

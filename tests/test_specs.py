@@ -72,3 +72,18 @@ def test_the_rules_write_where_the_loaders_read() -> None:
     for kind, template in PATHS.items():
         pattern = template.replace("{", "{{").replace("}", "}}")
         assert f"/{pattern}" in rules, kind
+
+
+def test_run_ids_pool_seeds_over_bases_and_map_back() -> None:
+    from rpb.specs import base_index, base_of_run, run_ids
+
+    models = {"tinyA": {"replicates": [7]}, "tinyA_p7": {"replicate_of": "tinyA"}, "hub": {}}
+    ids = run_ids(2, [0, 1, 2])
+    assert ids == [0, 1, 2, 1000, 1001, 1002]
+    assert [base_of_run(models, "tinyA", r) for r in ids] == ["tinyA"] * 3 + ["tinyA_p7"] * 3
+    assert [base_index(r) for r in ids] == [0, 0, 0, 1, 1, 1]
+    assert run_ids(1, [4]) == [4]  # one base: the run ids are the seeds
+    with pytest.raises(ValueError, match="needs base 1, but hub has 1"):
+        base_of_run(models, "hub", 1003)
+    with pytest.raises(ValueError, match=r"\[0, 1000\)"):
+        run_ids(2, [1000])

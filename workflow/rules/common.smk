@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from rpb.config_check import ConfigError, check_config
-from rpb.specs import bases_of, results_path
+from rpb.specs import RUN_STRIDE, base_of_run, bases_of, results_path, run_ids
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -46,6 +46,10 @@ CONDA_ENV = (
 TRAIN_LAUNCHER = config.get("train_launcher", "rpb")
 PRETRAINED_MODELS = [
     m for m, e in config["models"].items() if e["source"] == "pretrain"
+]
+# The models the config names (replicate bases are reached through them: `runs`).
+ORIGINAL_PRETRAINED = [
+    m for m in PRETRAINED_MODELS if "replicate_of" not in config["models"][m]
 ]
 HUB_MODELS = [m for m, e in config["models"].items() if e["source"] == "hub"]
 # Every job command names its experiment; the store comes from MLFLOW_TRACKING_URI (above).
@@ -93,6 +97,10 @@ def model_dir(model, method, corpus, seed):
 
 
 def evaluated_model(wildcards):
+    if (
+        wildcards.method == "base"
+    ):  # each base of a model under its run id (base_run_ids)
+        return model_dir(run_base(wildcards), "base", None, None)
     return model_dir(
         wildcards.model, wildcards.method, wildcards.corpus, wildcards.seed
     )
@@ -138,9 +146,33 @@ PROBE_LIMIT = config.get("analysis", {}).get("probe_limit", 200)
 
 
 def bases(model):
-    """`model` and its replicate bases (models.<model>.replicates): a table's runs are the
-    (base, seed) pairs over them."""
+    """`model` and its replicate bases (models.<model>.replicates)."""
     return bases_of(config["models"], model)
+
+
+def runs(model, seeds):
+    """The run ids of `seeds` on each of `model`'s bases (rpb.specs.run_ids): a table's runs are
+    the (base, seed) pairs, one integer each, so its paths and statistics need nothing else.
+    """
+    return run_ids(len(bases(model)), seeds)
+
+
+def base_run_ids(model):
+    """The ids under which each base of `model` is evaluated and analysed (label `base`)."""
+    return [RUN_STRIDE * k for k in range(len(bases(model)))]
+
+
+def run_base(wildcards):
+    """The base model (a key of `models`) a run of (model, seed) was trained from."""
+    return base_of_run(config["models"], wildcards.model, int(wildcards.seed))
+
+
+def run_base_dir(wildcards):
+    return model_dir(run_base(wildcards), "base", None, None)
+
+
+def run_base_prior(wildcards):
+    return f"{RESULTS}/priors/{run_base(wildcards)}/{wildcards.corpus}.safetensors"
 
 
 def table1_inputs(wildcards):
@@ -151,7 +183,7 @@ def table1_inputs(wildcards):
 def testbed_inputs(wildcards):
     corpus = config["table1"]["corpus"]
     paths = []
-    for model in PRETRAINED_MODELS:
+    for model in ORIGINAL_PRETRAINED:
         paths += [
             f"{RESULTS}/eval/{model}/{corpus}/base/seed0.json",
             f"{RESULTS}/priors/{model}/{corpus}.safetensors",
@@ -171,21 +203,17 @@ TABLE_SEEDS = TABLES.get("seeds") or SEEDS
 
 
 def run_outputs(model, corpus, methods, seeds, base=False):
-    """Evaluation and analysis outputs of `methods` x `seeds` (and each base) on one corpus, for
-    `model` and each of its replicate bases."""
+    """Evaluation and analysis outputs of `methods` x `seeds` on one corpus, on every base of
+    `model` (run ids, `runs`), and with `base` each base's own."""
     paths = []
-    for b in bases(model):
-        if base:
+    labels = [("base", base_run_ids(model))] if base else []
+    labels += [(m, runs(model, seeds)) for m in methods]
+    for label, ids in labels:
+        for run in ids:
             paths += [
-                f"{RESULTS}/eval/{b}/{corpus}/base/seed0.json",
-                f"{RESULTS}/analysis/{b}/{corpus}/base/seed0.json",
+                f"{RESULTS}/eval/{model}/{corpus}/{label}/seed{run}.json",
+                f"{RESULTS}/analysis/{model}/{corpus}/{label}/seed{run}.json",
             ]
-        for method in methods:
-            for seed in seeds:
-                paths += [
-                    f"{RESULTS}/eval/{b}/{corpus}/{method}/seed{seed}.json",
-                    f"{RESULTS}/analysis/{b}/{corpus}/{method}/seed{seed}.json",
-                ]
     return paths
 
 
@@ -223,10 +251,9 @@ def table_inputs(name):
             return run_outputs(t["model"], t["corpus"], labels, TABLE_SEEDS)
         if name == "drift":
             return [
-                f"{RESULTS}/runs/{b}/{t['corpus']}/{m}/seed{s}/train_history.json"
-                for b in bases(t["model"])
+                f"{RESULTS}/runs/{t['model']}/{t['corpus']}/{m}/seed{r}/train_history.json"
                 for m in t["methods"]
-                for s in TABLE_SEEDS
+                for r in runs(t["model"], TABLE_SEEDS)
             ]
         return run_outputs(t["model"], t["corpus"], t["methods"], TABLE_SEEDS)
 
@@ -256,7 +283,9 @@ def _common_spec():
 def table_spec(name):
     """The JSON spec a table job gets: the table's config entry, seeds and statistics."""
     t = dict(TABLES[name])
-    spec = _common_spec() | t | {"seeds": TABLE_SEEDS}
+    models = t.get("models") or [t["model"]]
+    # Runs pooled over each model's bases; config_check gives every pretrained model as many.
+    spec = _common_spec() | t | {"seeds": runs(models[0], TABLE_SEEDS)}
     if name == "table2":
         spec["family"] = config["models"][t["model"]]["family"]
     if name == "table3":
@@ -282,7 +311,7 @@ def claims_spec():
     t1 = config["table1"]
     spec = _common_spec() | dict(CLAIMS)
     spec["table1"] = {k: t1[k] for k in ("model", "corpus", "methods")} | {
-        "seeds": SEEDS
+        "seeds": runs(t1["model"], SEEDS)
     }
     for name in ("table2", "table3", "table4", "table5"):
         spec[name] = table_spec(name)
@@ -442,11 +471,11 @@ def permuted_prior_path(model, corpus):
 
 
 def method_prior(wildcards):
-    """The router prior a run trains with: the base's, or for a method whose entry says
-    `prior: permuted` the base's with its experts permuted per layer (control P2)."""
+    """The router prior a run trains with: its base's, or for a method whose entry says
+    `prior: permuted` its base's with the experts permuted per layer (control P2)."""
     if wildcards.method in PERMUTED_PRIOR_LABELS:
-        return permuted_prior_path(wildcards.model, wildcards.corpus)
-    return f"{RESULTS}/priors/{wildcards.model}/{wildcards.corpus}.safetensors"
+        return permuted_prior_path(run_base(wildcards), wildcards.corpus)
+    return run_base_prior(wildcards)
 
 
 def controls_inputs(wildcards):

@@ -44,8 +44,8 @@ rule analyze:
     input:
         ancient(TRACKING_READY),
         model=evaluated_model,
-        base=f"{RESULTS}/models/{{model}}/base/model",
-        prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+        base=run_base_dir,
+        prior=run_base_prior,
         data=PROBE_INPUTS,
     output:
         summary=f"{ANALYSIS_OUT}.json",

@@ -29,7 +29,7 @@ rule table1:
                 "family": config["models"][config["table1"]["model"]]["family"],
                 "corpus": config["table1"]["corpus"],
                 "methods": config["table1"]["methods"],
-                "seeds": SEEDS,
+                "seeds": runs(config["table1"]["model"], SEEDS),
                 "in_domain": config["evaluation"]["in_domain"],
                 "ood": config["evaluation"]["ood"],
                 "corpus_tasks": config["evaluation"].get("corpus_tasks") or {},
@@ -56,7 +56,7 @@ rule testbed_report:
         track=TRACK,
         spec=lambda wc: as_json(
             {
-                "models": PRETRAINED_MODELS,
+                "models": ORIGINAL_PRETRAINED,
                 "corpus": config["table1"]["corpus"],
                 "seeds": SEEDS,
                 "tasks": eval_tasks(),

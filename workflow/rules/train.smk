@@ -10,7 +10,7 @@ RUN_LOG = "{model}_{corpus}_{method}_seed{seed}"
 rule posttrain:
     input:
         ancient(TRACKING_READY),
-        base=f"{RESULTS}/models/{{model}}/base/model",
+        base=run_base_dir,
         prior=method_prior,
         data=CORPUS_INPUTS,
     output:
@@ -54,9 +54,9 @@ if ONE_PROCESS_PER_RUN:
     rule posttrain_run:
         input:
             ancient(TRACKING_READY),
-            base=f"{RESULTS}/models/{{model}}/base/model",
+            base=run_base_dir,
             prior=method_prior,
-            base_prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+            base_prior=run_base_prior,
             data=list(dict.fromkeys(CORPUS_INPUTS + EVAL_INPUTS + PROBE_INPUTS)),
         output:
             model=directory(f"{RUN_DIR}/model"),
