@@ -23,6 +23,7 @@ from rpb.config_check import (
     NO_STRENGTH,
     ConfigError,
     check_config,
+    expand_replicates,
     format_key_path,
 )
 
@@ -285,6 +286,7 @@ def test_shipped_configs_pass_and_get_snakemakes_defaults(names: tuple[str, ...]
     ours, theirs = _merged(*names), _merged(*names)
     check_config(ours, SCHEMA)
     validate(theirs, str(SCHEMA))  # what the Snakefile used to call: same defaults, same order
+    expand_replicates(theirs)  # and the replicate bases check_config adds
     assert ours == theirs
     assert ours["models"]["tinyA"]["trust_remote_code"] is False
     assert ours["evaluation"]["batch_size"] in (32, 64)
@@ -509,11 +511,12 @@ def test_replicates_become_models_with_their_pretraining_seed() -> None:
 
     config = copy.deepcopy(BASE)
     config["models"]["tinyA"]["replicates"] = [1, 2]
+    config["models"]["tinyB"]["replicates"] = [1, 2]
     check_config(config, SCHEMA)
     check_config(config, SCHEMA)  # idempotent: a config checked twice stays the same
     models = config["models"]
     assert bases_of(models, "tinyA") == ["tinyA", "tinyA_p1", "tinyA_p2"]
-    assert bases_of(models, "tinyB") == ["tinyB"]
+    assert bases_of(models, "tinyB") == ["tinyB", "tinyB_p1", "tinyB_p2"]
     assert models["tinyA_p2"]["pretrain"]["seed"] == 2
     assert models["tinyA"]["pretrain"]["seed"] == 0  # the original is untouched
     assert models["tinyA_p1"]["replicate_of"] == "tinyA"
@@ -525,6 +528,12 @@ def test_replicates_become_models_with_their_pretraining_seed() -> None:
     [
         ("tinyA", [0], "models.tinyA.replicates[0]: 0 is the model's own pretrain.seed"),
         ("tinyA", [3], "models.tinyA_p3: the name of models.tinyA's replicate 3 is taken"),
+        (
+            "tinyB",
+            [1, 2],
+            "models.tinyB.replicates: every pretrained model needs the same number of "
+            "replicates (tinyA: 1, tinyB: 2, tinyA_p3: 2)",
+        ),
     ],
 )
 def test_bad_replicates_name_the_key(name: str, replicates: list, message: str) -> None:
