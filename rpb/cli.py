@@ -282,6 +282,9 @@ def cmd_regime(args: argparse.Namespace) -> None:
         posttrain=spec["posttrain"],
         runs_root=root / "runs",
         cores=args.cores,
+        on_progress=lambda partial: write_report(
+            partial, rule, root / "regime.partial.json", root / "regime.partial.md"
+        ),
     )
     with tracked_run(
         stage="regime",

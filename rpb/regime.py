@@ -287,6 +287,9 @@ class RegimeWalk:
     cores: int = 2
     tried: list[CandidateResult] = field(default_factory=list)
     runner: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
+    # Called with the candidates tried so far after each one, so an interrupted walk leaves a
+    # report of what it had measured (the runs themselves are cached anyway).
+    on_progress: Callable[[dict[str, Any]], None] | None = None
 
     def _run_all(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.runner is not None:
@@ -355,6 +358,10 @@ class RegimeWalk:
         else:
             short.gate = "R1, R2 pass"
         log.info("regime: %s", json.dumps(short.row()))
+        if self.on_progress is not None:
+            self.on_progress(
+                {"chosen": None, "partial": True, "tried": [t.row() for t in self.tried]}
+            )
         return short
 
     def family_setting(self, model: str, frac: float) -> CandidateResult | None:
