@@ -268,7 +268,8 @@ class CandidateResult:
             "dev_mean": round(self.mean, 4),
             "dev_sd_points": round(self.sd_points, 2),
             "finals": [round(f, 3) for f in self.finals],
-            "all_plateaued": all(self.plateau),
+            # None: not judged (a 2S reference run, or not reached).
+            "all_plateaued": all(self.plateau) if self.plateau else None,
             "train_s": round(self.train_s, 1),
             "gate": self.gate,
         }
@@ -455,9 +456,10 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for t in decision["tried"]:
+        plateau = "-" if t["all_plateaued"] is None else t["all_plateaued"]
         lines.append(
             f"| {t['model']} | {t['level']} | {t['lr_fraction']:.4g} | {t['steps']} | "
-            f"{t['dev_mean']:.3f} | {t['dev_sd_points']:.2f} | {t['all_plateaued']} | "
+            f"{t['dev_mean']:.3f} | {t['dev_sd_points']:.2f} | {plateau} | "
             f"{t['train_s']} | {t['gate']} |"
         )
     lines += ["", "## Decision", ""]
