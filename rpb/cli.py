@@ -252,7 +252,7 @@ def cmd_regime(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.data import SIZE_PRESETS, write_corpora
-    from rpb.regime import RegimeRule, RegimeWalk, write_report
+    from rpb.regime import MissingRuns, RegimeRule, RegimeWalk, write_report
     from rpb.testbed import stage_durations
     from rpb.tracking import resolve_tracking_uri, tracked_run
 
@@ -282,6 +282,7 @@ def cmd_regime(args: argparse.Namespace) -> None:
         posttrain=spec["posttrain"],
         runs_root=root / "runs",
         cores=args.cores,
+        cached_only=args.cached_only,
         on_progress=lambda partial: write_report(
             partial, rule, root / "regime.partial.json", root / "regime.partial.md"
         ),
@@ -293,7 +294,11 @@ def cmd_regime(args: argparse.Namespace) -> None:
         run_dir=root,
         **_track_kwargs(args),
     ):
-        decision = walk.walk(len(spec["table1_methods"]), pretrain_s)
+        try:
+            decision = walk.walk(len(spec["table1_methods"]), pretrain_s)
+        except MissingRuns as stop:  # --cached-only: what the finished runs decide so far
+            tried = [t.row() for t in walk.tried]
+            decision = {"chosen": None, "partial": True, "stopped": str(stop), "tried": tried}
         write_report(decision, rule, args.out, args.out.with_suffix(".md"))
         chosen = decision.get("chosen") or {}
         mlflow.log_metrics(
@@ -730,6 +735,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True, help="regime.json (regime.md beside it)")
     p.add_argument("--cores", type=int, default=2, help="calibration runs side by side")
+    p.add_argument(
+        "--cached-only",
+        action="store_true",
+        help="train nothing: report what the finished calibration runs decide so far",
+    )
 
     p = add(
         "permute-prior", cmd_permute_prior, "a router prior with its experts permuted per layer"

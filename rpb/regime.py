@@ -243,6 +243,10 @@ def _calibration_job(kwargs: dict[str, Any]) -> dict[str, Any]:
 # --- the walk -------------------------------------------------------------------------------------
 
 
+class MissingRuns(RuntimeError):
+    """A cached-only walk reached a candidate whose runs are not trained yet."""
+
+
 @dataclass
 class CandidateResult:
     """What the rule saw for one candidate."""
@@ -291,11 +295,14 @@ class RegimeWalk:
     # Called with the candidates tried so far after each one, so an interrupted walk leaves a
     # report of what it had measured (the runs themselves are cached anyway).
     on_progress: Callable[[dict[str, Any]], None] | None = None
+    cached_only: bool = False  # report from finished runs only; stop at the first missing one
 
     def _run_all(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.runner is not None:
             return self.runner(jobs)
         todo = [j for j in jobs if not j["out"].is_file()]
+        if todo and self.cached_only:
+            raise MissingRuns(f"{len(todo)} run(s) not yet trained, e.g. {todo[0]['out']}")
         if todo:
             log.info("regime: %d calibration run(s) to train", len(todo))
             with ProcessPoolExecutor(
@@ -465,6 +472,8 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
     lines += ["", "## Decision", ""]
     for r in decision.get("rejected", []):
         lines.append(f"- rejected: `{json.dumps(r)}`")
+    if decision.get("stopped"):
+        lines.append(f"- walk stopped (cached runs only): {decision['stopped']}")
     chosen = decision.get("chosen")
     lines.append(
         f"- chosen: `{json.dumps(chosen)}`" if chosen else "- chosen: none (no candidate passes)"

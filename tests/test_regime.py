@@ -182,3 +182,14 @@ def test_a_flat_start_below_the_range_is_not_a_floor_before_the_largest_steps(
     assert gates[("A", 400)].startswith("R1 fails")
     assert decision["chosen"] is None  # A passes at no S of the rule
     assert "no level passes R1+R2 on A" in decision["rejected"][0]["why"]
+
+
+def test_a_cached_only_walk_trains_nothing_and_stops_at_the_first_missing_run(
+    tmp_path: Path,
+) -> None:
+    from rpb.regime import MissingRuns
+
+    walk = _fake_walk(tmp_path, {}, RegimeRule(seeds=(0, 1)))
+    walk.runner, walk.cached_only = None, True
+    with pytest.raises(MissingRuns, match="2 run"):
+        walk.walk(table1_methods=3, pretrain_seconds=0)
