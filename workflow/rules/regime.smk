@@ -17,7 +17,7 @@ rule calibrate_regime:
         f"{BENCHMARKS}/calibration.tsv"
     conda:
         CONDA_ENV
-    threads: workflow.cores
+    threads: 64  # capped at --cores by Snakemake: calibration runs side by side
     params:
         track=TRACK,
         spec=lambda wc: as_json(regime_spec()),
