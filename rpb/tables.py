@@ -197,8 +197,9 @@ def build_method_table(
         "seeds": spec["seeds"],
         "note": (
             f"Scores in percent. in_domain: {_in_domain_text(tasks)}, {_level(spec)} t-interval "
-            "over the method's runs (one run per seed; the base, a single run: the interval of "
-            "its item sampling). paper_in_domain: Moonlight-16B-A3B numbers reported by "
+            "over the method's runs (a run per base and seed: run 1000 k + s is seed s on base k; "
+            "the base row, one run per base; a single run: the interval of its item sampling). "
+            "paper_in_domain: Moonlight-16B-A3B numbers reported by "
             "arXiv:2609.08115 (family A only)"
             + (
                 ", beside the mean of the benchmarks: the paper does not say whether its number "
