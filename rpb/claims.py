@@ -924,7 +924,7 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     lines = [
         f"# Claims audit ({spec.get('scale')} scale)",
         "",
-        f"Verdict rules: docs/claims.md. {level} t-intervals over runs (paired per seed), "
+        f"Verdict rules: docs/claims.md. {level} t-intervals over (base, seed) runs, paired, "
         f"minimum detectable effects at {100 * audit.power:g}% power; margin "
         f"±{audit.margin:g} pp, NMI margin {audit.nmi_margin:g}, rho margin {audit.rho_margin:g}.",
         "",

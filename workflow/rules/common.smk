@@ -301,7 +301,7 @@ def sweep_spec():
     return _common_spec() | {
         "model": SWEEP["model"],
         "corpus": SWEEP["corpus"],
-        "seeds": SWEEP["seeds"],
+        "seeds": runs(SWEEP["model"], SWEEP["seeds"]),  # pooled over bases, as sweep_inputs
         "curves": {c["name"]: c["labels"] for c in SWEEP["curves"]},
         "methods": {l: method_entry(l) for l in sorted(labels)},
     }
