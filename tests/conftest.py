@@ -62,6 +62,20 @@ def arch(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
+def saved_registry():
+    """Restores rpb's router registry (and its checked classes) after a test that registers
+    router classes."""
+    from rpb.router_check import CHECKED
+    from rpb.routing import ROUTER_REGISTRY
+
+    saved = dict(ROUTER_REGISTRY)
+    yield
+    ROUTER_REGISTRY.clear()
+    ROUTER_REGISTRY.update(saved)
+    CHECKED.clear()
+
+
+@pytest.fixture
 def tiny_model(arch: str) -> PreTrainedModel:
     return make_model(arch)
 

@@ -14,19 +14,8 @@ from family_models import family_model, family_prior
 from torch import nn
 
 from rpb.methods import make_method
-from rpb.router_check import CHECKED, check_router
+from rpb.router_check import check_router
 from rpb.routing import ROUTER_REGISTRY, RouterControl, find_routers, register_router
-
-
-@pytest.fixture
-def registry():
-    """Restores rpb's router registry after a test that registers classes."""
-    saved = dict(ROUTER_REGISTRY)
-    yield
-    ROUTER_REGISTRY.clear()
-    ROUTER_REGISTRY.update(saved)
-    CHECKED.clear()
-
 
 # family -> (a wrong description, what the one-line refusal must say)
 WRONG = {
@@ -48,7 +37,7 @@ WRONG = {
 
 
 @pytest.mark.parametrize("model_type", list(WRONG))
-def test_a_wrong_description_is_refused_in_one_line(model_type, registry):
+def test_a_wrong_description_is_refused_in_one_line(model_type, saved_registry):
     model = family_model(model_type)
     handle = find_routers(model)[0]
     changes, message = WRONG[model_type]
@@ -63,7 +52,7 @@ def test_a_wrong_description_is_refused_in_one_line(model_type, registry):
         make_method("rpb").attach(model, family_prior(model_type))
 
 
-def test_the_check_picks_the_settings_that_reproduce_the_module(registry):
+def test_the_check_picks_the_settings_that_reproduce_the_module(saved_registry):
     """The former flags a user had to guess: qwen3_5_moe renormalises unconditionally."""
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
 
@@ -75,7 +64,7 @@ def test_the_check_picks_the_settings_that_reproduce_the_module(registry):
         find_routers(model)
 
 
-def test_an_unknown_router_class_is_described_by_the_check(registry):
+def test_an_unknown_router_class_is_described_by_the_check(saved_registry):
     """A router class the registry has never seen, with its weight under another name and a
     logit bias: register_router without a description tries the built-in ones (and weight
     locations) and keeps the one that reproduces the module."""
@@ -103,7 +92,7 @@ def test_an_unknown_router_class_is_described_by_the_check(registry):
         check_router(gate, chosen.replace(router_bias=None))
 
 
-def test_a_passed_in_bias_the_description_cannot_find_is_refused(registry):
+def test_a_passed_in_bias_the_description_cannot_find_is_refused(saved_registry):
     """LFM2's block passes its expert bias to the router: a description pointing elsewhere would
     route the base (and everything outside the forward) without it."""
     model = family_model("lfm2_moe")

@@ -299,18 +299,6 @@ def test_build_config_accepts_head_dim_where_the_model_reads_it(tmp_path):
         build_config("olmoe", head_dim=32)  # its q/k norms assume hidden_size: not supported
 
 
-@pytest.fixture
-def saved_registry():
-    from rpb.router_check import CHECKED
-    from rpb.routing import ROUTER_REGISTRY
-
-    saved = dict(ROUTER_REGISTRY)
-    yield
-    ROUTER_REGISTRY.clear()
-    ROUTER_REGISTRY.update(saved)
-    CHECKED.clear()
-
-
 class _NoisyGate(nn.Module):
     """Qwen-style softmax top-k router that, while training, selects on noisy probabilities:
     a sampling router no top-k description reproduces."""
