@@ -21,7 +21,13 @@ import yaml
 from offline_guard import guarded_env, unshare_prefix
 
 ROOT = Path(__file__).resolve().parents[1]
-NARROW = {"seeds": [0], "posttrain": {"save_every": 3}}
+# One base per family: the shared smoke run stays one base's cost. Pooling runs over replicate
+# bases is checked by test_pipeline's dry run of the unnarrowed smoke config and the unit tests.
+NARROW = {
+    "seeds": [0],
+    "posttrain": {"save_every": 3},
+    "models": {"tinyA": {"replicates": []}, "tinyB": {"replicates": []}},
+}
 FAKE_TOKEN = "hf_" + "Xy9" * 12
 # `train_launcher`: checks that the offline guard reached the job, then runs `rpb` like the console
 # script; with RPB_TEST_STOP set, the `rpb` job writes its pid there and stops (SIGSTOP) inside

@@ -95,3 +95,37 @@ def test_second_invocation_has_nothing_to_do(smoke_results: Path) -> None:
     proc = smoke_pipeline.run(smoke_results, f"{smoke_results}/table1.csv", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     assert "Nothing to be done" in proc.stdout + proc.stderr
+
+
+def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path) -> None:
+    """The smoke config's second base of tinyA: it is pretrained, and run id 1000 + s is seed s
+    trained from it, with its own prior, evaluated and pooled into table 1 (dry run)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1"),
+            *("--configfile", "config/smoke.yaml", "--config", f"results_dir={out}"),
+            *("--", f"{out}/table1.csv"),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout + proc.stderr
+    assert "--name tinyA_p1 --model-type deepseek_v3" in text  # the replicate is pretrained
+    runs = [line for line in text.splitlines() if "rpb run --name" in line]
+    replica = [line for line in runs if '"seed": 1000' in line]
+    assert len(replica) == 3 and len(runs) == 12  # 3 methods x 2 seeds x 2 bases
+    for line in replica:
+        assert f"--base {out}/models/tinyA_p1/base/model" in line
+        assert f"--prior {out}/priors/tinyA_p1/math.safetensors" in line
+        assert f"--out {out}/runs/tinyA/math/" in line and "/seed1000" in line
+    assert all(
+        "tinyA_p1" not in line
+        for line in runs
+        if '"seed": 1000' not in line and '"seed": 1001' not in line
+    )
