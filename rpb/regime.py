@@ -16,7 +16,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -435,7 +434,8 @@ class RegimeWalk:
                 "run_seconds": round(run_s, 1),
                 "table1_seconds_estimate": round(cost, 0),
             }
-            if cost > self.rule.table1_budget_s:
+            # An unknown cost (no pretraining time in the store: NaN) fails the gate too.
+            if not cost <= self.rule.table1_budget_s:
                 entry["why"] = (
                     f"R3 fails: table 1 estimate {cost:.0f} s > {self.rule.table1_budget_s:.0f} s"
                 )
@@ -479,7 +479,3 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
         f"- chosen: `{json.dumps(chosen)}`" if chosen else "- chosen: none (no candidate passes)"
     )
     out_md.write_text("\n".join(lines) + "\n")
-
-
-def default_cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)

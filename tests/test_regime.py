@@ -193,3 +193,13 @@ def test_a_cached_only_walk_trains_nothing_and_stops_at_the_first_missing_run(
     walk.runner, walk.cached_only = None, True
     with pytest.raises(MissingRuns, match="2 run"):
         walk.walk(table1_methods=3, pretrain_seconds=0)
+
+
+def test_an_unknown_cost_fails_the_cost_gate(tmp_path: Path) -> None:
+    """No pretraining time in the tracking store (NaN) must not pass R3 by default."""
+    rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1,))
+    same = {(m, 1, s): [0.5, 0.6] for m in ("A", "B") for s in (200, 400)}
+    walk = _fake_walk(tmp_path, same, rule)
+    decision = walk.walk(table1_methods=3, pretrain_seconds=float("nan"))
+    assert decision["chosen"] is None
+    assert decision["rejected"][0]["why"].startswith("R3 fails")

@@ -6,7 +6,7 @@ import shlex
 import sys
 
 from rpb.config_check import ConfigError, check_config
-from rpb.specs import RUN_STRIDE, base_of_run, bases_of, results_path, run_ids
+from rpb.specs import base_of_run, bases_of, results_path, run_ids
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -158,8 +158,9 @@ def runs(model, seeds):
 
 
 def base_run_ids(model):
-    """The ids under which each base of `model` is evaluated and analysed (label `base`)."""
-    return [RUN_STRIDE * k for k in range(len(bases(model)))]
+    """The ids under which each base of `model` is evaluated and analysed (label `base`): seed 0
+    of each base."""
+    return runs(model, [0])
 
 
 def run_base(wildcards):
