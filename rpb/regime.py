@@ -13,6 +13,7 @@ interrupted or extended walk never recomputes a finished run.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -169,6 +170,19 @@ def _dev_callback(tokenizer: Any, items: list[dict[str, str]], every: int, curve
     return DevAccuracyCallback()
 
 
+def inputs_fingerprint(base_dir: Path, data_dir: Path, corpus: str) -> str:
+    """What a calibration run's result depends on besides its settings: the base's weights and
+    the training and development data. A cached run whose fingerprint differs is stale."""
+    digest = hashlib.sha256()
+    for path in (
+        Path(base_dir) / "model.safetensors",
+        Path(data_dir) / "post" / f"{corpus}.jsonl",
+        Path(data_dir) / "dev" / f"{corpus}.jsonl",
+    ):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def calibration_run(
     *,
     base_dir: Path,
@@ -180,8 +194,10 @@ def calibration_run(
     posttrain: dict[str, Any],
     rule: RegimeRule,
     out: Path,
+    inputs: str,
 ) -> dict[str, Any]:
-    """Post-train `none` on `corpus` of `data_dir` and write its dev-accuracy curve to `out`."""
+    """Post-train `none` on `corpus` of `data_dir` and write its dev-accuracy curve to `out`
+    (`inputs`: the base and data's `inputs_fingerprint`, kept with the record)."""
     import tempfile
 
     import torch
@@ -226,6 +242,7 @@ def calibration_run(
         "dev_eval_s": getattr(callback, "seconds", 0.0),
         "train_s": wall - getattr(callback, "seconds", 0.0),
         "settings": {"lr": lr, "steps": steps, "seed": seed, "corpus": corpus} | settings,
+        "inputs": inputs,
     }
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp_out = out.with_suffix(".tmp")
@@ -240,6 +257,14 @@ def _calibration_job(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 # --- the walk -------------------------------------------------------------------------------------
+
+
+def _is_current(path: Path, inputs: str) -> bool:
+    """A cached run exists and was trained on these inputs (a record without a fingerprint
+    predates it and counts as stale)."""
+    if not path.is_file():
+        return False
+    return json.loads(path.read_text()).get("inputs") == inputs
 
 
 class MissingRuns(RuntimeError):
@@ -299,11 +324,16 @@ class RegimeWalk:
     def _run_all(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.runner is not None:
             return self.runner(jobs)
-        todo = [j for j in jobs if not j["out"].is_file()]
+        todo = [j for j in jobs if not _is_current(j["out"], j["inputs"])]
         if todo and self.cached_only:
             raise MissingRuns(f"{len(todo)} run(s) not yet trained, e.g. {todo[0]['out']}")
         if todo:
             log.info("regime: %d calibration run(s) to train", len(todo))
+            for job in todo:
+                if job["out"].is_file():  # stale: trained on another base or data; kept aside
+                    stale = job["out"].with_suffix(".stale.json")
+                    log.warning("regime: %s is stale, moved to %s", job["out"], stale.name)
+                    job["out"].replace(stale)
             with ProcessPoolExecutor(
                 max_workers=min(self.cores, len(todo)), mp_context=get_context("spawn")
             ) as pool:
@@ -312,10 +342,12 @@ class RegimeWalk:
 
     def evaluate(self, candidate: Candidate) -> CandidateResult:
         model = self.models[candidate.model]
+        data_dir = self.data_dirs[candidate.level]
+        inputs = inputs_fingerprint(Path(model["base_dir"]), data_dir, self.corpus)
         jobs = [
             {
                 "base_dir": Path(model["base_dir"]),
-                "data_dir": self.data_dirs[candidate.level],
+                "data_dir": data_dir,
                 "corpus": self.corpus,
                 "lr": candidate.lr_fraction * model["pretrain_lr"],
                 "steps": candidate.steps,
@@ -323,6 +355,7 @@ class RegimeWalk:
                 "posttrain": self.posttrain,
                 "rule": self.rule,
                 "out": candidate.path(self.runs_root, seed),
+                "inputs": inputs,
             }
             for seed in self.rule.seeds
         ]

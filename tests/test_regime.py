@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import torch
@@ -45,6 +47,17 @@ def test_table1_seconds_counts_every_run_once_per_core() -> None:
     assert table1_seconds(10.0, n_runs=4, n_methods=3, pretrain_seconds=100.0, cores=2) == 160.0
 
 
+def _write_inputs(root: Path, levels: tuple[int, ...]) -> None:
+    """Stand-in bases (A, B) and corpora (one folder per level) for the inputs' fingerprint."""
+    for model in ("A", "B"):
+        (root / model).mkdir(parents=True, exist_ok=True)
+        (root / model / "model.safetensors").write_bytes(model.encode())
+    for level in levels:
+        for split in ("post", "dev"):
+            (root / f"L{level}" / split).mkdir(parents=True, exist_ok=True)
+            (root / f"L{level}" / split / "math.jsonl").write_text(f"{split} {level}\n")
+
+
 def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
     """A walk whose calibration runs return `outcomes[(model, level, steps)]` (one final dev
     accuracy per seed) without training anything; a missing key is a test failure."""
@@ -61,6 +74,7 @@ def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
             )
         return out
 
+    _write_inputs(tmp_path, rule.levels)
     walk = RegimeWalk(
         rule=rule,
         models={m: {"base_dir": tmp_path / m, "pretrain_lr": 3e-3} for m in ("A", "B")},
@@ -203,3 +217,50 @@ def test_an_unknown_cost_fails_the_cost_gate(tmp_path: Path) -> None:
     decision = walk.walk(table1_methods=3, pretrain_seconds=float("nan"))
     assert decision["chosen"] is None
     assert decision["rejected"][0]["why"].startswith("R3 fails")
+
+
+def test_a_cached_run_of_another_base_is_stale_and_kept_aside(tmp_path: Path) -> None:
+    """A calibration run cached for one base must not be read as a run of a retrained base."""
+    rule = RegimeRule(seeds=(0,), steps=(200,), levels=(1,))
+    walk = _fake_walk(tmp_path, {}, rule)
+    trained: list[Path] = []
+
+    def fake_calibration_job(kwargs):
+        trained.append(kwargs["out"])
+        kwargs["out"].parent.mkdir(parents=True, exist_ok=True)
+        record = {"final": 0.5, "train_s": 1.0, "curve": [], "inputs": kwargs["inputs"]}
+        kwargs["out"].write_text(json.dumps(record))
+
+    walk.runner = None
+    candidate = Candidate("A", 1, 0.1, 200)
+    out = candidate.path(walk.runs_root, 0)
+    with (
+        mock.patch("rpb.regime.ProcessPoolExecutor", _InlinePool),
+        mock.patch("rpb.regime._calibration_job", fake_calibration_job),
+    ):
+        walk.evaluate(candidate)
+        assert trained == [out]
+        walk.evaluate(candidate)  # cached and current: nothing trained
+        assert trained == [out]
+        (tmp_path / "A" / "model.safetensors").write_bytes(b"retrained")
+        old = out.read_text()
+        walk.evaluate(candidate)  # another base: trained again, the old run kept beside it
+        assert trained == [out, out]
+    assert out.with_suffix(".stale.json").read_text() == old
+    assert json.loads(out.read_text())["inputs"] != json.loads(old)["inputs"]
+
+
+class _InlinePool:
+    """ProcessPoolExecutor's context-manager and map, run in this process."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        pass
+
+    def __enter__(self) -> _InlinePool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def map(self, fn, items):
+        return [fn(item) for item in items]
