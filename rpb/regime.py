@@ -431,53 +431,88 @@ class RegimeWalk:
 
     def walk(self, table1_methods: int, pretrain_seconds: float) -> dict[str, Any]:
         """The regime: the first lr fraction at which every base passes R1 and R2 at one common
-        step count, then R4's seed count and R3's cost gate."""
+        step count, then R4's seed count and R3's cost gate.
+
+        A family that passes at no level of any lr fraction is "not testable: ceiling/floor"
+        (R2): the regime is then the first lr fraction at which the other families pass, and the
+        failing family is named in `not_testable`. Evaluation is lazy but decides the same:
+        once a fallback exists, an lr fraction stops at its first failing family."""
         decision: dict[str, Any] = {"chosen": None}
+        fallback: dict[str, Any] | None = None
         for frac in self.rule.lr_fractions:
-            settings = {m: self.family_setting(m, frac) for m in self.models}
+            settings: dict[str, CandidateResult | None] = {}
+            for m in self.models:
+                settings[m] = self.family_setting(m, frac)
+                if settings[m] is None and fallback is not None:
+                    break  # no full pass here, and the fallback is an earlier fraction
             failed = [m for m, s in settings.items() if s is None]
             if failed:
                 decision.setdefault("rejected", []).append(
                     {"lr_fraction": frac, "why": f"no level passes R1+R2 on {', '.join(failed)}"}
                 )
+                if fallback is None and len(failed) < len(settings):
+                    fallback = {"frac": frac, "settings": settings, "not_testable": failed}
                 continue
-            steps = max(s.candidate.steps for s in settings.values())
-            common = {}
-            for m, s in settings.items():  # R1 + R2 again at the common step count
-                if s.candidate.steps != steps:
-                    s = self.check(Candidate(m, s.candidate.level, frac, steps))
-                common[m] = s
-            if not all(s.gate == "R1, R2 pass" for s in common.values()):
-                decision.setdefault("rejected", []).append(
-                    {"lr_fraction": frac, "why": "R1/R2 fail at the common step count"}
+            entry = self._regime(frac, settings, table1_methods, pretrain_seconds, decision)
+            if entry is not None:
+                decision["chosen"] = entry
+                break
+        else:
+            if fallback is not None:
+                passing = {m: s for m, s in fallback["settings"].items() if s is not None}
+                entry = self._regime(
+                    fallback["frac"], passing, table1_methods, pretrain_seconds, decision
                 )
-                continue
-            sigma = max(s.sd_points for s in common.values())
-            n = seeds_for_margin(sigma, self.rule)
-            run_s = max(s.train_s for s in common.values()) + self.rule.run_overhead_s
-            cost = table1_seconds(run_s, n, table1_methods, pretrain_seconds, self.cores)
-            entry = {
-                "lr_fraction": frac,
-                "steps": steps,
-                "levels": {m: s.candidate.level for m, s in common.items()},
-                "lr": {m: frac * self.models[m]["pretrain_lr"] for m in common},
-                "dev_mean": {m: round(s.mean, 4) for m, s in common.items()},
-                "sigma_points": round(sigma, 2),
-                "runs_needed": n,
-                "run_seconds": round(run_s, 1),
-                "table1_seconds_estimate": round(cost, 0),
-            }
-            # An unknown cost (no pretraining time in the store: NaN) fails the gate too.
-            if not cost <= self.rule.table1_budget_s:
-                entry["why"] = (
-                    f"R3 fails: table 1 estimate {cost:.0f} s > {self.rule.table1_budget_s:.0f} s"
-                )
-                decision.setdefault("rejected", []).append(entry)
-                continue
-            decision["chosen"] = entry
-            break
+                if entry is not None:
+                    entry["not_testable"] = fallback["not_testable"]
+                    decision["chosen"] = entry
         decision["tried"] = [t.row() for t in self.tried]
         return decision
+
+    def _regime(
+        self,
+        frac: float,
+        settings: dict[str, CandidateResult],
+        table1_methods: int,
+        pretrain_seconds: float,
+        decision: dict[str, Any],
+    ) -> dict[str, Any] | None:
+        """R1 + R2 at the families' common step count, then R4 and R3; None (and a rejection
+        recorded in `decision`) if a gate fails."""
+        steps = max(s.candidate.steps for s in settings.values())
+        common = {}
+        for m, s in settings.items():  # R1 + R2 again at the common step count
+            if s.candidate.steps != steps:
+                s = self.check(Candidate(m, s.candidate.level, frac, steps))
+            common[m] = s
+        if not all(s.gate == "R1, R2 pass" for s in common.values()):
+            decision.setdefault("rejected", []).append(
+                {"lr_fraction": frac, "why": "R1/R2 fail at the common step count"}
+            )
+            return None
+        sigma = max(s.sd_points for s in common.values())
+        n = seeds_for_margin(sigma, self.rule)
+        run_s = max(s.train_s for s in common.values()) + self.rule.run_overhead_s
+        cost = table1_seconds(run_s, n, table1_methods, pretrain_seconds, self.cores)
+        entry = {
+            "lr_fraction": frac,
+            "steps": steps,
+            "levels": {m: s.candidate.level for m, s in common.items()},
+            "lr": {m: frac * self.models[m]["pretrain_lr"] for m in common},
+            "dev_mean": {m: round(s.mean, 4) for m, s in common.items()},
+            "sigma_points": round(sigma, 2),
+            "runs_needed": n,
+            "run_seconds": round(run_s, 1),
+            "table1_seconds_estimate": round(cost, 0),
+        }
+        # An unknown cost (no pretraining time in the store: NaN) fails the gate too.
+        if not cost <= self.rule.table1_budget_s:
+            entry["why"] = (
+                f"R3 fails: table 1 estimate {cost:.0f} s > {self.rule.table1_budget_s:.0f} s"
+            )
+            decision.setdefault("rejected", []).append(entry)
+            return None
+        return entry
 
 
 def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out_md: Path) -> None:

@@ -116,6 +116,7 @@ def test_walk_takes_the_first_candidate_through_every_gate(tmp_path: Path) -> No
 
 
 def test_walk_stops_climbing_at_a_floor_and_moves_to_the_next_lr(tmp_path: Path) -> None:
+    """A floors at every lr: A is not testable and the regime is B's at the first lr."""
     rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1, 2), lr_fractions=(0.1, 0.05))
     outcomes = {
         ("A", 1, 200): [0.10, 0.12],  # floor at level 1: level 2 is never tried
@@ -124,9 +125,16 @@ def test_walk_stops_climbing_at_a_floor_and_moves_to_the_next_lr(tmp_path: Path)
         ("B", 1, 400): [0.5, 0.52],
     }
     decision = _fake_walk(tmp_path, outcomes, rule).walk(table1_methods=3, pretrain_seconds=0)
-    assert decision["chosen"] is None
     assert [r["lr_fraction"] for r in decision["rejected"]] == [0.1, 0.05]
     assert all(t["level"] == 1 for t in decision["tried"])
+    chosen = decision["chosen"]
+    assert chosen["lr_fraction"] == 0.1 and chosen["levels"] == {"B": 1}
+    assert chosen["not_testable"] == ["A"]
+    # At 0.05 A fails first; B there could not change the decision, so it is not trained.
+    assert [(t["model"], t["lr_fraction"]) for t in decision["tried"] if t["model"] == "B"] == [
+        ("B", 0.1),
+        ("B", 0.1),
+    ]
 
 
 def test_walk_rejects_a_candidate_over_the_cost_budget(tmp_path: Path) -> None:
@@ -194,8 +202,10 @@ def test_a_flat_start_below_the_range_is_not_a_floor_before_the_largest_steps(
     gates = {(t["model"], t["steps"]): t["gate"] for t in decision["tried"]}
     assert gates[("A", 200)].startswith("R1: flat below the range")
     assert gates[("A", 400)].startswith("R1 fails")
-    assert decision["chosen"] is None  # A passes at no S of the rule
     assert "no level passes R1+R2 on A" in decision["rejected"][0]["why"]
+    # A passes at no S of the rule: the regime is B's alone, A not testable.
+    assert decision["chosen"]["not_testable"] == ["A"]
+    assert decision["chosen"]["levels"] == {"B": 1}
 
 
 def test_a_cached_only_walk_trains_nothing_and_stops_at_the_first_missing_run(
@@ -264,3 +274,11 @@ class _InlinePool:
 
     def map(self, fn, items):
         return [fn(item) for item in items]
+
+
+def test_no_family_passing_anywhere_chooses_nothing(tmp_path: Path) -> None:
+    rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1,), lr_fractions=(0.1, 0.05))
+    ceiling = {(m, 1, s): [0.99, 0.99] for m in ("A", "B") for s in (200, 400)}
+    decision = _fake_walk(tmp_path, ceiling, rule).walk(table1_methods=3, pretrain_seconds=0)
+    assert decision["chosen"] is None
+    assert [r["lr_fraction"] for r in decision["rejected"]] == [0.1, 0.05]
