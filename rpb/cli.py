@@ -252,7 +252,7 @@ def cmd_regime(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.data import SIZE_PRESETS, write_corpora
-    from rpb.regime import MissingRuns, RegimeRule, RegimeWalk, write_report
+    from rpb.regime import AllWorkload, MissingRuns, RegimeRule, RegimeWalk, write_report
     from rpb.testbed import stage_durations
     from rpb.tracking import resolve_tracking_uri, tracked_run
 
@@ -295,7 +295,8 @@ def cmd_regime(args: argparse.Namespace) -> None:
         **_track_kwargs(args),
     ):
         try:
-            decision = walk.walk(len(spec["table1_methods"]), pretrain_s)
+            workload = AllWorkload(**spec["all_workload"]) if spec.get("all_workload") else None
+            decision = walk.walk(len(spec["table1_methods"]), pretrain_s, workload)
         except MissingRuns as stop:  # --cached-only: what the finished runs decide so far
             tried = [t.row() for t in walk.tried]
             decision = {"chosen": None, "partial": True, "stopped": str(stop), "tried": tried}

@@ -41,6 +41,7 @@ class RegimeRule:
     plateau_seed_tolerance: float = 0.05  # R1: every seed's change from S to 2S steps
     accuracy_range: tuple[float, float] = (0.40, 0.85)  # R2: none's mean dev accuracy
     table1_budget_s: float = 900.0  # R3: table 1 within 15 minutes on the development machine
+    all_budget_s: float = 5400.0  # R3: `all` within 90 minutes on the development machine
     run_overhead_s: float = 4.5  # R3: a run's non-training seconds (bench/pipeline_cost.py)
     margin: float = 5.0  # R4: points; the claims margin
     confidence: float = 0.95
@@ -114,6 +115,29 @@ def table1_seconds(
     """R3's estimate of table 1's wall time: the bases pretrained side by side, then every
     (method, run) post-trained, evaluated and analysed, `cores` at a time."""
     return pretrain_seconds + n_runs * n_methods * run_seconds / max(1, cores)
+
+
+def all_seconds(
+    run_seconds: float,
+    n_runs: int,
+    workload: AllWorkload,
+    pretrain_seconds: float,
+    cores: int,
+) -> float:
+    """R3's estimate of `all`'s wall time: its bases pretrained `cores` at a time, then its
+    post-training runs, scaled from the configured runs per method to `n_runs`."""
+    rounds = math.ceil(workload.bases / max(1, cores))
+    runs = workload.posttrain_runs * n_runs / workload.runs_per_method
+    return rounds * pretrain_seconds + runs * run_seconds / max(1, cores)
+
+
+@dataclass(frozen=True)
+class AllWorkload:
+    """What `all` trains at the configured seeds (counted from the workflow's targets)."""
+
+    posttrain_runs: int  # distinct post-training runs, diagnostics included
+    runs_per_method: int  # table 1's (base, seed) runs per method
+    bases: int  # pretrained bases
 
 
 # --- one calibration run --------------------------------------------------------------------------
@@ -320,6 +344,10 @@ class RegimeWalk:
     # report of what it had measured (the runs themselves are cached anyway).
     on_progress: Callable[[dict[str, Any]], None] | None = None
     cached_only: bool = False  # report from finished runs only; stop at the first missing one
+    # R3's inputs, set by `walk`: table 1's methods, the bases' pretraining seconds, `all`'s work.
+    _cost: tuple[int, float, AllWorkload | None] = field(
+        default=(0, math.nan, None), init=False, repr=False
+    )
 
     def _run_all(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.runner is not None:
@@ -429,14 +457,21 @@ class RegimeWalk:
                 return None
         return None
 
-    def walk(self, table1_methods: int, pretrain_seconds: float) -> dict[str, Any]:
+    def walk(
+        self,
+        table1_methods: int,
+        pretrain_seconds: float,
+        workload: AllWorkload | None = None,
+    ) -> dict[str, Any]:
         """The regime: the first lr fraction at which every base passes R1 and R2 at one common
         step count, then R4's seed count and R3's cost gate.
 
         A family that passes at no level of any lr fraction is "not testable: ceiling/floor"
         (R2): the regime is then the first lr fraction at which the other families pass, and the
         failing family is named in `not_testable`. Evaluation is lazy but decides the same:
-        once a fallback exists, an lr fraction stops at its first failing family."""
+        once a fallback exists, an lr fraction stops at its first failing family. Without a
+        `workload`, R3 gates on table 1 alone."""
+        self._cost = (table1_methods, pretrain_seconds, workload)
         decision: dict[str, Any] = {"chosen": None}
         fallback: dict[str, Any] | None = None
         for frac in self.rule.lr_fractions:
@@ -453,16 +488,14 @@ class RegimeWalk:
                 if fallback is None and len(failed) < len(settings):
                     fallback = {"frac": frac, "settings": settings, "not_testable": failed}
                 continue
-            entry = self._regime(frac, settings, table1_methods, pretrain_seconds, decision)
+            entry = self._regime(frac, settings, decision)
             if entry is not None:
                 decision["chosen"] = entry
                 break
         else:
             if fallback is not None:
                 passing = {m: s for m, s in fallback["settings"].items() if s is not None}
-                entry = self._regime(
-                    fallback["frac"], passing, table1_methods, pretrain_seconds, decision
-                )
+                entry = self._regime(fallback["frac"], passing, decision)
                 if entry is not None:
                     entry["not_testable"] = fallback["not_testable"]
                     decision["chosen"] = entry
@@ -473,8 +506,6 @@ class RegimeWalk:
         self,
         frac: float,
         settings: dict[str, CandidateResult],
-        table1_methods: int,
-        pretrain_seconds: float,
         decision: dict[str, Any],
     ) -> dict[str, Any] | None:
         """R1 + R2 at the families' common step count, then R4 and R3; None (and a rejection
@@ -493,6 +524,7 @@ class RegimeWalk:
         sigma = max(s.sd_points for s in common.values())
         n = seeds_for_margin(sigma, self.rule)
         run_s = max(s.train_s for s in common.values()) + self.rule.run_overhead_s
+        table1_methods, pretrain_seconds, workload = self._cost
         cost = table1_seconds(run_s, n, table1_methods, pretrain_seconds, self.cores)
         entry = {
             "lr_fraction": frac,
@@ -505,10 +537,23 @@ class RegimeWalk:
             "run_seconds": round(run_s, 1),
             "table1_seconds_estimate": round(cost, 0),
         }
+        all_cost = (
+            all_seconds(run_s, n, workload, pretrain_seconds, self.cores)
+            if workload is not None
+            else None
+        )
+        if all_cost is not None:
+            entry["all_seconds_estimate"] = round(all_cost, 0)
         # An unknown cost (no pretraining time in the store: NaN) fails the gate too.
         if not cost <= self.rule.table1_budget_s:
             entry["why"] = (
                 f"R3 fails: table 1 estimate {cost:.0f} s > {self.rule.table1_budget_s:.0f} s"
+            )
+            decision.setdefault("rejected", []).append(entry)
+            return None
+        if all_cost is not None and not all_cost <= self.rule.all_budget_s:
+            entry["why"] = (
+                f"R3 fails: `all` estimate {all_cost:.0f} s > {self.rule.all_budget_s:.0f} s"
             )
             decision.setdefault("rejected", []).append(entry)
             return None

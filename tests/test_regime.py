@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from rpb.regime import (
+    AllWorkload,
     Candidate,
     RegimeRule,
     RegimeWalk,
+    all_seconds,
     dev_accuracy,
     plateaued,
     seeds_for_margin,
@@ -45,6 +47,25 @@ def test_seeds_for_margin_is_the_smallest_n_whose_paired_mde_fits() -> None:
 
 def test_table1_seconds_counts_every_run_once_per_core() -> None:
     assert table1_seconds(10.0, n_runs=4, n_methods=3, pretrain_seconds=100.0, cores=2) == 160.0
+
+
+def test_all_seconds_scales_the_configured_runs_to_the_regimes_seed_count() -> None:
+    work = AllWorkload(posttrain_runs=60, runs_per_method=6, bases=4)
+    # 4 bases, 2 at a time: 2 rounds of pretraining; 60 runs at 6 per method -> 120 at 12.
+    assert all_seconds(10.0, 12, work, pretrain_seconds=100.0, cores=2) == 200.0 + 120 * 10 / 2
+
+
+def test_r3_rejects_a_regime_whose_all_is_over_budget_though_table1_fits(tmp_path: Path) -> None:
+    rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1,), all_budget_s=100.0)
+    same = {(m, 1, s): [0.5, 0.6] for m in ("A", "B") for s in (200, 400)}
+    work = AllWorkload(posttrain_runs=1000, runs_per_method=6, bases=4)
+    decision = _fake_walk(tmp_path, same, rule).walk(3, pretrain_seconds=10, workload=work)
+    assert decision["chosen"] is None
+    rejected = decision["rejected"][0]
+    assert rejected["table1_seconds_estimate"] <= rule.table1_budget_s
+    assert rejected["why"].startswith("R3 fails: `all` estimate")
+    fits = _fake_walk(tmp_path, same, rule).walk(3, pretrain_seconds=10, workload=None)
+    assert fits["chosen"] is not None  # table 1 alone fits: only `all` rejected it
 
 
 def _write_inputs(root: Path, levels: tuple[int, ...]) -> None:

@@ -302,7 +302,9 @@ def sweep_spec():
     return _common_spec() | {
         "model": SWEEP["model"],
         "corpus": SWEEP["corpus"],
-        "seeds": runs(SWEEP["model"], SWEEP["seeds"]),  # pooled over bases, as sweep_inputs
+        "seeds": runs(
+            SWEEP["model"], SWEEP["seeds"]
+        ),  # pooled over bases, as sweep_inputs
         "curves": {c["name"]: c["labels"] for c in SWEEP["curves"]},
         "methods": {l: method_entry(l) for l in sorted(labels)},
     }
@@ -520,4 +522,21 @@ def regime_spec():
         "posttrain": config["posttrain"],
         "table1_models": [config["table1"]["model"]],
         "table1_methods": config["table1"]["methods"],
+        "all_workload": {
+            "posttrain_runs": len(posttrain_runs_in_all()),
+            "runs_per_method": len(runs(config["table1"]["model"], SEEDS)),
+            "bases": len(PRETRAINED_MODELS),
+        },
     }
+
+
+def posttrain_runs_in_all():
+    """The distinct post-training runs `all` trains (their evaluation outputs; a label `base`
+    is the base itself): table 1, every configured table, the sweep, the audit's controls and
+    the diagnostics."""
+    paths = table1_inputs(None)
+    paths += sum((table_inputs(name)(None) for name in TABLES if name != "seeds"), [])
+    paths += sweep_inputs(None) if SWEEP is not None else []
+    paths += claims_extra_inputs(None)
+    paths += diagnostic_table1_inputs(None) if "regime" in DIAGNOSTICS else []
+    return {p for p in paths if "/eval/" in p and "/base/" not in p}
