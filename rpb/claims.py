@@ -434,6 +434,20 @@ class Audit:
 
         return self._cached(("M4", anchor), compute)
 
+    # M0 -------------------------------------------------------------------------------------
+    def regime_checks(self, model: str) -> list[Check]:
+        """The regime rule's verdict on `model`'s family, when it found none for it
+        (`calibration.not_testable`, docs/regime.md): a failed premise of every part on it."""
+        reason = (self.spec.get("not_testable") or {}).get(model)
+        if reason is None:
+            return []
+        return [
+            self._cached(
+                ("M0", model),
+                lambda: Check("M0", f"the regime rule found a setting for {model}", False, reason),
+            )
+        ]
+
     # M5 -------------------------------------------------------------------------------------
     def headroom(self, where: str, label: str, score: float) -> Check:
         ceiling = 100.0 - self.margin
@@ -522,7 +536,7 @@ def _direction_part(
 
 
 def _premises(audit: Audit, model: str, other: str) -> list[Check]:
-    checks = [audit.method_anchors()]
+    checks = [*audit.regime_checks(model), audit.method_anchors()]
     if other == audit.reference:
         checks.insert(0, audit.reference_flattens(model))
     return checks
@@ -602,7 +616,8 @@ def claim_c5(audit: Audit) -> list[Part]:
     methods, corpora = list(t4["methods"]), list(t4["corpora"])
 
     def checks_for(labels: Sequence[str]) -> list[Check]:
-        out = [audit.method_anchors()] if audit.method in labels else []
+        out = audit.regime_checks(t4["model"])
+        out += [audit.method_anchors()] if audit.method in labels else []
         return out + [audit.anchor_reduces_drift(m) for m in labels if m != audit.method]
 
     parts = []
@@ -676,6 +691,7 @@ def claim_c6(audit: Audit) -> list[Part]:
     t5 |= {k: spec[k] for k in ("confidence", "n_resamples") if k in spec}
     t5 |= {"power": audit.power, "corpus_tasks": spec.get("corpus_tasks") or {}}
     frames = table5_frames(audit.results, t5)
+    regime = audit.regime_checks(t5["model"])
     structured = audit.base_structured(frames)
     parts = []
     corr = frames["correlation"].set_index(["retention", "accuracy"])
@@ -700,7 +716,9 @@ def claim_c6(audit: Audit) -> list[Part]:
             f"{_fmt(diff.mde, 2)} over {diff.n_seeds} seeds ({diff.n_items} runs)"
         )
         parts.append(
-            judged_part(where, diff, "exceeds", audit.rho_margin, text, [structured], unit="rho")
+            judged_part(
+                where, diff, "exceeds", audit.rho_margin, text, [*regime, structured], unit="rho"
+            )
         )
     hard = hard_labels(t5)
     m3 = audit.hard_routes_as_base()
@@ -721,10 +739,11 @@ def claim_c6(audit: Audit) -> list[Part]:
         if nmi.empty:
             parts.append(
                 Part(
-                    INCONCLUSIVE,
+                    NOT_TESTABLE if regime else INCONCLUSIVE,
                     f"{where} undefined (single-community base)",
                     name=where,
-                    checks=(m3,),
+                    checks=(*regime, m3),
+                    note="; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in regime),
                 )
             )
         else:
@@ -739,7 +758,7 @@ def claim_c6(audit: Audit) -> list[Part]:
                     "exceeds",
                     audit.nmi_margin,
                     text,
-                    [m3],
+                    [*regime, m3],
                     threshold=-audit.nmi_margin,
                     unit="NMI",
                 )
@@ -750,7 +769,9 @@ def claim_c6(audit: Audit) -> list[Part]:
         text = _diff_text(where, acc.other_score, acc.method_score, flipped)
         text += f" (sharp if above {audit.margin:g})"
         parts.append(
-            judged_part(where, flipped, "exceeds", audit.margin, text, [m3], threshold=audit.margin)
+            judged_part(
+                where, flipped, "exceeds", audit.margin, text, [*regime, m3], threshold=audit.margin
+            )
         )
     return parts
 
@@ -797,7 +818,7 @@ def _control(audit: Audit, method: str, other: str) -> list[Part]:
             method,
             other,
             metric,
-            [],
+            audit.regime_checks(t1["model"]),
             with_headroom=False,
         )
         if part.n_runs and part.low == part.high == part.estimate == 0:

@@ -394,6 +394,13 @@ def _check_calibration(config: Mapping[str, Any]) -> None:
                 f"calibration.models[{i}]: '{name}' is not a pretrained model of models "
                 f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
             )
+    for name in section.get("not_testable") or {}:
+        entry = config["models"].get(name)
+        if entry is None or "replicate_of" in entry:
+            raise ConfigError(
+                f"calibration.not_testable: '{name}' is not a model the tables name "
+                f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
+            )
     for i, lvl in enumerate((section.get("rule") or {}).get("levels") or []):
         if lvl not in POST_LEVELS:
             raise ConfigError(

@@ -404,8 +404,10 @@ class RegimeWalk:
                 return done
         return self.evaluate(candidate)
 
-    def check(self, candidate: Candidate) -> CandidateResult:
-        """R1 at `candidate.steps` (S) against the same setting at 2S, then R2 at S."""
+    def check(self, candidate: Candidate, last: bool = True) -> CandidateResult:
+        """R1 at `candidate.steps` (S) against the same setting at 2S, then R2 at S. Before the
+        rule's largest S (`last` False) a plateau below the range is no floor: it may be the
+        flat start before the transition (doubling 0 gives 0), and the next S is tried."""
         r = self.rule
         short = self.result(candidate)
         long = self.result(dataclasses.replace(candidate, steps=2 * candidate.steps))
@@ -421,6 +423,8 @@ class RegimeWalk:
             short.gate = f"R1 fails: mean {change:+.3f} at 2S, a seed up to {moved:.3f}"
         elif short.mean > high:
             short.gate = f"R1 passes; R2 fails: ceiling ({short.mean:.3f} > {high})"
+        elif short.mean < low and not last:
+            short.gate = "R1: flat below the range before the largest S; next S"
         elif short.mean < low:
             short.gate = f"R1 passes; R2 fails: floor ({short.mean:.3f} < {low})"
         else:
@@ -439,15 +443,11 @@ class RegimeWalk:
         for level in self.rule.levels:
             found = None
             for steps in self.rule.steps:
-                result = self.check(Candidate(model, level, frac, steps))
                 last = steps == self.rule.steps[-1]
-                # A plateau below the range before the largest S may be the flat start before
-                # the transition (doubling 0 gives 0): only the largest S can show a floor.
+                result = self.check(Candidate(model, level, frac, steps), last=last)
                 if all(result.plateau) and (result.mean >= low or last):
                     found = result
                     break
-                if all(result.plateau):
-                    result.gate = "R1: flat below the range before the largest S; next S"
             if found is None:
                 continue  # R1 fails at every step count: the next level
             if found.gate == "R1, R2 pass":

@@ -430,3 +430,21 @@ def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
     base0 = pd.read_csv(alone, keep_default_na=False)
     assert table["verdict_base0"].tolist() == base0["verdict"].tolist()
     assert "## Per-base verdicts" in (tmp_path / "claims.md").read_text()
+
+
+def test_a_family_the_regime_rule_found_no_setting_for_is_not_testable(tmp_path: Path) -> None:
+    """calibration.not_testable (M0): every part on that family is not testable, whatever its
+    numbers say (here the paper world, which would support every claim)."""
+    reason = "no level passes R1+R2 at any lr fraction"
+    table = _build(tmp_path, PAPER_WORLD, spec=_spec(not_testable={"tinyA": reason}))
+    verdicts = _verdicts(table)
+    # Tables 1, 4 and 5 are on tinyA; C4 has a tinyA part; table 2 (C3) is on tinyB.
+    for claim in ("C1", "C2", "C4", "C5", "C6"):
+        assert verdicts[claim] == NOT_TESTABLE, claim
+    assert verdicts["C3"] == SUPPORTED
+    c4 = table[table["claim"] == "C4"].set_index("name")["verdict"]
+    assert c4.filter(like="tinyA").eq(NOT_TESTABLE).all()
+    assert c4.filter(like="tinyB").eq(SUPPORTED).all()
+    detail = table[table["claim"] == "C1"]["verdict_detail"].iloc[0]
+    assert detail.startswith("not testable: M0 the regime rule found a setting for tinyA failed")
+    assert reason in detail

@@ -543,3 +543,15 @@ def test_bad_replicates_name_the_key(name: str, replicates: list, message: str) 
     with pytest.raises(ConfigError) as err:
         check_config(config, SCHEMA)
     assert str(err.value) == message
+
+
+def test_the_regime_rules_not_testable_families_must_be_table_models() -> None:
+    config = _merged("config.yaml")
+    config["calibration"]["not_testable"] = {"tinyA": "no level passes R1+R2"}
+    check_config(copy.deepcopy(config), SCHEMA)
+    config["calibration"]["not_testable"] = {"tinyA_p1": "a replicate"}
+    with pytest.raises(ConfigError, match=r"^calibration\.not_testable: 'tinyA_p1' is not a model"):
+        check_config(copy.deepcopy(config), SCHEMA)
+    config["calibration"]["not_testable"] = {"tinyA": ""}
+    with pytest.raises(ConfigError, match=r"^calibration\.not_testable\.tinyA: "):
+        check_config(config, SCHEMA)

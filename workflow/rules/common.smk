@@ -320,6 +320,8 @@ def claims_spec():
         spec[name] = table_spec(name)
     if "readings" in TABLES:  # manipulation check M2 applies the readings rule
         spec["readings"] = table_spec("readings")
+    # M0: the families the regime rule found no setting for (docs/regime.md).
+    spec["not_testable"] = (config.get("calibration") or {}).get("not_testable") or {}
     return spec
 
 
