@@ -301,6 +301,10 @@ def cmd_regime(args: argparse.Namespace) -> None:
             tried = [t.row() for t in walk.tried]
             decision = {"chosen": None, "partial": True, "stopped": str(stop), "tried": tried}
         write_report(decision, rule, args.out, args.out.with_suffix(".md"))
+        if decision["tried"]:
+            from rpb.figures import plot_regime_walk
+
+            plot_regime_walk(decision["tried"], args.out.with_suffix(""), rule.accuracy_range)
         chosen = decision.get("chosen") or {}
         mlflow.log_metrics(
             {"candidates_tried": float(len(decision["tried"])), "chosen": float(bool(chosen))}
