@@ -437,7 +437,8 @@ class Audit:
     # M0 -------------------------------------------------------------------------------------
     def regime_checks(self, model: str) -> list[Check]:
         """The regime rule's verdict on `model`'s family, when it found none for it
-        (`calibration.not_testable`, docs/regime.md): a failed premise of every part on it."""
+        (`calibration.not_testable`, docs/regime.md): a failed premise of every part on it that
+        compares accuracy (not of hard's structure retention, nor of the placebo control)."""
         reason = (self.spec.get("not_testable") or {}).get(model)
         if reason is None:
             return []
@@ -739,11 +740,10 @@ def claim_c6(audit: Audit) -> list[Part]:
         if nmi.empty:
             parts.append(
                 Part(
-                    NOT_TESTABLE if regime else INCONCLUSIVE,
+                    INCONCLUSIVE,
                     f"{where} undefined (single-community base)",
                     name=where,
-                    checks=(*regime, m3),
-                    note="; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in regime),
+                    checks=(m3,),
                 )
             )
         else:
@@ -758,7 +758,7 @@ def claim_c6(audit: Audit) -> list[Part]:
                     "exceeds",
                     audit.nmi_margin,
                     text,
-                    [*regime, m3],
+                    [m3],  # structure, not accuracy: the regime premise (M0) does not apply
                     threshold=-audit.nmi_margin,
                     unit="NMI",
                 )
@@ -796,16 +796,18 @@ def _row_difference(row: Any, audit: Audit, flip: bool = False) -> Difference:
 
 
 def control_placebo(audit: Audit) -> list[Part]:
-    """P1: the placebo arm - none, in-domain and OOD, on table 1's model and corpus."""
-    return _control(audit, audit.spec["placebo"], NONE)
+    """P1: the placebo arm - none, in-domain and OOD, on table 1's model and corpus. A false
+    positive is a property of the statistics, not of the regime: no M0 premise."""
+    return _control(audit, audit.spec["placebo"], NONE, [])
 
 
 def control_permuted_prior(audit: Audit) -> list[Part]:
     """P2: rpb - rpb trained with the expert-permuted prior, in-domain and OOD."""
-    return _control(audit, audit.method, audit.spec["permuted"])
+    t1 = audit.spec["table1"]
+    return _control(audit, audit.method, audit.spec["permuted"], audit.regime_checks(t1["model"]))
 
 
-def _control(audit: Audit, method: str, other: str) -> list[Part]:
+def _control(audit: Audit, method: str, other: str, checks: list[Check]) -> list[Part]:
     t1 = audit.spec["table1"]
     table = {**t1, "seeds": audit.spec.get("controls_seeds") or audit.spec["table5"]["seeds"]}
     parts = []
@@ -818,7 +820,7 @@ def _control(audit: Audit, method: str, other: str) -> list[Part]:
             method,
             other,
             metric,
-            audit.regime_checks(t1["model"]),
+            checks,
             with_headroom=False,
         )
         if part.n_runs and part.low == part.high == part.estimate == 0:
