@@ -129,3 +129,32 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
         for line in runs
         if '"seed": 1000' not in line and '"seed": 1001' not in line
     )
+
+
+def test_the_regime_rules_count_of_alls_runs_matches_the_workflow(tmp_path: Path) -> None:
+    """R3's `all` estimate (docs/regime.md) counts the post-training runs `all` trains from the
+    workflow's targets: the count must be the dry run's post-training jobs."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1"),
+            *("--config", f"results_dir={out}", "--"),
+            *("all", f"{out}/calibration/regime.md"),
+        ],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = proc.stdout + proc.stderr
+    workload = json.loads(re.search(r'"all_workload": (\{[^}]*\})', text).group(1))
+    jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.MULTILINE))
+    trained = int(jobs["posttrain_run"]) + int(jobs.get("diagnostic_posttrain", 0))
+    assert workload["posttrain_runs"] == trained > 100
+    assert workload["bases"] == int(jobs["pretrain_base"]) == 4
+    assert workload["runs_per_method"] == 6  # 3 seeds x 2 bases

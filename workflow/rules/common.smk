@@ -544,4 +544,6 @@ def posttrain_runs_in_all():
     paths += sweep_inputs(None) if SWEEP is not None else []
     paths += claims_extra_inputs(None)
     paths += diagnostic_table1_inputs(None) if "regime" in DIAGNOSTICS else []
-    return {p for p in paths if "/eval/" in p and "/base/" not in p}
+    # An evaluation output is RESULTS/eval/<model>/<corpus>/<label>/seed<run>.json.
+    evals = [p.split(os.sep) for p in paths if p.endswith(".json")]
+    return {os.sep.join(p) for p in evals if "eval" in p and p[-2] != "base"}
