@@ -3,7 +3,11 @@ records one MLflow run per job, and leaves nothing to do for a second invocation
 
 from __future__ import annotations
 
+import json
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +18,18 @@ import smoke_pipeline
 @pytest.fixture
 def smoke_results(smoke_run: Path) -> Path:
     return smoke_run
+
+
+def _dry_run(*args: str) -> str:
+    """`snakemake -n -p` from the repository root with `args`; its whole output."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", *args],
+        cwd=Path(__file__).resolve().parents[1],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout + proc.stderr
 
 
 @pytest.mark.slow
@@ -100,22 +116,11 @@ def test_second_invocation_has_nothing_to_do(smoke_results: Path) -> None:
 def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path) -> None:
     """The smoke config's second base of tinyA: it is pretrained, and run id 1000 + s is seed s
     trained from it, with its own prior, evaluated and pooled into table 1 (dry run)."""
-    import subprocess
-    import sys
-
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1"),
-            *("--configfile", "config/smoke.yaml", "--config", f"results_dir={out}"),
-            *("--", f"{out}/table1.csv"),
-        ],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
+    text = _dry_run(
+        *("--configfile", "config/smoke.yaml", "--config", f"results_dir={out}"),
+        *("--", f"{out}/table1.csv"),
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = proc.stdout + proc.stderr
     assert "--name tinyA_p1 --model-type deepseek_v3" in text  # the replicate is pretrained
     runs = [line for line in text.splitlines() if "rpb run --name" in line]
     replica = [line for line in runs if '"seed": 1000' in line]
@@ -134,24 +139,8 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
 def test_the_regime_rules_count_of_alls_runs_matches_the_workflow(tmp_path: Path) -> None:
     """R3's `all` estimate (docs/regime.md) counts the post-training runs `all` trains from the
     workflow's targets: the count must be the dry run's post-training jobs."""
-    import json
-    import re
-    import subprocess
-    import sys
-
     out = tmp_path / "results"
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1"),
-            *("--config", f"results_dir={out}", "--"),
-            *("all", f"{out}/calibration/regime.md"),
-        ],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    text = proc.stdout + proc.stderr
+    text = _dry_run("--config", f"results_dir={out}", "--", "all", f"{out}/calibration/regime.md")
     workload = json.loads(re.search(r'"all_workload": (\{[^}]*\})', text).group(1))
     jobs = dict(re.findall(r"^(\w+)\s+(\d+)$", text, flags=re.MULTILINE))
     trained = int(jobs["posttrain_run"]) + int(jobs.get("diagnostic_posttrain", 0))
