@@ -359,7 +359,8 @@ class RegimeWalk:
             log.info("regime: %d calibration run(s) to train", len(todo))
             for job in todo:
                 if job["out"].is_file():  # stale: trained on another base or data; kept aside
-                    stale = job["out"].with_suffix(".stale.json")
+                    old = json.loads(job["out"].read_text()).get("inputs", "unfingerprinted")
+                    stale = job["out"].with_suffix(f".stale-{old}.json")
                     log.warning("regime: %s is stale, moved to %s", job["out"], stale.name)
                     job["out"].replace(stale)
             with ProcessPoolExecutor(

@@ -277,7 +277,8 @@ def test_a_cached_run_of_another_base_is_stale_and_kept_aside(tmp_path: Path) ->
         old = out.read_text()
         walk.evaluate(candidate)  # another base: trained again, the old run kept beside it
         assert trained == [out, out]
-    assert out.with_suffix(".stale.json").read_text() == old
+    stale = out.with_suffix(f".stale-{json.loads(old)['inputs']}.json")
+    assert stale.read_text() == old  # named by its own inputs: a later stale run keeps it
     assert json.loads(out.read_text())["inputs"] != json.loads(old)["inputs"]
 
 
