@@ -344,10 +344,6 @@ class RegimeWalk:
     # report of what it had measured (the runs themselves are cached anyway).
     on_progress: Callable[[dict[str, Any]], None] | None = None
     cached_only: bool = False  # report from finished runs only; stop at the first missing one
-    # R3's inputs, set by `walk`: table 1's methods, the bases' pretraining seconds, `all`'s work.
-    _cost: tuple[int, float, AllWorkload | None] = field(
-        default=(0, math.nan, None), init=False, repr=False
-    )
 
     def _run_all(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if self.runner is not None:
@@ -472,7 +468,7 @@ class RegimeWalk:
         failing family is named in `not_testable`. Evaluation is lazy but decides the same:
         once a fallback exists, an lr fraction stops at its first failing family. Without a
         `workload`, R3 gates on table 1 alone."""
-        self._cost = (table1_methods, pretrain_seconds, workload)
+        cost = (table1_methods, pretrain_seconds, workload)
         decision: dict[str, Any] = {"chosen": None}
         fallback: dict[str, Any] | None = None
         for frac in self.rule.lr_fractions:
@@ -489,14 +485,14 @@ class RegimeWalk:
                 if fallback is None and len(failed) < len(settings):
                     fallback = {"frac": frac, "settings": settings, "not_testable": failed}
                 continue
-            entry = self._regime(frac, settings, decision)
+            entry = self._regime(frac, settings, decision, cost)
             if entry is not None:
                 decision["chosen"] = entry
                 break
         else:
             if fallback is not None:
                 passing = {m: s for m, s in fallback["settings"].items() if s is not None}
-                entry = self._regime(fallback["frac"], passing, decision)
+                entry = self._regime(fallback["frac"], passing, decision, cost)
                 if entry is not None:
                     entry["not_testable"] = fallback["not_testable"]
                     decision["chosen"] = entry
@@ -508,6 +504,7 @@ class RegimeWalk:
         frac: float,
         settings: dict[str, CandidateResult],
         decision: dict[str, Any],
+        cost: tuple[int, float, AllWorkload | None],
     ) -> dict[str, Any] | None:
         """R1 + R2 at the families' common step count, then R4 and R3; None (and a rejection
         recorded in `decision`) if a gate fails."""
@@ -525,7 +522,7 @@ class RegimeWalk:
         sigma = max(s.sd_points for s in common.values())
         n = seeds_for_margin(sigma, self.rule)
         run_s = max(s.train_s for s in common.values()) + self.rule.run_overhead_s
-        table1_methods, pretrain_seconds, workload = self._cost
+        table1_methods, pretrain_seconds, workload = cost
         cost = table1_seconds(run_s, n, table1_methods, pretrain_seconds, self.cores)
         entry = {
             "lr_fraction": frac,

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import shlex
 import sys
 
@@ -302,9 +303,8 @@ def sweep_spec():
     return _common_spec() | {
         "model": SWEEP["model"],
         "corpus": SWEEP["corpus"],
-        "seeds": runs(
-            SWEEP["model"], SWEEP["seeds"]
-        ),  # pooled over bases, as sweep_inputs
+        # Pooled over bases, as sweep_inputs.
+        "seeds": runs(SWEEP["model"], SWEEP["seeds"]),
         "curves": {c["name"]: c["labels"] for c in SWEEP["curves"]},
         "methods": {l: method_entry(l) for l in sorted(labels)},
     }
@@ -545,5 +545,5 @@ def posttrain_runs_in_all():
     paths += claims_extra_inputs(None)
     paths += diagnostic_table1_inputs(None) if "regime" in DIAGNOSTICS else []
     # An evaluation output is RESULTS/eval/<model>/<corpus>/<label>/seed<run>.json.
-    evals = [p.split(os.sep) for p in paths if p.endswith(".json")]
-    return {os.sep.join(p) for p in evals if "eval" in p and p[-2] != "base"}
+    evals = [pathlib.PurePath(p) for p in paths if p.endswith(".json")]
+    return {str(p) for p in evals if "eval" in p.parts and p.parts[-2] != "base"}
