@@ -208,6 +208,15 @@ class Part:
     n_runs: int = 0
     checks: tuple[Check, ...] = field(default_factory=tuple)
     note: str = ""
+    # What the part's rule says of its numbers were every check passed; differs from `verdict`
+    # only where a check failed. Not a verdict on the claim: it lets two runs be compared
+    # number for number (bench/verdict_stability.py) while a premise fails on both.
+    checks_waived: str = ""
+
+    @property
+    def waived(self) -> str:
+        """`checks_waived`, or the verdict itself where the part has no rule verdict of its own."""
+        return self.checks_waived or self.verdict
 
     @property
     def detail(self) -> str:
@@ -258,14 +267,11 @@ def judged_part(
         "n_runs": diff.n_seeds,
         "checks": tuple(checks),
     }
-    failed = [c for c in checks if not c.passed]
-    if failed:
-        note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
-        return Part(NOT_TESTABLE, evidence, note=note, **common)
+    note = ""
     if diff.n_seeds < 2:
         # No run-to-run spread: an interval over one run's items says nothing about runs.
-        return Part(INCONCLUSIVE, evidence, note=_underpowered_note(mde, -1, unit), **common)
-    if rule == "direction":
+        verdict, note = INCONCLUSIVE, _underpowered_note(mde, -1, unit)
+    elif rule == "direction":
         verdict = direction_verdict(diff.low, diff.high, margin, mde)
     elif equivalence:
         verdict = equivalence_verdict(diff.low, diff.high, margin)
@@ -273,10 +279,18 @@ def judged_part(
         verdict = exceeds_verdict(diff.low, diff.high, threshold)
     else:
         raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
-    note = ""
-    if verdict == INCONCLUSIVE and underpowered(mde, margin):
+    if not note and verdict == INCONCLUSIVE and underpowered(mde, margin):
         note = _underpowered_note(mde, needed, unit)
-    return Part(verdict, evidence, note=note, **common)
+    return _checked(Part(verdict, evidence, note=note, **common))
+
+
+def _checked(part: Part) -> Part:
+    """`part` made not testable if one of its checks failed, its rule's verdict kept aside."""
+    failed = [c for c in part.checks if not c.passed]
+    if not failed:
+        return part
+    note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
+    return replace(part, verdict=NOT_TESTABLE, note=note, checks_waived=part.verdict)
 
 
 def _diff_text(where: str, a: float, b: float, diff: Difference, unit: str = "pp") -> str:
@@ -661,11 +675,7 @@ def claim_c5(audit: Audit) -> list[Part]:
         "n_runs": check.n_blocks,
         "checks": tuple(checks_for(methods)),
     }
-    failed = [c for c in common["checks"] if not c.passed]
-    if failed:
-        note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
-        part = Part(NOT_TESTABLE, text, note=note, **common)
-    elif len(methods) < 3 or check.n_blocks < 2:
+    if len(methods) < 3 or check.n_blocks < 2:
         part = Part(INCONCLUSIVE, text, note="needs >= 3 methods and >= 2 blocks", **common)
     elif math.isfinite(check.friedman_p) and check.friedman_p < alpha:
         part = Part(NOT_SUPPORTED, text, **common)
@@ -680,7 +690,7 @@ def claim_c5(audit: Audit) -> list[Part]:
         )
         note = f"underpowered: Friedman power {_fmt(pw.power, 2)}, needs {blocks}"
         part = Part(INCONCLUSIVE, text, note=note, seeds_needed=pw.blocks_needed, **common)
-    return [*parts, part]
+    return [*parts, _checked(part)]
 
 
 def claim_c6(audit: Audit) -> list[Part]:
@@ -870,6 +880,7 @@ PART_COLUMNS = [
     "claim_verdict",
     "verdict",
     "verdict_detail",
+    "verdict_checks_waived",
     "name",
     "rule",
     "estimate",
@@ -904,6 +915,7 @@ def claims_frame(parts: dict[str, list[Part]]) -> pd.DataFrame:
                     "claim_verdict": verdict,
                     "verdict": p.verdict,
                     "verdict_detail": p.detail,
+                    "verdict_checks_waived": p.waived,
                     "name": p.name,
                     "rule": p.rule,
                     "estimate": p.estimate,
@@ -937,9 +949,11 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     audit = Audit(Path(results), spec)
     parts = judge_claims(results, spec, audit)
     table = claims_frame(parts)
-    per_base = per_base_verdicts(results, spec)
-    for k, verdicts in per_base.items():
-        table[f"verdict_base{k}"] = table["part"].map(verdicts).fillna("")
+    per_base = per_base_frames(results, spec)
+    for k, frame in per_base.items():
+        for column in ("verdict", "verdict_checks_waived"):
+            verdicts = dict(zip(frame["part"], frame[column], strict=True))
+            table[f"{column}_base{k}"] = table["part"].map(verdicts).fillna("")
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(out_csv, index=False)
@@ -986,15 +1000,24 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
             "",
             "The same audit on each base's runs alone (base 0: the model as configured; base k: "
             "its k-th replicate, `models.<name>.replicates`). A part whose verdict differs "
-            "between bases depends on the base.",
+            'between bases depends on the base. The columns "checks waived" give what each '
+            "part's rule says of that base's numbers were every check passed (not a verdict: "
+            "docs/claims.md).",
             "",
-            "| part | pooled | " + " | ".join(f"base {k}" for k in per_base) + " |",
-            "|---|---|" + "---|" * len(per_base),
+            "| part | pooled | "
+            + " | ".join(f"base {k}" for k in per_base)
+            + " | "
+            + " | ".join(f"checks waived: base {k}" for k in per_base)
+            + " |",
+            "|---|---|" + "---|" * (2 * len(per_base)),
         ]
         for _, row in table.iterrows():
             cells = [str(row[f"verdict_base{k}"]) for k in per_base]
+            waived = [str(row[f"verdict_checks_waived_base{k}"]) for k in per_base]
             flag = " (depends on the base)" if len(set(cells)) > 1 else ""
-            lines.append(f"| {row['part']}{flag} | {row['verdict']} | " + " | ".join(cells) + " |")
+            lines.append(
+                f"| {row['part']}{flag} | {row['verdict']} | " + " | ".join(cells + waived) + " |"
+            )
         lines.append("")
     out_csv.with_suffix(".md").write_text("\n".join(lines))
     return table
@@ -1014,15 +1037,34 @@ def _restrict_runs(node: Any, k: int) -> Any:
     return node
 
 
-def per_base_verdicts(results: Path, spec: dict[str, Any]) -> dict[int, dict[str, str]]:
-    """Each part's verdict on each base alone, {base index: {part: verdict}}; empty when the
-    runs come from one base."""
+def per_base_frames(results: Path, spec: dict[str, Any]) -> dict[int, pd.DataFrame]:
+    """The audit of each base's runs alone, {base index: its claims frame}; empty when the runs
+    come from one base."""
     indices = sorted({base_index(s) for s in spec["table1"]["seeds"]})
     if len(indices) < 2:
         return {}
     out = {}
     for k in indices:
         sub = _restrict_runs(spec, k)
-        frame = claims_frame(judge_claims(results, sub, Audit(Path(results), sub)))
-        out[k] = dict(zip(frame["part"], frame["verdict"], strict=True))
+        out[k] = claims_frame(judge_claims(results, sub, Audit(Path(results), sub)))
+    return out
+
+
+def compare_claims(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
+    """Two audits of the same design (two machines, say), part by part: both verdicts, both
+    verdicts with the checks waived, both estimates and their shift in units of the larger MDE
+    (a shift well under 1 MDE is one the design could not have told from noise)."""
+    parts_a, parts_b = list(a["part"]), list(b["part"])
+    if parts_a != parts_b:
+        only = sorted(set(parts_a) ^ set(parts_b)) or ["(same parts, another order)"]
+        raise ValueError(f"the two claims tables have different parts: {', '.join(only)}")
+    out = pd.DataFrame({"part": a["part"], "name": a["name"], "rule": a["rule"]})
+    for column in ("verdict", "verdict_checks_waived", "estimate", "mde"):
+        out[f"{column}_a"], out[f"{column}_b"] = a[column].to_numpy(), b[column].to_numpy()
+    out["same_verdict"] = out["verdict_a"] == out["verdict_b"]
+    out["same_verdict_checks_waived"] = (
+        out["verdict_checks_waived_a"] == out["verdict_checks_waived_b"]
+    )
+    out["shift"] = out["estimate_b"] - out["estimate_a"]
+    out["shift_in_mde"] = out["shift"].abs() / out[["mde_a", "mde_b"]].max(axis=1)
     return out

@@ -23,6 +23,7 @@ from rpb.claims import (
     Check,
     build_claims,
     combine,
+    compare_claims,
     direction_verdict,
     equivalence_verdict,
     exceeds_verdict,
@@ -420,7 +421,9 @@ def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
     _testbed(tmp_path, 0.8)
     build_claims(tmp_path, _spec(pooled), tmp_path / "claims.csv")
     table = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
-    assert list(table.columns) == [*PART_COLUMNS, "verdict_base0", "verdict_base1"]
+    per_base = ["verdict_base0", "verdict_checks_waived_base0"]
+    per_base += ["verdict_base1", "verdict_checks_waived_base1"]
+    assert list(table.columns) == [*PART_COLUMNS, *per_base]
     c1 = table[table["claim"] == "C1"].iloc[0]
     assert c1["n_runs"] == 10  # the pooled part counts (base, seed) runs
     assert c1["verdict_base0"] and c1["verdict_base1"]
@@ -429,6 +432,7 @@ def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
     build_claims(tmp_path, _spec(SEEDS), alone)
     base0 = pd.read_csv(alone, keep_default_na=False)
     assert table["verdict_base0"].tolist() == base0["verdict"].tolist()
+    assert table["verdict_checks_waived_base0"].tolist() == base0["verdict_checks_waived"].tolist()
     assert "## Per-base verdicts" in (tmp_path / "claims.md").read_text()
 
 
@@ -452,3 +456,37 @@ def test_a_family_the_regime_rule_found_no_setting_for_is_not_testable(tmp_path:
     detail = table[table["claim"] == "C1"]["verdict_detail"].iloc[0]
     assert detail.startswith("not testable: M0 the regime rule found a setting for tinyA failed")
     assert reason in detail
+    # The numbers' own verdict is kept aside: the same table without the premise.
+    without = _build(tmp_path / "without", PAPER_WORLD, spec=_spec())
+    assert table["verdict_checks_waived"].tolist() == without["verdict"].tolist()
+    assert without["verdict_checks_waived"].tolist() == without["verdict"].tolist()
+
+
+def test_two_audits_are_compared_part_by_part() -> None:
+    def audit(verdicts: list[str], waived: list[str], estimates: list[float]) -> pd.DataFrame:
+        return pd.DataFrame(
+            {
+                "part": ["C1.1", "C1.2", "C5.7"],
+                "name": ["x", "y", "z"],
+                "rule": ["direction", "direction", "friedman"],
+                "verdict": verdicts,
+                "verdict_checks_waived": waived,
+                "estimate": estimates,
+                "mde": [4.0, 8.0, NAN],
+            }
+        )
+
+    a = audit([NOT_TESTABLE, SUPPORTED, SUPPORTED], [SUPPORTED] * 3, [1.0, 10.0, 0.2])
+    b = audit(
+        [NOT_TESTABLE, INCONCLUSIVE, SUPPORTED], [INCONCLUSIVE, *[SUPPORTED] * 2], [3.0, 6.0, 0.3]
+    )
+    b.loc[1, "mde"] = 10.0
+    rows = compare_claims(a, b)
+    assert rows["same_verdict"].tolist() == [True, False, True]
+    assert rows["same_verdict_checks_waived"].tolist() == [False, True, True]
+    # Shifts in units of the larger of the two MDEs; undefined without an MDE.
+    assert rows["shift"].tolist() == pytest.approx([2.0, -4.0, 0.1])
+    assert rows["shift_in_mde"].iloc[:2].tolist() == pytest.approx([0.5, 0.4])
+    assert math.isnan(rows["shift_in_mde"].iloc[2])
+    with pytest.raises(ValueError, match=r"parts: C5\.7"):
+        compare_claims(a, b.iloc[:2])
