@@ -5,7 +5,8 @@ schema migrations; `rpb init-tracking` (the pipeline's `tracking_init` rule, whi
 waits for) does it once. After that, jobs may write in parallel: MLflow opens every sqlite session
 with `PRAGMA busy_timeout = 20000`, so writers wait for each other instead of failing with
 "database is locked". Processes are started together behind a barrier (a file they wait for),
-so their writes really overlap.
+and the tracked jobs wait again once their runs are open, so their writes really overlap on a
+loaded machine too.
 """
 
 from __future__ import annotations
@@ -35,6 +36,11 @@ while not go.exists():
     time.sleep(0.01)
 with tracked_run(stage="train", model="m", seed=job, params={"job": job}, tracking_uri=uri,
                  experiment="rpb", run_dir=go.parent / f"job{job}"):
+    # A second barrier: every run is open before any writes its metrics, so they overlap
+    # however the machine schedules the processes.
+    Path(f"{go}.open{job}").touch()
+    while len(list(go.parent.glob(f"{go.name}.open*"))) < %(jobs)d:
+        time.sleep(0.01)
     for step in range(1, %(steps)d + 1):
         mlflow.log_metrics({"loss": 1.0 / step, "job": float(job)}, step=step)
 """
@@ -96,7 +102,7 @@ def test_parallel_jobs_on_an_initialised_store(tmp_path: Path) -> None:
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     experiment_id = init_store(uri, "rpb")
     go = tmp_path / "go"
-    script = JOB % {"steps": STEPS}
+    script = JOB % {"steps": STEPS, "jobs": JOBS}
     results = _together(script, [[uri, str(job), str(go)] for job in range(JOBS)], go)
     failed = [(r.args[1], r.stderr[-2000:]) for r in results if r.returncode != 0]
     assert not failed, failed
@@ -108,7 +114,8 @@ def test_parallel_jobs_on_an_initialised_store(tmp_path: Path) -> None:
     assert sorted(r.info.run_name for r in runs) == sorted(
         f"train/m/-/seed{job}" for job in range(JOBS)
     )
-    # The runs overlapped: all were open at one moment, so their writes competed.
+    # The runs overlapped (the second barrier): all were open at one moment, so their writes
+    # competed.
     assert max(r.info.start_time for r in runs) < min(r.info.end_time for r in runs)
     for run in runs:
         assert run.info.status == "FINISHED", run.info.run_name
