@@ -39,7 +39,10 @@ with tracked_run(stage="train", model="m", seed=job, params={"job": job}, tracki
     # A second barrier: every run is open before any writes its metrics, so they overlap
     # however the machine schedules the processes.
     Path(f"{go}.open{job}").touch()
+    deadline = time.monotonic() + 120
     while len(list(go.parent.glob(f"{go.name}.open*"))) < %(jobs)d:
+        if time.monotonic() > deadline:
+            sys.exit("the second barrier: not every job opened its run within 120 s")
         time.sleep(0.01)
     for step in range(1, %(steps)d + 1):
         mlflow.log_metrics({"loss": 1.0 / step, "job": float(job)}, step=step)
