@@ -249,26 +249,40 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
 
 
 def cmd_regime(args: argparse.Namespace) -> None:
+    import dataclasses
+
     import mlflow
 
-    from rpb.data import SIZE_PRESETS, write_corpora
-    from rpb.regime import AllWorkload, MissingRuns, RegimeRule, RegimeWalk, write_report
+    from rpb.data import POST_TASKS, SIZE_PRESETS, write_corpora
+    from rpb.regime import (
+        AllWorkload,
+        MissingRuns,
+        RegimeRule,
+        RegimeWalk,
+        task_name,
+        write_report,
+    )
     from rpb.testbed import stage_durations
     from rpb.tracking import resolve_tracking_uri, tracked_run
 
     spec = args.spec
     rule = RegimeRule.from_dict(spec.get("rule") or {})
     root = args.out.parent
+    preset = SIZE_PRESETS[spec["data"]["preset"]]
+    corpus = spec["corpus"]
+    # The preset's own size is the rule-1 task (same corpora, same cached runs).
+    pairs = tuple(None if n == preset[corpus] else n for n in rule.post_pairs)
+    rule = dataclasses.replace(rule, post_pairs=pairs)
     data_dirs = {}
-    for level in rule.levels:  # the corpora at every level (cheap; pretraining is level-free)
-        data_dirs[level] = root / "data" / f"L{level}"
-        if not (data_dirs[level] / "manifest.json").is_file():
-            write_corpora(
-                data_dirs[level],
-                seed=spec["data"]["seed"],
-                sizes=SIZE_PRESETS[spec["data"]["preset"]],
-                level=level,
-            )
+    # The corpora of every task (cheap; pretraining depends on neither level nor size).
+    for level in rule.levels:
+        for n in rule.post_pairs or (None,):
+            sizes = preset if n is None else preset | dict.fromkeys(POST_TASKS, n)
+            data_dirs[(level, n)] = root / "data" / task_name(level, n)
+            if not (data_dirs[(level, n)] / "manifest.json").is_file():
+                write_corpora(
+                    data_dirs[(level, n)], seed=spec["data"]["seed"], sizes=sizes, level=level
+                )
     durations = stage_durations(resolve_tracking_uri(args.tracking_uri), args.experiment)
     pretrain_s = max(
         (max(durations.get(f"pretrain/{m}", [float("nan")])) for m in spec["table1_models"]),
@@ -284,7 +298,10 @@ def cmd_regime(args: argparse.Namespace) -> None:
         cores=args.cores,
         cached_only=args.cached_only,
         on_progress=lambda partial: write_report(
-            partial, rule, root / "regime.partial.json", root / "regime.partial.md"
+            partial,
+            rule,
+            args.out.with_suffix(".partial.json"),
+            args.out.with_suffix(".partial.md"),
         ),
     )
     with tracked_run(

@@ -252,7 +252,8 @@ def plot_regime_walk(
 ) -> list[Path]:
     """The regime rule's calibration runs (`rpb.regime`, rows of `CandidateResult.row`): `none`'s
     final dev accuracy against post-training steps, one panel per (model, lr fraction), one line
-    per difficulty level (the seed mean), each seed a dot, R2's range shaded."""
+    per task (difficulty level and post-training pairs; the seed mean), each seed a dot, R2's
+    range shaded."""
     if not tried:
         raise ValueError("no calibration candidate tried")
     df = pd.DataFrame(list(tried))
@@ -263,10 +264,15 @@ def plot_regime_walk(
     for ax, (model, frac) in zip(axes, panels, strict=True):
         ax.axhspan(*accuracy_range, color="0.9", zorder=0)
         sub = df[(df["model"] == model) & (df["lr_fraction"] == frac)]
-        for level, rows in sub.groupby("level"):
+        pairs = sub["post_pairs"] if "post_pairs" in sub else pd.Series(None, index=sub.index)
+        tasks = [
+            f"level {lv}" + ("" if pd.isna(n) else f", {int(n)} pairs")
+            for lv, n in zip(sub["level"], pairs, strict=True)
+        ]
+        for task, rows in sub.groupby(tasks, sort=False):
             rows = rows.sort_values("steps")
             line = ax.plot(rows["steps"], [np.mean(f) for f in rows["finals"]], marker="o")[0]
-            line.set_label(f"level {level}")
+            line.set_label(task)
             for steps, finals in zip(rows["steps"], rows["finals"], strict=True):
                 ax.scatter([steps] * len(finals), finals, s=8, color=line.get_color(), alpha=0.5)
         ax.set_xscale("log", base=2)

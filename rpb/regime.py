@@ -6,8 +6,9 @@ of `none` on their own seeds, scored on the development split (`rpb.data`: disjo
 data and from every eval set the tables read), walked over the candidates in the rule's order. The
 first candidate that passes every gate is the regime; every candidate tried is reported.
 
-Calibration runs are cached one JSON per (model, level, lr fraction, steps, seed), so an
-interrupted or extended walk never recomputes a finished run.
+Calibration runs are cached one JSON per (model, task, lr fraction, steps, seed), so an
+interrupted or extended walk never recomputes a finished run. A task is a difficulty level and,
+for rule 2 (data-limited post-training), the number of post-training pairs.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class RegimeRule:
     lr_fractions: tuple[float, ...] = (0.1, 1 / 30)  # R0: of the base's pretraining peak lr
     steps: tuple[int, ...] = (200, 400, 800)  # R1: the smallest whose doubling changes nothing
     levels: tuple[int, ...] = (1, 2, 3, 4)  # R2: tried from the easiest upward
+    # Rule 2's second graded axis (docs/regime.md): post-training pairs per level, tried from the
+    # most (easiest) down; empty (or None): the data preset's size (rule 1).
+    post_pairs: tuple[int | None, ...] = ()
+    # Rule 2's R2b: the least share of dev items that some but not every seed answers correctly
+    # (room to move); 0 skips the gate (rule 1).
+    min_moving_share: float = 0.0
     readings: int = 10  # dev accuracy read every steps / readings
     plateau_tolerance: float = 0.02  # R1: mean change of dev accuracy from S to 2S steps
     plateau_seed_tolerance: float = 0.05  # R1: every seed's change from S to 2S steps
@@ -66,17 +73,28 @@ class Candidate:
     level: int
     lr_fraction: float
     steps: int
+    post_pairs: int | None = None  # None: the data preset's post-training pairs
+
+    @property
+    def task(self) -> tuple[int, int | None]:
+        """The corpora it trains and reads: (level, post-training pairs)."""
+        return (self.level, self.post_pairs)
 
     def path(self, root: Path, seed: int) -> Path:
         frac = f"{self.lr_fraction:.4g}".replace(".", "p")
         return (
             root
             / self.model
-            / f"L{self.level}"
+            / task_name(self.level, self.post_pairs)
             / f"lr{frac}"
             / f"S{self.steps}"
             / f"seed{seed}.json"
         )
+
+
+def task_name(level: int, post_pairs: int | None) -> str:
+    """The folder name of a task's corpora and runs: L1, or L1-N3000 for 3,000 pairs."""
+    return f"L{level}" if post_pairs is None else f"L{level}-N{post_pairs}"
 
 
 # --- the gates ------------------------------------------------------------------------------------
@@ -98,6 +116,15 @@ def plateaued(
     if mean_change >= tolerance:
         return [False] * len(short)
     return [abs(b - a) < seed_tolerance for a, b in zip(short, long, strict=True)]
+
+
+def moving_share(outcomes: Sequence[Sequence[bool]]) -> float:
+    """R2b (rule 2): the share of items that at least one seed and not every seed answers
+    correctly (`outcomes`: one list of per-item results per seed, items in the same order)."""
+    if len(outcomes) < 2 or len({len(o) for o in outcomes}) != 1 or not outcomes[0]:
+        raise ValueError("room to move: need per-item outcomes of 2+ seeds on the same items")
+    per_item = list(zip(*outcomes, strict=True))
+    return sum(any(item) and not all(item) for item in per_item) / len(per_item)
 
 
 def seeds_for_margin(sigma: float, rule: RegimeRule) -> int:
@@ -144,7 +171,12 @@ class AllWorkload:
 
 
 def dev_accuracy(model: Any, tokenizer: Any, items: Sequence[dict[str, str]]) -> float:
-    """Greedy exact match on prompt/target items: the target's tokens, then EOS.
+    """Greedy exact match on prompt/target items: the target's tokens, then EOS."""
+    return sum(dev_outcomes(model, tokenizer, items)) / max(1, len(items))
+
+
+def dev_outcomes(model: Any, tokenizer: Any, items: Sequence[dict[str, str]]) -> list[bool]:
+    """Per item, in `items`' order: greedy exact match (the target's tokens, then EOS).
 
     Prompts are grouped by token length, so no batch needs padding and positions are the ones
     training saw (the tiny tokenizer has no BOS)."""
@@ -157,14 +189,14 @@ def dev_accuracy(model: Any, tokenizer: Any, items: Sequence[dict[str, str]]) ->
     for i, item in enumerate(items):
         prompt = encode(tokenizer, item["prompt"], f"dev item {i}")
         target = [*encode(tokenizer, item["target"], f"dev item {i}"), eos]
-        groups.setdefault(len(prompt), []).append((prompt, target))
+        groups.setdefault(len(prompt), []).append((i, prompt, target))
     was_training = model.training
     model.eval()
-    correct = 0
+    correct = [False] * len(items)
     with torch.no_grad():
         for group in groups.values():
-            width = max(len(t) for _, t in group)
-            ids = torch.tensor([p for p, _ in group])
+            width = max(len(t) for _, _, t in group)
+            ids = torch.tensor([p for _, p, _ in group])
             out = model.generate(
                 input_ids=ids,
                 attention_mask=torch.ones_like(ids),
@@ -173,22 +205,24 @@ def dev_accuracy(model: Any, tokenizer: Any, items: Sequence[dict[str, str]]) ->
                 pad_token_id=tokenizer.pad_token_id,
                 eos_token_id=eos,
             )[:, ids.shape[1] :]
-            for row, (_, target) in zip(out.tolist(), group, strict=True):
-                correct += row[: len(target)] == target
+            for row, (i, _, target) in zip(out.tolist(), group, strict=True):
+                correct[i] = row[: len(target)] == target
     model.train(was_training)
-    return correct / max(1, len(items))
+    return correct
 
 
 def _dev_callback(tokenizer: Any, items: list[dict[str, str]], every: int, curve: list) -> Any:
     from transformers import TrainerCallback
 
     class DevAccuracyCallback(TrainerCallback):
-        """Reads dev accuracy every `every` optimizer steps (and at the last)."""
+        """Reads dev accuracy every `every` optimizer steps (and at the last); `outcomes` holds
+        the latest reading's per-item results."""
 
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % every == 0 or state.global_step == state.max_steps:
                 start = time.perf_counter()
-                curve.append((state.global_step, dev_accuracy(model, tokenizer, items)))
+                self.outcomes = dev_outcomes(model, tokenizer, items)
+                curve.append((state.global_step, sum(self.outcomes) / max(1, len(items))))
                 self.seconds = getattr(self, "seconds", 0.0) + time.perf_counter() - start
 
     return DevAccuracyCallback()
@@ -262,6 +296,8 @@ def calibration_run(
     record = {
         "curve": curve,
         "final": curve[-1][1] if curve else float("nan"),
+        # The last reading's per-item results, in the dev file's order (R2b of rule 2).
+        "final_correct": [int(c) for c in getattr(callback, "outcomes", [])],
         "wall_s": wall,
         "dev_eval_s": getattr(callback, "seconds", 0.0),
         "train_s": wall - getattr(callback, "seconds", 0.0),
@@ -304,6 +340,9 @@ class CandidateResult:
     plateau: list[bool]
     train_s: float  # median seconds of a run's training (dev readings excluded)
     gate: str = ""  # which gate it passed or failed, in words
+    # Each seed's per-item final results (None: a run recorded before they were kept).
+    outcomes: list[list[int]] | None = None
+    moving: float | None = None  # R2b's share of items some but not every seed solves
 
     @property
     def mean(self) -> float:
@@ -322,6 +361,7 @@ class CandidateResult:
             "finals": [round(f, 3) for f in self.finals],
             # None: not judged (a 2S reference run, or not reached).
             "all_plateaued": all(self.plateau) if self.plateau else None,
+            "moving_share": None if self.moving is None else round(self.moving, 3),
             "train_s": round(self.train_s, 1),
             "gate": self.gate,
         }
@@ -333,7 +373,7 @@ class RegimeWalk:
 
     rule: RegimeRule
     models: dict[str, dict[str, Any]]  # name -> {"base_dir", "pretrain_lr"}
-    data_dirs: dict[int, Path]  # level -> corpora written at that level
+    data_dirs: dict[tuple[int, int | None], Path]  # Candidate.task -> its corpora
     corpus: str
     posttrain: dict[str, Any]
     runs_root: Path
@@ -367,7 +407,7 @@ class RegimeWalk:
 
     def evaluate(self, candidate: Candidate) -> CandidateResult:
         model = self.models[candidate.model]
-        data_dir = self.data_dirs[candidate.level]
+        data_dir = self.data_dirs[candidate.task]
         inputs = inputs_fingerprint(Path(model["base_dir"]), data_dir, self.corpus)
         jobs = [
             {
@@ -390,6 +430,11 @@ class RegimeWalk:
             finals=[rec["final"] for rec in records],
             plateau=[],
             train_s=sorted(rec["train_s"] for rec in records)[len(records) // 2],
+            outcomes=(
+                [rec["final_correct"] for rec in records]
+                if all(rec.get("final_correct") for rec in records)
+                else None
+            ),
         )
         self.tried.append(result)
         return result
@@ -424,6 +469,11 @@ class RegimeWalk:
             short.gate = "R1: flat below the range before the largest S; next S"
         elif short.mean < low:
             short.gate = f"R1 passes; R2 fails: floor ({short.mean:.3f} < {low})"
+        elif r.min_moving_share > 0 and self._moving(short) < r.min_moving_share:
+            short.gate = (
+                f"R1, R2 pass; R2b fails: room to move ({short.moving:.3f} of the items vary"
+                f" between seeds < {r.min_moving_share})"
+            )
         else:
             short.gate = "R1, R2 pass"
         log.info("regime: %s", json.dumps(short.row()))
@@ -433,24 +483,39 @@ class RegimeWalk:
             )
         return short
 
+    def _moving(self, result: CandidateResult) -> float:
+        if result.outcomes is None:
+            raise ValueError(
+                f"R2b needs per-item outcomes, and a cached run of {result.candidate} predates "
+                "them: delete its JSON files under the calibration runs to retrain them"
+            )
+        result.moving = moving_share(result.outcomes)
+        return result.moving
+
+    def tasks(self) -> list[tuple[int, int | None]]:
+        """The graded tasks in the rule's order: each level, then (rule 2) each post-training
+        size from the most pairs down."""
+        sizes = self.rule.post_pairs or (None,)
+        return [(level, n) for level in self.rule.levels for n in sizes]
+
     def family_setting(self, model: str, frac: float) -> CandidateResult | None:
-        """R1 then R2 for one base at one lr: the easiest level whose plateau step count puts
-        none's mean dev accuracy inside the range; None if no level does."""
+        """R1 then R2 (and R2b) for one base at one lr: the easiest task whose plateau step
+        count puts none's mean dev accuracy inside the range; None if no task does."""
         low = self.rule.accuracy_range[0]
-        for level in self.rule.levels:
+        for level, pairs in self.tasks():
             found = None
             for steps in self.rule.steps:
                 last = steps == self.rule.steps[-1]
-                result = self.check(Candidate(model, level, frac, steps), last=last)
+                result = self.check(Candidate(model, level, frac, steps, pairs), last=last)
                 if all(result.plateau) and (result.mean >= low or last):
                     found = result
                     break
             if found is None:
-                continue  # R1 fails at every step count: the next level
+                continue  # R1 fails at every step count: the next task
             if found.gate == "R1, R2 pass":
                 return found
             if "floor" in found.gate:
-                # Harder levels only lower accuracy further (docs/regime.md): stop climbing.
+                # Harder tasks only lower accuracy further (docs/regime.md): stop climbing.
                 return None
         return None
 
@@ -512,7 +577,7 @@ class RegimeWalk:
         common = {}
         for m, s in settings.items():  # R1 + R2 again at the common step count
             if s.candidate.steps != steps:
-                s = self.check(Candidate(m, s.candidate.level, frac, steps))
+                s = self.check(dataclasses.replace(s.candidate, steps=steps))
             common[m] = s
         if not all(s.gate == "R1, R2 pass" for s in common.values()):
             decision.setdefault("rejected", []).append(
@@ -528,6 +593,7 @@ class RegimeWalk:
             "lr_fraction": frac,
             "steps": steps,
             "levels": {m: s.candidate.level for m, s in common.items()},
+            "post_pairs": {m: s.candidate.post_pairs for m, s in common.items()},
             "lr": {m: frac * self.models[m]["pretrain_lr"] for m in common},
             "dev_mean": {m: round(s.mean, 4) for m, s in common.items()},
             "sigma_points": round(sigma, 2),
@@ -565,20 +631,23 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
     lines = [
         "# Testbed regime (the rule of docs/regime.md, applied by `rpb regime`)",
         "",
+        "Task: difficulty level (L1-L4), and for rule 2 the post-training pairs (L1-N3000).",
+        "",
         f"Calibration seeds {list(rule.seeds)}; in-domain accuracy of `none` on the development",
         f"split, read every steps/{rule.readings}. R2 range {list(rule.accuracy_range)}; margin"
         f" {rule.margin} points.",
         "",
-        "| model | level | lr fraction | steps | dev mean | sd (points) | all plateaued | train s"
-        " | gate |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | task | lr fraction | steps | dev mean | sd (points) | all plateaued"
+        " | varying items | train s | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in decision["tried"]:
         plateau = "-" if t["all_plateaued"] is None else t["all_plateaued"]
+        moving = "-" if t.get("moving_share") is None else f"{t['moving_share']:.3f}"
         lines.append(
-            f"| {t['model']} | {t['level']} | {t['lr_fraction']:.4g} | {t['steps']} | "
-            f"{t['dev_mean']:.3f} | {t['dev_sd_points']:.2f} | {plateau} | "
-            f"{t['train_s']} | {t['gate']} |"
+            f"| {t['model']} | {task_name(t['level'], t.get('post_pairs'))} | "
+            f"{t['lr_fraction']:.4g} | {t['steps']} | {t['dev_mean']:.3f} | "
+            f"{t['dev_sd_points']:.2f} | {plateau} | {moving} | {t['train_s']} | {t['gate']} |"
         )
     lines += ["", "## Decision", ""]
     for r in decision.get("rejected", []):

@@ -17,9 +17,12 @@ from rpb.regime import (
     RegimeWalk,
     all_seconds,
     dev_accuracy,
+    dev_outcomes,
+    moving_share,
     plateaued,
     seeds_for_margin,
     table1_seconds,
+    task_name,
 )
 from rpb.stats import mde
 
@@ -68,38 +71,54 @@ def test_r3_rejects_a_regime_whose_all_is_over_budget_though_table1_fits(tmp_pat
     assert fits["chosen"] is not None  # table 1 alone fits: only `all` rejected it
 
 
-def _write_inputs(root: Path, levels: tuple[int, ...]) -> None:
-    """Stand-in bases (A, B) and corpora (one folder per level) for the inputs' fingerprint."""
+def _tasks(rule: RegimeRule) -> list[tuple[int, int | None]]:
+    return [(lvl, n) for lvl in rule.levels for n in rule.post_pairs or (None,)]
+
+
+def _write_inputs(root: Path, rule: RegimeRule) -> None:
+    """Stand-in bases (A, B) and corpora (one folder per task) for the inputs' fingerprint."""
     for model in ("A", "B"):
         (root / model).mkdir(parents=True, exist_ok=True)
         (root / model / "model.safetensors").write_bytes(model.encode())
-    for level in levels:
+    for task in _tasks(rule):
         for split in ("post", "dev"):
-            (root / f"L{level}" / split).mkdir(parents=True, exist_ok=True)
-            (root / f"L{level}" / split / "math.jsonl").write_text(f"{split} {level}\n")
+            (root / task_name(*task) / split).mkdir(parents=True, exist_ok=True)
+            (root / task_name(*task) / split / "math.jsonl").write_text(f"{split} {task}\n")
 
 
 def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
     """A walk whose calibration runs return `outcomes[(model, level, steps)]` (one final dev
-    accuracy per seed) without training anything; a missing key is a test failure."""
+    accuracy per seed; with rule 2's sizes the key's task is the folder name, "L1-N300", and a
+    value may be (finals, per-seed item outcomes)) without training anything; a missing key is
+    a test failure."""
     calls: list[tuple[str, int, int, int]] = []
 
     def runner(jobs):
         out = []
         for job in jobs:
-            key = (job["base_dir"].name, int(job["data_dir"].name.removeprefix("L")), job["steps"])
+            task = job["data_dir"].name
+            if not rule.post_pairs:
+                task = int(task.removeprefix("L"))
+            key = (job["base_dir"].name, task, job["steps"])
             calls.append((*key, job["seed"]))
-            final = outcomes[key][rule.seeds.index(job["seed"])]
-            out.append(
-                {"curve": [(job["steps"], final)], "final": final, "train_s": 0.05 * job["steps"]}
-            )
+            value = outcomes[key]
+            finals, items = value if isinstance(value, tuple) else (value, None)
+            i = rule.seeds.index(job["seed"])
+            record = {
+                "curve": [(job["steps"], finals[i])],
+                "final": finals[i],
+                "train_s": 0.05 * job["steps"],
+            }
+            if items is not None:
+                record["final_correct"] = items[i]
+            out.append(record)
         return out
 
-    _write_inputs(tmp_path, rule.levels)
+    _write_inputs(tmp_path, rule)
     walk = RegimeWalk(
         rule=rule,
         models={m: {"base_dir": tmp_path / m, "pretrain_lr": 3e-3} for m in ("A", "B")},
-        data_dirs={lvl: tmp_path / f"L{lvl}" for lvl in rule.levels},
+        data_dirs={task: tmp_path / task_name(*task) for task in _tasks(rule)},
         corpus="math",
         posttrain={"batch_size": 8, "max_length": 16},
         runs_root=tmp_path / "runs",
@@ -168,13 +187,69 @@ def test_walk_rejects_a_candidate_over_the_cost_budget(tmp_path: Path) -> None:
 
 def test_candidate_paths_are_distinct_per_setting(tmp_path: Path) -> None:
     paths = {
-        Candidate("A", lvl, frac, steps).path(tmp_path, seed)
+        Candidate("A", lvl, frac, steps, pairs).path(tmp_path, seed)
         for lvl in (1, 2)
         for frac in (0.1, 1 / 30)
         for steps in (200, 400)
         for seed in (0, 1)
+        for pairs in (None, 750)
     }
-    assert len(paths) == 16
+    assert len(paths) == 32
+    # The preset's size (None) keeps rule 1's paths, so its cached runs are rule 2's first task.
+    assert Candidate("A", 1, 0.1, 200).path(tmp_path, 0) == tmp_path / "A/L1/lr0p1/S200/seed0.json"
+
+
+def test_moving_share_counts_items_some_but_not_all_seeds_solve() -> None:
+    outcomes = [[1, 1, 0, 0, 1], [1, 0, 0, 0, 1], [1, 1, 0, 1, 0]]
+    # item 0 always, item 2 never; items 1, 3 and 4 vary: 3 of 5
+    assert moving_share(outcomes) == pytest.approx(0.6)
+    assert moving_share([[1, 0], [1, 0]]) == 0.0  # seeds agree on every item
+    with pytest.raises(ValueError, match="same items"):
+        moving_share([[1, 0], [1]])
+    with pytest.raises(ValueError, match="2\\+ seeds"):
+        moving_share([[1, 0]])
+
+
+def test_rule2_walks_post_training_sizes_and_gates_on_room_to_move(tmp_path: Path) -> None:
+    """Mid-range mean from a solved-plus-unsolvable mixture fails R2b; the next size, whose
+    items vary between seeds, passes."""
+    rule = RegimeRule(
+        seeds=(0, 1),
+        steps=(200,),
+        levels=(1,),
+        post_pairs=(None, 300, 100),
+        min_moving_share=0.25,
+    )
+    fixed = ([0.5, 0.5], [[1, 1, 0, 0], [1, 1, 0, 0]])  # same half solved by both seeds
+    varying = ([0.5, 0.5], [[1, 0, 1, 0], [1, 1, 0, 0]])  # items 1 and 2 vary: 0.5
+    outcomes = {
+        ("A", "L1", 200): ([0.99, 0.99], [[1, 1, 1, 1]] * 2),  # ceiling
+        ("A", "L1", 400): [0.99, 0.99],
+        ("A", "L1-N300", 200): fixed,
+        ("A", "L1-N300", 400): fixed,
+        ("A", "L1-N100", 200): varying,
+        ("A", "L1-N100", 400): varying,
+        ("B", "L1", 200): varying,
+        ("B", "L1", 400): varying,
+    }
+    walk = _fake_walk(tmp_path, outcomes, rule)
+    decision = walk.walk(table1_methods=3, pretrain_seconds=0)
+    gates = {(t["model"], t["post_pairs"], t["steps"]): t["gate"] for t in decision["tried"]}
+    assert gates[("A", None, 200)].startswith("R1 passes; R2 fails: ceiling")
+    assert gates[("A", 300, 200)].startswith("R1, R2 pass; R2b fails: room to move (0.000")
+    assert gates[("A", 100, 200)] == gates[("B", None, 200)] == "R1, R2 pass"
+    assert decision["chosen"]["post_pairs"] == {"A": 100, "B": None}
+    moving = {
+        (t["model"], t["post_pairs"], t["steps"]): t["moving_share"] for t in decision["tried"]
+    }
+    assert moving[("A", 100, 200)] == 0.5
+
+
+def test_r2b_refuses_cached_runs_without_per_item_outcomes(tmp_path: Path) -> None:
+    rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1,), min_moving_share=0.1)
+    same = {(m, 1, s): [0.5, 0.6] for m in ("A", "B") for s in (200, 400)}
+    with pytest.raises(ValueError, match="predates them"):
+        _fake_walk(tmp_path, same, rule).walk(table1_methods=3, pretrain_seconds=0)
 
 
 class _EchoModel:
@@ -202,6 +277,9 @@ def test_dev_accuracy_is_exact_match_with_eos(tmp_path: Path) -> None:
     answer = tok("28", add_special_tokens=False)["input_ids"]
     model = _EchoModel([*answer, tok.eos_token_id, tok.eos_token_id])
     assert dev_accuracy(model, tok, items) == 0.5  # only the first item's answer
+    assert dev_outcomes(model, tok, items) == [True, False]  # per item, in the items' order
+    flipped = [items[1], items[0]]  # grouped by prompt length inside: the order must survive
+    assert dev_outcomes(model, tok, flipped) == [False, True]
     no_eos = _EchoModel([*answer, answer[0], answer[0]])
     assert dev_accuracy(no_eos, tok, items) == 0.0  # "28" then more digits is not "28"
     assert model.training  # the model's mode is restored

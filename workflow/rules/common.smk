@@ -509,10 +509,12 @@ def claims_extra_inputs(wildcards):
     return paths
 
 
-def regime_spec():
-    """What `rpb regime` needs: the calibration bases, the rule, the data and post-training
-    settings it keeps fixed, and table 1's bases and methods (its cost gate)."""
+def regime_spec(name="regime"):
+    """What `rpb regime` needs: the calibration bases, the rule (`regime`: calibration.rule, rule
+    1; `rule2`: calibration.rule2), the data and post-training settings it keeps fixed, and table
+    1's bases and methods (its cost gate)."""
     section = config["calibration"]
+    settings = section.get("rule" if name == "regime" else "rule2") or {}
     return {
         "models": {
             m: {
@@ -521,7 +523,7 @@ def regime_spec():
             }
             for m in section["models"]
         },
-        "rule": section.get("rule") or {},
+        "rule": settings,
         "corpus": config["table1"]["corpus"],
         "data": {"seed": config["data"]["seed"], "preset": config["data"]["preset"]},
         "posttrain": config["posttrain"],
