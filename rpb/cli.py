@@ -89,11 +89,11 @@ def cmd_init_tracking(args: argparse.Namespace) -> None:
 def cmd_corpora(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.data import SIZE_PRESETS, write_corpora
+    from rpb.data import preset_sizes, write_corpora
     from rpb.tokenizer import build_tokenizer
     from rpb.tracking import tracked_run
 
-    sizes = SIZE_PRESETS[args.preset]
+    sizes = preset_sizes(args.preset, args.post_pairs)
     params = {"seed": args.seed, "preset": args.preset, "sizes": sizes, "level": args.level}
     with tracked_run(
         stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)
@@ -253,7 +253,7 @@ def cmd_regime(args: argparse.Namespace) -> None:
 
     import mlflow
 
-    from rpb.data import POST_TASKS, SIZE_PRESETS, write_corpora
+    from rpb.data import SIZE_PRESETS, preset_sizes, write_corpora
     from rpb.regime import (
         AllWorkload,
         MissingRuns,
@@ -268,20 +268,22 @@ def cmd_regime(args: argparse.Namespace) -> None:
     spec = args.spec
     rule = RegimeRule.from_dict(spec.get("rule") or {})
     root = args.out.parent
-    preset = SIZE_PRESETS[spec["data"]["preset"]]
+    preset = spec["data"]["preset"]
     corpus = spec["corpus"]
     # The preset's own size is the rule-1 task (same corpora, same cached runs).
-    pairs = tuple(None if n == preset[corpus] else n for n in rule.post_pairs)
+    pairs = tuple(None if n == SIZE_PRESETS[preset][corpus] else n for n in rule.post_pairs)
     rule = dataclasses.replace(rule, post_pairs=pairs)
     data_dirs = {}
     # The corpora of every task (cheap; pretraining depends on neither level nor size).
     for level in rule.levels:
         for n in rule.post_pairs or (None,):
-            sizes = preset if n is None else preset | dict.fromkeys(POST_TASKS, n)
             data_dirs[(level, n)] = root / "data" / task_name(level, n)
             if not (data_dirs[(level, n)] / "manifest.json").is_file():
                 write_corpora(
-                    data_dirs[(level, n)], seed=spec["data"]["seed"], sizes=sizes, level=level
+                    data_dirs[(level, n)],
+                    seed=spec["data"]["seed"],
+                    sizes=preset_sizes(preset, n),
+                    level=level,
                 )
     durations = stage_durations(resolve_tracking_uri(args.tracking_uri), args.experiment)
     pretrain_s = max(
@@ -671,6 +673,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--preset", choices=["default", "smoke"], default="default")
     p.add_argument("--level", type=int, default=1, help="post-training difficulty (POST_LEVELS)")
+    p.add_argument(
+        "--post-pairs", type=int, default=None, help="cut each post-training corpus to N pairs"
+    )
 
     p = add("pretrain", cmd_pretrain, "pretrain a tiny MoE base with a load-balancing loss")
     p.add_argument("--name", required=True)

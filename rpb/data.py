@@ -199,6 +199,19 @@ def _as_sizes(sizes: Mapping[str, int] | CorpusSizes) -> CorpusSizes:
     return out
 
 
+def preset_sizes(preset: str, post_pairs: int | None = None) -> dict[str, int]:
+    """A size preset's line counts, with every post-training corpus cut to `post_pairs` pairs
+    (the first pairs of the same stream: data-limited post-training, docs/regime.md rule 2)."""
+    if preset not in SIZE_PRESETS:
+        raise ValueError(f"unknown size preset {preset!r} (known: {sorted(SIZE_PRESETS)})")
+    sizes = dict(SIZE_PRESETS[preset])
+    if post_pairs is not None:
+        if isinstance(post_pairs, bool) or not isinstance(post_pairs, int) or post_pairs < 1:
+            raise ValueError(f"post_pairs must be a positive int, got {post_pairs!r}")
+        sizes |= dict.fromkeys(POST_TASKS, post_pairs)
+    return sizes
+
+
 def check_level(level: int) -> int:
     """The post-training difficulty level, or ValueError naming the known ones."""
     if isinstance(level, bool) or level not in POST_LEVELS:

@@ -270,3 +270,27 @@ def test_unknown_level_and_too_many_held_out_pairs_are_refused(tmp_path: Path) -
         write_corpora(tmp_path, seed=0, sizes=SIZE_PRESETS["smoke"], level=9)
     with pytest.raises(ValueError, match="'dev'=400"):
         write_corpora(tmp_path, seed=0, sizes=SIZE_PRESETS["default"] | {"dev": 400})
+
+
+def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
+    smoke_dir: Path, tmp_path: Path
+) -> None:
+    """Rule 2's data-limited task (docs/regime.md): fewer post-training pairs, same stream, same
+    dev and eval sets, same pretraining corpus."""
+    cut = data.preset_sizes("smoke", 50)
+    assert (
+        cut["math"] == cut["math2"] == 50 and cut["pretrain"] == SIZE_PRESETS["smoke"]["pretrain"]
+    )
+    write_corpora(tmp_path, seed=3, sizes=cut)
+    full, small = _files(smoke_dir), _files(tmp_path)
+    for task in ("math", "math2"):
+        lines = small[f"post/{task}.jsonl"].splitlines()
+        assert len(lines) == 50
+        assert full[f"post/{task}.jsonl"].splitlines()[:50] == lines
+    assert {k: v for k, v in full.items() if k.startswith(("eval/", "dev/", "pretrain"))} == {
+        k: v for k, v in small.items() if k.startswith(("eval/", "dev/", "pretrain"))
+    }
+    with pytest.raises(ValueError, match="post_pairs must be a positive int"):
+        data.preset_sizes("smoke", 0)
+    with pytest.raises(ValueError, match="unknown size preset 'tiny'"):
+        data.preset_sizes("tiny")
