@@ -425,16 +425,19 @@ class RegimeWalk:
             for seed in self.rule.seeds
         ]
         records = self._run_all(jobs)
+        outcomes = (
+            [rec["final_correct"] for rec in records]
+            if all(rec.get("final_correct") for rec in records)
+            else None
+        )
         result = CandidateResult(
             candidate,
             finals=[rec["final"] for rec in records],
             plateau=[],
             train_s=sorted(rec["train_s"] for rec in records)[len(records) // 2],
-            outcomes=(
-                [rec["final_correct"] for rec in records]
-                if all(rec.get("final_correct") for rec in records)
-                else None
-            ),
+            outcomes=outcomes,
+            # Reported for every candidate that has per-item results; gated only by R2b.
+            moving=moving_share(outcomes) if outcomes and len(outcomes) > 1 else None,
         )
         self.tried.append(result)
         return result
@@ -484,12 +487,11 @@ class RegimeWalk:
         return short
 
     def _moving(self, result: CandidateResult) -> float:
-        if result.outcomes is None:
+        if result.moving is None:
             raise ValueError(
                 f"R2b needs per-item outcomes, and a cached run of {result.candidate} predates "
                 "them: delete its JSON files under the calibration runs to retrain them"
             )
-        result.moving = moving_share(result.outcomes)
         return result.moving
 
     def tasks(self) -> list[tuple[int, int | None]]:

@@ -243,6 +243,7 @@ def test_rule2_walks_post_training_sizes_and_gates_on_room_to_move(tmp_path: Pat
         (t["model"], t["post_pairs"], t["steps"]): t["moving_share"] for t in decision["tried"]
     }
     assert moving[("A", 100, 200)] == 0.5
+    assert moving[("A", 100, 400)] == 0.5  # a 2S run's share is reported, though not gated
 
 
 def test_r2b_refuses_cached_runs_without_per_item_outcomes(tmp_path: Path) -> None:
