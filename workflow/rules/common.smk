@@ -510,9 +510,9 @@ def claims_extra_inputs(wildcards):
 
 
 def regime_spec(name="regime"):
-    """What `rpb regime` needs: the calibration bases, the rule (`regime`: calibration.rule, rule
-    1; `rule2`: calibration.rule2), the data and post-training settings it keeps fixed, and table
-    1's bases and methods (its cost gate)."""
+    """What `rpb regime` needs: the calibration bases, the settings of the regime rule `name`
+    (calibration.rule for "regime", calibration.rule2 for "rule2"), the data and post-training
+    settings it keeps fixed, and table 1's bases and methods (its cost gate)."""
     section = config["calibration"]
     settings = section.get("rule" if name == "regime" else "rule2") or {}
     return {

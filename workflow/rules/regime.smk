@@ -2,10 +2,6 @@
 # walked in the rule's order. Not part of `all`: its decision is written into config.yaml.
 
 
-wildcard_constraints:
-    regime_rule="regime|rule2",
-
-
 rule calibrate_regime:
     input:
         ancient(TRACKING_READY),
@@ -19,6 +15,8 @@ rule calibrate_regime:
         f"{RESULTS}/logs/{{regime_rule}}.log",
     benchmark:
         f"{BENCHMARKS}/calibration_{{regime_rule}}.tsv"
+    wildcard_constraints:
+        regime_rule="regime|rule2",
     conda:
         CONDA_ENV
     threads: 64  # capped at --cores by Snakemake: calibration runs side by side
