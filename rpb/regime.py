@@ -340,9 +340,9 @@ class CandidateResult:
     plateau: list[bool]
     train_s: float  # median seconds of a run's training (dev readings excluded)
     gate: str = ""  # which gate it passed or failed, in words
-    # Each seed's per-item final results (None: a run recorded before they were kept).
-    outcomes: list[list[int]] | None = None
-    moving: float | None = None  # R2b's share of items some but not every seed solves
+    # R2b's share of items some but not every seed solves (None: a run recorded before per-item
+    # results were kept, or a single seed).
+    moving: float | None = None
 
     @property
     def mean(self) -> float:
@@ -435,7 +435,6 @@ class RegimeWalk:
             finals=[rec["final"] for rec in records],
             plateau=[],
             train_s=sorted(rec["train_s"] for rec in records)[len(records) // 2],
-            outcomes=outcomes,
             # Reported for every candidate that has per-item results; gated only by R2b.
             moving=moving_share(outcomes) if outcomes and len(outcomes) > 1 else None,
         )
