@@ -206,10 +206,8 @@ def preset_sizes(preset: str, post_pairs: int | None = None) -> dict[str, int]:
         raise ValueError(f"unknown size preset {preset!r} (known: {sorted(SIZE_PRESETS)})")
     sizes = dict(SIZE_PRESETS[preset])
     if post_pairs is not None:
-        if isinstance(post_pairs, bool) or not isinstance(post_pairs, int) or post_pairs < 1:
-            raise ValueError(f"post_pairs must be a positive int, got {post_pairs!r}")
         sizes |= dict.fromkeys(POST_TASKS, post_pairs)
-    return sizes
+    return dataclasses.asdict(_as_sizes(sizes))  # the sizes' own checks, one place
 
 
 def check_level(level: int) -> int:

@@ -254,6 +254,8 @@ def plot_regime_walk(
     final dev accuracy against post-training steps, one panel per (model, lr fraction), one line
     per task (difficulty level and post-training pairs; the seed mean), each seed a dot, R2's
     range shaded."""
+    from rpb.regime import task_name
+
     if not tried:
         raise ValueError("no calibration candidate tried")
     df = pd.DataFrame(list(tried))
@@ -266,7 +268,7 @@ def plot_regime_walk(
         sub = df[(df["model"] == model) & (df["lr_fraction"] == frac)]
         pairs = sub["post_pairs"] if "post_pairs" in sub else pd.Series(None, index=sub.index)
         tasks = [
-            f"level {lv}" + ("" if pd.isna(n) else f", {int(n)} pairs")
+            task_name(lv, None if pd.isna(n) else int(n))
             for lv, n in zip(sub["level"], pairs, strict=True)
         ]
         for task, rows in sub.groupby(tasks, sort=False):

@@ -290,7 +290,7 @@ def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
     assert {k: v for k, v in full.items() if k.startswith(("eval/", "dev/", "pretrain"))} == {
         k: v for k, v in small.items() if k.startswith(("eval/", "dev/", "pretrain"))
     }
-    with pytest.raises(ValueError, match="post_pairs must be a positive int"):
+    with pytest.raises(ValueError, match="corpus size 'math' must be a positive int, got 0"):
         data.preset_sizes("smoke", 0)
     with pytest.raises(ValueError, match="unknown size preset 'tiny'"):
         data.preset_sizes("tiny")
