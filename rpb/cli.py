@@ -95,10 +95,14 @@ def cmd_corpora(args: argparse.Namespace) -> None:
 
     sizes = preset_sizes(args.preset, args.post_pairs)
     params = {"seed": args.seed, "preset": args.preset, "sizes": sizes, "level": args.level}
+    if args.holdout is not None:
+        params["holdout"] = args.holdout
     with tracked_run(
         stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)
     ):
-        manifest = write_corpora(args.out, seed=args.seed, sizes=sizes, level=args.level)
+        manifest = write_corpora(
+            args.out, seed=args.seed, sizes=sizes, level=args.level, holdout=args.holdout
+        )
         build_tokenizer(args.out / "tokenizer")
         mlflow.log_artifact(str(args.out / "manifest.json"))
         log.info("corpora written to %s: %s", args.out, json.dumps(manifest.get("files", {}))[:400])
@@ -274,17 +278,20 @@ def cmd_regime(args: argparse.Namespace) -> None:
     pairs = tuple(None if n == SIZE_PRESETS[preset][corpus] else n for n in rule.post_pairs)
     rule = dataclasses.replace(rule, post_pairs=pairs)
     data_dirs = {}
-    # The corpora of every task (cheap; pretraining depends on neither level nor size).
+    # The corpora of every task (cheap; pretraining depends on no level, size or hold-out).
     for level in rule.levels:
         for n in rule.post_pairs or (None,):
-            data_dirs[(level, n)] = root / "data" / task_name(level, n)
-            if not (data_dirs[(level, n)] / "manifest.json").is_file():
-                write_corpora(
-                    data_dirs[(level, n)],
-                    seed=spec["data"]["seed"],
-                    sizes=preset_sizes(preset, n),
-                    level=level,
-                )
+            for holdout in rule.post_holdouts or (None,):
+                task = (level, n, holdout)
+                data_dirs[task] = root / "data" / task_name(*task)
+                if not (data_dirs[task] / "manifest.json").is_file():
+                    write_corpora(
+                        data_dirs[task],
+                        seed=spec["data"]["seed"],
+                        sizes=preset_sizes(preset, n),
+                        level=level,
+                        holdout=holdout,
+                    )
     durations = stage_durations(resolve_tracking_uri(args.tracking_uri), args.experiment)
     pretrain_s = max(
         (max(durations.get(f"pretrain/{m}", [float("nan")])) for m in spec["table1_models"]),
@@ -675,6 +682,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--level", type=int, default=1, help="post-training difficulty (POST_LEVELS)")
     p.add_argument(
         "--post-pairs", type=int, default=None, help="cut each post-training corpus to N pairs"
+    )
+    p.add_argument(
+        "--holdout",
+        default=None,
+        help="post-training hold-out region, e.g. corner50 (rpb.data.check_holdout)",
     )
 
     p = add("pretrain", cmd_pretrain, "pretrain a tiny MoE base with a load-balancing loss")

@@ -210,6 +210,38 @@ def preset_sizes(preset: str, post_pairs: int | None = None) -> dict[str, int]:
     return dataclasses.asdict(_as_sizes(sizes))  # the sizes' own checks, one place
 
 
+# Post-training hold-outs (docs/regime.md, rule 3): a region of the 2-digit operand space that
+# no post-training pair comes from, while dev and eval items still span all of it, so items differ
+# in difficulty by construction. "corner<T>": no pair with both operands >= T (each operand value
+# is taught, some combinations never); "below<B>": only pairs with both operands < B (operand
+# values >= B are never taught in the new template).
+HOLDOUT_KINDS = ("corner", "below")
+_HOLDOUT_RE = re.compile(r"(corner|below)(\d\d)")
+
+
+def check_holdout(holdout: str | None) -> str | None:
+    """A post-training hold-out spec ("corner50", "below50") or None; ValueError names the form."""
+    if holdout is None:
+        return None
+    match = _HOLDOUT_RE.fullmatch(holdout) if isinstance(holdout, str) else None
+    if match is None or not 10 < int(match.group(2)) < 100:
+        raise ValueError(
+            f"post-training hold-out must be None or {'|'.join(HOLDOUT_KINDS)} followed by an "
+            f"operand value in 11..99 (e.g. corner50), got {holdout!r}"
+        )
+    return holdout
+
+
+def held_out_by(holdout: str | None, a: int, b: int) -> bool:
+    """Whether the 2-digit pair (a, b) lies in the hold-out's region (no post-training pair)."""
+    if holdout is None:
+        return False
+    kind, value = _HOLDOUT_RE.fullmatch(holdout).groups()
+    if kind == "corner":
+        return a >= int(value) and b >= int(value)
+    return a >= int(value) or b >= int(value)
+
+
 def check_level(level: int) -> int:
     """The post-training difficulty level, or ValueError naming the known ones."""
     if isinstance(level, bool) or level not in POST_LEVELS:
@@ -404,7 +436,11 @@ def _held_out_pairs(
 
 
 def _build(
-    seed: int, sizes: CorpusSizes, mixture: dict[str, float], level: int = 1
+    seed: int,
+    sizes: CorpusSizes,
+    mixture: dict[str, float],
+    level: int = 1,
+    holdout: str | None = None,
 ) -> dict[str, list]:
     """All corpora in memory: {relative path: list of records}."""
     files: dict[str, list[dict[str, str]]] = {}
@@ -423,10 +459,12 @@ def _build(
     def arithmetic_train(task: str, n: int) -> list[tuple[str, str]]:
         make = _ARITHMETIC[task][1]
         draw_pair = _level_pair_law(task, level) if task in POST_TASKS else _ARITHMETIC[task][0]
+        # The hold-out applies to post-training only: pretraining's addition covers all pairs.
+        region = holdout if task in POST_TASKS else None
         rng, items = _rng(seed, f"{task}-train"), []
         while len(items) < n:
             a, b = draw_pair(rng)
-            if frozenset((a, b)) not in held_out:
+            if frozenset((a, b)) not in held_out and not held_out_by(region, a, b):
                 items.append(make(a, b, rng))
         return items
 
@@ -530,16 +568,20 @@ def write_corpora(
     sizes: Mapping[str, int] | CorpusSizes,
     mixture: Mapping[str, float] | None = None,
     level: int = 1,
+    holdout: str | None = None,
 ) -> dict[str, Any]:
     """Write pretrain.jsonl, post/{math,math2}.jsonl, eval/{task}.jsonl, dev/{math,math2}.jsonl
-    and manifest.json, the post-training tasks at difficulty `level` (POST_LEVELS).
+    and manifest.json, the post-training tasks at difficulty `level` (POST_LEVELS), their
+    training pairs outside the `holdout` region (`check_holdout`; None: no hold-out).
 
-    Same seed, sizes, mixture and level give byte-identical files. Returns the manifest.
+    Same seed, sizes, mixture, level and hold-out give byte-identical files. Returns the manifest.
     """
     if not isinstance(seed, int) or isinstance(seed, bool):
         raise ValueError(f"seed must be an int, got {seed!r}")
     corpus_sizes, weights = _as_sizes(sizes), _as_mixture(mixture)
-    files = _build(seed, corpus_sizes, weights, check_level(level))
+    if check_holdout(holdout) is not None and check_level(level) != 1:
+        raise ValueError(f"a post-training hold-out needs level 1 (2-digit operands), got {level}")
+    files = _build(seed, corpus_sizes, weights, check_level(level), holdout)
 
     # Guard against generator/alphabet drift and held-out leaks before anything is written.
     for records in files.values():
@@ -580,6 +622,8 @@ def write_corpora(
         "vocab_size": len(vocabulary()),
         "files": manifest_files,
     }
+    if holdout is not None:  # absent otherwise, so earlier manifests stay byte-identical
+        manifest["post_holdout"] = holdout
     text = json.dumps(manifest, sort_keys=True, indent=2) + "\n"
     (out_dir / "manifest.json").write_text(text, encoding="utf-8")
     return manifest

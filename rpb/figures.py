@@ -266,10 +266,11 @@ def plot_regime_walk(
     for ax, (model, frac) in zip(axes, panels, strict=True):
         ax.axhspan(*accuracy_range, color="0.9", zorder=0)
         sub = df[(df["model"] == model) & (df["lr_fraction"] == frac)]
-        pairs = sub["post_pairs"] if "post_pairs" in sub else pd.Series(None, index=sub.index)
+        none = pd.Series(None, index=sub.index)
+        pairs, holdouts = sub.get("post_pairs", none), sub.get("post_holdout", none)
         tasks = [
-            task_name(lv, None if pd.isna(n) else int(n))
-            for lv, n in zip(sub["level"], pairs, strict=True)
+            task_name(lv, None if pd.isna(n) else int(n), None if pd.isna(h) else h)
+            for lv, n, h in zip(sub["level"], pairs, holdouts, strict=True)
         ]
         for task, rows in sub.groupby(tasks, sort=False):
             rows = rows.sort_values("steps")

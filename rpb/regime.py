@@ -40,6 +40,9 @@ class RegimeRule:
     # Rule 2's second graded axis (docs/regime.md): post-training pairs per level, tried from the
     # most (easiest) down; empty (or None): the data preset's size (rule 1).
     post_pairs: tuple[int | None, ...] = ()
+    # Rule 3's graded axis (docs/regime.md): post-training hold-outs (`rpb.data.check_holdout`),
+    # tried in the given order; empty (or None): no hold-out (rules 1 and 2).
+    post_holdouts: tuple[str | None, ...] = ()
     # Rule 2's R2b: the least share of dev items that some but not every seed answers correctly
     # (room to move); 0 skips the gate (rule 1).
     min_moving_share: float = 0.0
@@ -74,27 +77,30 @@ class Candidate:
     lr_fraction: float
     steps: int
     post_pairs: int | None = None  # None: the data preset's post-training pairs
+    post_holdout: str | None = None  # None: no post-training hold-out (rule 3)
 
     @property
-    def task(self) -> tuple[int, int | None]:
-        """The corpora it trains and reads: (level, post-training pairs)."""
-        return (self.level, self.post_pairs)
+    def task(self) -> tuple[int, int | None, str | None]:
+        """The corpora it trains and reads: (level, post-training pairs, hold-out)."""
+        return (self.level, self.post_pairs, self.post_holdout)
 
     def path(self, root: Path, seed: int) -> Path:
         frac = f"{self.lr_fraction:.4g}".replace(".", "p")
         return (
             root
             / self.model
-            / task_name(self.level, self.post_pairs)
+            / task_name(*self.task)
             / f"lr{frac}"
             / f"S{self.steps}"
             / f"seed{seed}.json"
         )
 
 
-def task_name(level: int, post_pairs: int | None) -> str:
-    """The folder name of a task's corpora and runs: L1, or L1-N3000 for 3,000 pairs."""
-    return f"L{level}" if post_pairs is None else f"L{level}-N{post_pairs}"
+def task_name(level: int, post_pairs: int | None, post_holdout: str | None = None) -> str:
+    """The folder name of a task's corpora and runs: L1, L1-N3000 for 3,000 pairs, L1-corner50
+    for a hold-out."""
+    name = f"L{level}" if post_pairs is None else f"L{level}-N{post_pairs}"
+    return name if post_holdout is None else f"{name}-{post_holdout}"
 
 
 # --- the gates ------------------------------------------------------------------------------------
@@ -373,7 +379,7 @@ class RegimeWalk:
 
     rule: RegimeRule
     models: dict[str, dict[str, Any]]  # name -> {"base_dir", "pretrain_lr"}
-    data_dirs: dict[tuple[int, int | None], Path]  # Candidate.task -> its corpora
+    data_dirs: dict[tuple[int, int | None, str | None], Path]  # Candidate.task -> its corpora
     corpus: str
     posttrain: dict[str, Any]
     runs_root: Path
@@ -493,21 +499,23 @@ class RegimeWalk:
             )
         return result.moving
 
-    def tasks(self) -> list[tuple[int, int | None]]:
+    def tasks(self) -> list[tuple[int, int | None, str | None]]:
         """The graded tasks in the rule's order: each level, then (rule 2) each post-training
-        size from the most pairs down."""
+        size from the most pairs down, then (rule 3) each hold-out in the rule's order."""
         sizes = self.rule.post_pairs or (None,)
-        return [(level, n) for level in self.rule.levels for n in sizes]
+        holdouts = self.rule.post_holdouts or (None,)
+        return [(lv, n, h) for lv in self.rule.levels for n in sizes for h in holdouts]
 
     def family_setting(self, model: str, frac: float) -> CandidateResult | None:
         """R1 then R2 (and R2b) for one base at one lr: the easiest task whose plateau step
         count puts none's mean dev accuracy inside the range; None if no task does."""
         low = self.rule.accuracy_range[0]
-        for level, pairs in self.tasks():
+        for level, pairs, holdout in self.tasks():
             found = None
             for steps in self.rule.steps:
                 last = steps == self.rule.steps[-1]
-                result = self.check(Candidate(model, level, frac, steps, pairs), last=last)
+                candidate = Candidate(model, level, frac, steps, pairs, holdout)
+                result = self.check(candidate, last=last)
                 if all(result.plateau) and (result.mean >= low or last):
                     found = result
                     break
@@ -595,6 +603,7 @@ class RegimeWalk:
             "steps": steps,
             "levels": {m: s.candidate.level for m, s in common.items()},
             "post_pairs": {m: s.candidate.post_pairs for m, s in common.items()},
+            "post_holdout": {m: s.candidate.post_holdout for m, s in common.items()},
             "lr": {m: frac * self.models[m]["pretrain_lr"] for m in common},
             "dev_mean": {m: round(s.mean, 4) for m, s in common.items()},
             "sigma_points": round(sigma, 2),
@@ -632,7 +641,8 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
     lines = [
         "# Testbed regime (the rule of docs/regime.md, applied by `rpb regime`)",
         "",
-        "Task: difficulty level (L1-L4), and for rule 2 the post-training pairs (L1-N3000).",
+        "Task: difficulty level (L1-L4), for rule 2 the post-training pairs (L1-N3000), for rule 3"
+        " the post-training hold-out (L1-corner50).",
         "",
         f"Calibration seeds {list(rule.seeds)}; in-domain accuracy of `none` on the development",
         f"split, read every steps/{rule.readings}. R2 range {list(rule.accuracy_range)}; margin"
@@ -646,7 +656,8 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
         plateau = "-" if t["all_plateaued"] is None else t["all_plateaued"]
         moving = "-" if t.get("moving_share") is None else f"{t['moving_share']:.3f}"
         lines.append(
-            f"| {t['model']} | {task_name(t['level'], t.get('post_pairs'))} | "
+            f"| {t['model']} | {task_name(t['level'], t.get('post_pairs'), t.get('post_holdout'))}"
+            " | "
             f"{t['lr_fraction']:.4g} | {t['steps']} | {t['dev_mean']:.3f} | "
             f"{t['dev_sd_points']:.2f} | {plateau} | {moving} | {t['train_s']} | {t['gate']} |"
         )

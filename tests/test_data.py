@@ -294,3 +294,51 @@ def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
         data.preset_sizes("smoke", 0)
     with pytest.raises(ValueError, match="unknown size preset 'tiny'"):
         data.preset_sizes("tiny")
+
+
+@pytest.mark.parametrize("holdout", ["corner50", "below70"])
+def test_a_holdout_removes_its_region_from_post_training_only(
+    smoke_dir: Path, tmp_path: Path, holdout: str
+) -> None:
+    """Rule 3's tasks (docs/regime.md): no post-training pair of math or math2 lies in the held-out
+    region, while dev, eval and pretraining files are byte-identical to the task without it, so
+    some dev items lie in the region (the task's hard items by construction)."""
+    manifest = write_corpora(tmp_path, seed=3, sizes=SIZE_PRESETS["smoke"], holdout=holdout)
+    assert manifest["post_holdout"] == holdout
+    full, held = _files(smoke_dir), _files(tmp_path)
+    for task in ("math", "math2"):
+        pairs = [
+            _operands(task, r["prompt"])
+            for r in load_jsonl(tmp_path / "post" / f"{task}.jsonl", ("prompt",))
+        ]
+        assert len(pairs) == SIZE_PRESETS["smoke"][task]
+        assert not any(data.held_out_by(holdout, a, b) for a, b in pairs)
+        every = [
+            _operands(task, r["prompt"])
+            for r in load_jsonl(smoke_dir / "post" / f"{task}.jsonl", ("prompt",))
+        ]
+        assert any(data.held_out_by(holdout, a, b) for a, b in every)  # the region is not empty
+    assert {k: v for k, v in full.items() if k.startswith(("eval/", "dev/", "pretrain"))} == {
+        k: v for k, v in held.items() if k.startswith(("eval/", "dev/", "pretrain"))
+    }
+    dev = [
+        _operands("math", r["prompt"])
+        for r in load_jsonl(tmp_path / "dev" / "math.jsonl", ("prompt",))
+    ]
+    assert any(data.held_out_by(holdout, a, b) for a, b in dev)
+    assert "post_holdout" not in json.loads(full["manifest.json"])  # earlier manifests unchanged
+
+
+def test_holdout_regions_and_bad_specs() -> None:
+    assert data.held_out_by("corner50", 50, 99) and not data.held_out_by("corner50", 49, 99)
+    assert data.held_out_by("below50", 10, 50) and not data.held_out_by("below50", 49, 49)
+    assert not data.held_out_by(None, 99, 99)
+    for bad in ("corner5", "corner100", "edge50", "corner10", 50):
+        with pytest.raises(
+            ValueError, match=r"post-training hold-out must be None or corner\|below"
+        ):
+            data.check_holdout(bad)
+    with pytest.raises(ValueError, match="needs level 1"):
+        write_corpora(
+            Path("/nonexistent"), seed=0, sizes=SIZE_PRESETS["smoke"], level=2, holdout="corner50"
+        )

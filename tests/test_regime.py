@@ -71,8 +71,13 @@ def test_r3_rejects_a_regime_whose_all_is_over_budget_though_table1_fits(tmp_pat
     assert fits["chosen"] is not None  # table 1 alone fits: only `all` rejected it
 
 
-def _tasks(rule: RegimeRule) -> list[tuple[int, int | None]]:
-    return [(lvl, n) for lvl in rule.levels for n in rule.post_pairs or (None,)]
+def _tasks(rule: RegimeRule) -> list[tuple[int, int | None, str | None]]:
+    return [
+        (lvl, n, h)
+        for lvl in rule.levels
+        for n in rule.post_pairs or (None,)
+        for h in rule.post_holdouts or (None,)
+    ]
 
 
 def _write_inputs(root: Path, rule: RegimeRule) -> None:
@@ -97,7 +102,7 @@ def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
         out = []
         for job in jobs:
             task = job["data_dir"].name
-            if not rule.post_pairs:
+            if not rule.post_pairs and not rule.post_holdouts:
                 task = int(task.removeprefix("L"))
             key = (job["base_dir"].name, task, job["steps"])
             calls.append((*key, job["seed"]))

@@ -509,12 +509,17 @@ def claims_extra_inputs(wildcards):
     return paths
 
 
+def holdout_arg(holdout):
+    """`rpb corpora`'s hold-out option (empty without one, so its command is unchanged)."""
+    return "" if holdout is None else f" --holdout {holdout}"
+
+
 def regime_spec(name="regime"):
     """What `rpb regime` needs: the calibration bases, the settings of the regime rule `name`
-    (calibration.rule for "regime", calibration.rule2 for "rule2"), the data and post-training
+    (calibration.rule for "regime", calibration.<name> for "rule2", "rule3"), the data and post-training
     settings it keeps fixed, and table 1's bases and methods (its cost gate)."""
     section = config["calibration"]
-    settings = section.get("rule" if name == "regime" else "rule2") or {}
+    settings = section.get("rule" if name == "regime" else name) or {}
     return {
         "models": {
             m: {

@@ -31,7 +31,8 @@ rule corpora:
         seed=config["data"]["seed"],
         preset=config["data"]["preset"],
         level=config["data"].get("level", 1),
+        holdout=holdout_arg(config["data"].get("holdout")),
     shell:
         "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
-        " --level {params.level} {params.track}"
+        " --level {params.level}{params.holdout} {params.track}"
         " > {log} 2>&1"
