@@ -251,6 +251,41 @@ def test_rule2_walks_post_training_sizes_and_gates_on_room_to_move(tmp_path: Pat
     assert moving[("A", 100, 400)] == 0.5  # a 2S run's share is reported, though not gated
 
 
+def test_rule3_walks_holdouts_in_order_and_a_family_may_take_another(tmp_path: Path) -> None:
+    """Rule 3's graded axis: each family takes its first hold-out through every gate, runs and
+    corpora are kept per hold-out, and the decision names each family's hold-out."""
+    rule = RegimeRule(
+        seeds=(0, 1),
+        steps=(200,),
+        levels=(1,),
+        post_holdouts=("corner50", "corner30", "below50"),
+        min_moving_share=0.25,
+    )
+    varying = ([0.5, 0.5], [[1, 0, 1, 0], [1, 1, 0, 0]])
+    ceiling = ([0.99, 0.99], [[1, 1, 1, 1]] * 2)
+    outcomes = {
+        ("A", "L1-corner50", 200): varying,
+        ("A", "L1-corner50", 400): varying,
+        ("B", "L1-corner50", 200): ceiling,
+        ("B", "L1-corner50", 400): ceiling,
+        ("B", "L1-corner30", 200): ceiling,
+        ("B", "L1-corner30", 400): ceiling,
+        ("B", "L1-below50", 200): varying,
+        ("B", "L1-below50", 400): varying,
+    }
+    walk = _fake_walk(tmp_path, outcomes, rule)
+    decision = walk.walk(table1_methods=3, pretrain_seconds=0)
+    assert decision["chosen"]["post_holdout"] == {"A": "corner50", "B": "below50"}
+    tried = [(t["model"], t["post_holdout"], t["steps"]) for t in decision["tried"]]
+    assert tried[:2] == [("A", "corner50", 200), ("A", "corner50", 400)]  # A stops at its first
+    assert ("A", "corner30", 200) not in tried
+    # Each hold-out trains on its own corpora (the runner sees the task's folder).
+    assert {c[:3] for c in walk.calls if c[0] == "B"} >= {("B", "L1-below50", 200)}
+    assert Candidate("B", 1, 0.1, 200, None, "below50").path(tmp_path, 0) != Candidate(
+        "B", 1, 0.1, 200, None, "corner30"
+    ).path(tmp_path, 0)
+
+
 def test_r2b_refuses_cached_runs_without_per_item_outcomes(tmp_path: Path) -> None:
     rule = RegimeRule(seeds=(0, 1), steps=(200,), levels=(1,), min_moving_share=0.1)
     same = {(m, 1, s): [0.5, 0.6] for m in ("A", "B") for s in (200, 400)}
