@@ -136,6 +136,29 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
     )
 
 
+def test_a_models_own_holdout_trains_and_reads_its_prior_from_its_own_corpora(
+    tmp_path: Path,
+) -> None:
+    """models.<m>.holdout (a regime rule may choose one per family, docs/regime.md): that model's
+    prior and runs read the hold-out's corpus, written by its own job; the other model, and the
+    shared eval sets, are unchanged (dry run)."""
+    out = tmp_path / "results"
+    extra = tmp_path / "holdout.yaml"
+    extra.write_text("models:\n  tinyB:\n    holdout: below50\n")
+    text = _dry_run(
+        *("--configfile", "config/smoke.yaml", str(extra), "--config", f"results_dir={out}"),
+        *("--", f"{out}/eval/tinyB/math/none/seed0.json", f"{out}/eval/tinyA/math/none/seed0.json"),
+    )
+    own = f"{out}/data/holdout/below50/post/math.jsonl"
+    assert f"--out {out}/data/holdout/below50 --seed" in text and "--holdout below50" in text
+    lines = [ln for ln in text.splitlines() if "rpb run --name" in ln or "rpb prior --name" in ln]
+    assert len(lines) == 4  # a prior and a run per model
+    for line in lines:
+        model = "tinyB" if "--name tinyB" in line else "tinyA"
+        corpus = own if model == "tinyB" else f"{out}/data/post/math.jsonl"
+        assert f"--corpus {corpus}" in line, line
+
+
 def test_the_regime_rules_count_of_alls_runs_matches_the_workflow(tmp_path: Path) -> None:
     """R3's `all` estimate (docs/regime.md) counts the post-training runs `all` trains from the
     workflow's targets: the count must be the dry run's post-training jobs."""

@@ -7,7 +7,7 @@ import shlex
 import sys
 
 from rpb.config_check import ConfigError, check_config
-from rpb.specs import base_of_run, bases_of, results_path, run_ids
+from rpb.specs import CORPORA, base_of_run, bases_of, results_path, run_ids
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -507,6 +507,27 @@ def claims_extra_inputs(wildcards):
     if config["scale"] != "paper":
         paths.append(f"{RESULTS}/testbed.json")
     return paths
+
+
+def model_holdout(model):
+    """A model's post-training hold-out: models.<m>.holdout, else data.holdout (None: none)."""
+    entry = config["models"].get(model) or {}
+    return entry["holdout"] if "holdout" in entry else config["data"].get("holdout")
+
+
+def post_corpus(wildcards):
+    """The post-training corpus a (model, corpus) job trains on or reads its prior from."""
+    holdout = model_holdout(wildcards.model)
+    if HUB_CORPORA or holdout == config["data"].get("holdout"):
+        return f"{RESULTS}/data/post/{wildcards.corpus}.jsonl"
+    return f"{RESULTS}/data/holdout/{holdout or 'none'}/post/{wildcards.corpus}.jsonl"
+
+
+def corpus_inputs(wildcards):
+    """CORPUS_INPUTS (download.smk), and a model's own hold-out corpora where it has them."""
+    own = post_corpus(wildcards)
+    extra = [] if own.startswith(f"{RESULTS}/data/post/") else [own]
+    return CORPUS_INPUTS + extra
 
 
 def holdout_arg(holdout):

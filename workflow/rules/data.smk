@@ -36,3 +36,32 @@ rule corpora:
         "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
         " --level {params.level}{params.holdout} {params.track}"
         " > {log} 2>&1"
+
+
+# A model's own post-training hold-out (models.<m>.holdout, differing from data.holdout): the
+# same generator and seed with that hold-out; only its post/ corpora are read.
+rule holdout_corpora:
+    input:
+        ancient(TRACKING_READY),
+    output:
+        corpora=expand(
+            f"{RESULTS}/data/holdout/{{{{holdout}}}}/post/{{corpus}}.jsonl",
+            corpus=CORPORA,
+        ),
+    log:
+        f"{RESULTS}/logs/corpora_{{holdout}}.log",
+    wildcard_constraints:
+        holdout="(corner|below)[0-9][0-9]|none",
+    conda:
+        CONDA_ENV
+    params:
+        track=TRACK,
+        out=lambda wc: f"{RESULTS}/data/holdout/{wc.holdout}",
+        seed=config["data"]["seed"],
+        preset=config["data"]["preset"],
+        level=config["data"].get("level", 1),
+        holdout=lambda wc: holdout_arg(None if wc.holdout == "none" else wc.holdout),
+    shell:
+        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
+        " --level {params.level}{params.holdout} {params.track}"
+        " > {log} 2>&1"

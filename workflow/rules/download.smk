@@ -94,7 +94,8 @@ rule prefetch_lm_eval:
 
 # What compute rules wait for besides models: the synthetic corpora (tiny) or the downloads.
 TINY_DATA = [] if HUB_CORPORA else [f"{RESULTS}/data/manifest.json"]
-# Prior extraction and training read data/post/{corpus}.jsonl.
+# Prior extraction and training read data/post/{corpus}.jsonl (post_corpus: or, for a tiny
+# model with its own hold-out, data/holdout/<hold-out>/post/{corpus}.jsonl).
 CORPUS_INPUTS = [f"{RESULTS}/data/post/{{corpus}}.jsonl"] if HUB_CORPORA else TINY_DATA
 # Evaluation reads our eval sets and/or the lm-eval suite with its datasets in the cache.
 EVAL_INPUTS = TINY_DATA + ([LM_EVAL_SUITE, LM_EVAL_PREFETCH] if LM_EVAL_TASKS else [])

@@ -41,7 +41,7 @@ rule extract_prior:
     input:
         ancient(TRACKING_READY),
         model=f"{RESULTS}/models/{{model}}/base/model",
-        data=CORPUS_INPUTS,
+        data=corpus_inputs,
     output:
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
         meta=f"{RESULTS}/priors/{{model}}/{{corpus}}.json",
@@ -57,7 +57,7 @@ rule extract_prior:
         mem_mb=4000,
     params:
         track=TRACK,
-        corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
+        corpus=post_corpus,
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:

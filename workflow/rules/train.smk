@@ -12,7 +12,7 @@ rule posttrain:
         ancient(TRACKING_READY),
         base=run_base_dir,
         prior=method_prior,
-        data=CORPUS_INPUTS,
+        data=corpus_inputs,
     output:
         model=directory(f"{RUN_DIR}/model"),
         history=f"{RUN_DIR}/train_history.json",
@@ -29,7 +29,7 @@ rule posttrain:
     params:
         track=TRACK,
         launcher=TRAIN_LAUNCHER,
-        corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
+        corpus=post_corpus,
         out=parent_dir("history"),
         method=lambda wc: as_json(method_entry(wc.method)),
         spec=lambda wc: as_json(posttrain_spec(wc.seed)),
@@ -57,7 +57,9 @@ if ONE_PROCESS_PER_RUN:
             base=run_base_dir,
             prior=method_prior,
             base_prior=run_base_prior,
-            data=list(dict.fromkeys(CORPUS_INPUTS + EVAL_INPUTS + PROBE_INPUTS)),
+            data=lambda wc: list(
+                dict.fromkeys(corpus_inputs(wc) + EVAL_INPUTS + PROBE_INPUTS)
+            ),
         output:
             model=directory(f"{RUN_DIR}/model"),
             history=f"{RUN_DIR}/train_history.json",
@@ -86,7 +88,7 @@ if ONE_PROCESS_PER_RUN:
         params:
             track=TRACK,
             launcher=TRAIN_LAUNCHER,
-            corpus=f"{RESULTS}/data/post/{{corpus}}.jsonl",
+            corpus=post_corpus,
             out=parent_dir("history"),
             method=lambda wc: as_json(method_entry(wc.method)),
             spec=lambda wc: as_json(posttrain_spec(wc.seed)),
