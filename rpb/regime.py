@@ -133,6 +133,25 @@ def moving_share(outcomes: Sequence[Sequence[bool]]) -> float:
     return sum(any(item) and not all(item) for item in per_item) / len(per_item)
 
 
+def region_accuracy(
+    holdout: str | None, data_dir: Path, corpus: str, outcomes: Sequence[Sequence[int]] | None
+) -> float | None:
+    """Rule 3: the mean over seeds of the accuracy on the dev items whose operands lie in the
+    hold-out's region (the task's hard items by construction); None without a hold-out."""
+    if holdout is None or not outcomes:
+        return None
+    import re
+
+    from rpb.data import held_out_by, load_jsonl
+
+    items = load_jsonl(Path(data_dir) / "dev" / f"{corpus}.jsonl", ("prompt", "target"))
+    pairs = [tuple(int(x) for x in re.findall(r"\d+", item["prompt"])[:2]) for item in items]
+    inside = [i for i, (a, b) in enumerate(pairs) if held_out_by(holdout, a, b)]
+    if not inside:
+        return None
+    return sum(o[i] for o in outcomes for i in inside) / (len(inside) * len(outcomes))
+
+
 def seeds_for_margin(sigma: float, rule: RegimeRule) -> int:
     """R4: the smallest n whose paired MDE at sd sqrt(2) * sigma (points) is at most the margin."""
     from rpb.stats import seeds_needed
@@ -349,6 +368,9 @@ class CandidateResult:
     # R2b's share of items some but not every seed solves (None: a run recorded before per-item
     # results were kept, or a single seed).
     moving: float | None = None
+    # Rule 3: the seeds' mean accuracy on the dev items inside the hold-out's region (None: no
+    # hold-out, or no per-item results).
+    inside: float | None = None
 
     @property
     def mean(self) -> float:
@@ -368,6 +390,7 @@ class CandidateResult:
             # None: not judged (a 2S reference run, or not reached).
             "all_plateaued": all(self.plateau) if self.plateau else None,
             "moving_share": None if self.moving is None else round(self.moving, 3),
+            "inside_region": None if self.inside is None else round(self.inside, 3),
             "train_s": round(self.train_s, 1),
             "gate": self.gate,
         }
@@ -443,6 +466,7 @@ class RegimeWalk:
             train_s=sorted(rec["train_s"] for rec in records)[len(records) // 2],
             # Reported for every candidate that has per-item results; gated only by R2b.
             moving=moving_share(outcomes) if outcomes and len(outcomes) > 1 else None,
+            inside=region_accuracy(candidate.post_holdout, data_dir, self.corpus, outcomes),
         )
         self.tried.append(result)
         return result
@@ -649,17 +673,19 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
         f" {rule.margin} points.",
         "",
         "| model | task | lr fraction | steps | dev mean | sd (points) | all plateaued"
-        " | varying items | train s | gate |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        " | varying items | in region | train s | gate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t in decision["tried"]:
         plateau = "-" if t["all_plateaued"] is None else t["all_plateaued"]
         moving = "-" if t.get("moving_share") is None else f"{t['moving_share']:.3f}"
+        inside = "-" if t.get("inside_region") is None else f"{t['inside_region']:.3f}"
         lines.append(
             f"| {t['model']} | {task_name(t['level'], t.get('post_pairs'), t.get('post_holdout'))}"
             " | "
             f"{t['lr_fraction']:.4g} | {t['steps']} | {t['dev_mean']:.3f} | "
-            f"{t['dev_sd_points']:.2f} | {plateau} | {moving} | {t['train_s']} | {t['gate']} |"
+            f"{t['dev_sd_points']:.2f} | {plateau} | {moving} | {inside} | {t['train_s']} |"
+            f" {t['gate']} |"
         )
     lines += ["", "## Decision", ""]
     for r in decision.get("rejected", []):

@@ -89,6 +89,14 @@ def _write_inputs(root: Path, rule: RegimeRule) -> None:
         for split in ("post", "dev"):
             (root / task_name(*task) / split).mkdir(parents=True, exist_ok=True)
             (root / task_name(*task) / split / "math.jsonl").write_text(f"{split} {task}\n")
+        # Four dev items; with rule 3's corner50, items 1 and 3 lie in the hold-out's region.
+        dev = [(10, 10), (60, 60), (20, 70), (80, 90)]
+        (root / task_name(*task) / "dev" / "math.jsonl").write_text(
+            "".join(
+                json.dumps({"prompt": f"SumOf{a}And{b}?", "target": str(a + b)[::-1]}) + "\n"
+                for a, b in dev
+            )
+        )
 
 
 def _fake_walk(tmp_path: Path, outcomes: dict, rule: RegimeRule) -> RegimeWalk:
@@ -276,6 +284,11 @@ def test_rule3_walks_holdouts_in_order_and_a_family_may_take_another(tmp_path: P
     walk = _fake_walk(tmp_path, outcomes, rule)
     decision = walk.walk(table1_methods=3, pretrain_seconds=0)
     assert decision["chosen"]["post_holdout"] == {"A": "corner50", "B": "below50"}
+    inside = {
+        (t["model"], t["post_holdout"], t["steps"]): t["inside_region"] for t in decision["tried"]
+    }
+    assert inside[("A", "corner50", 200)] == 0.25  # items 1 and 3: solved once in 4 tries
+    assert inside[("B", "below50", 200)] == round(2 / 6, 3)  # items 1-3 lie in below50's
     tried = [(t["model"], t["post_holdout"], t["steps"]) for t in decision["tried"]]
     assert tried[:2] == [("A", "corner50", 200), ("A", "corner50", 400)]  # A stops at its first
     assert ("A", "corner30", 200) not in tried
