@@ -109,7 +109,9 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
         f"(every finite point, and rpb's infinite arm); `{KEPT_AT_EVAL}`: base routing kept at "
         "evaluation (`hard`, table 5's arm), not a point of the own-router curve."
     )
-    stem = write_table(out_csv, table, title="Softness sweep", note=note, side={"runs": runs})
+    stem = write_table(
+        out_csv, table, title="Softness sweep (exploratory)", note=note, side={"runs": runs}
+    )
     plot_sweep(
         runs, out_csv.parent / "figures" / "sweep", ["in_domain", "ood_mean", "community_nmi"]
     )
@@ -253,7 +255,7 @@ def build_table4_matched(
     write_table(
         out_csv,
         frames["table"],
-        title="Table 4 at matched strengths",
+        title="Table 4 at matched strengths (exploratory)",
         note=note,
         sections=[
             ("Matched and default strengths", frames["table"]),
@@ -384,7 +386,9 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         "only: the rule does not read them (docs/methods.md)."
     )
     out_csv = Path(out_csv)
-    stem = write_table(out_csv, table, title="RPB readings", note=note, side={"runs": runs})
+    stem = write_table(
+        out_csv, table, title="RPB readings (exploratory)", note=note, side={"runs": runs}
+    )
     plot_retention_vs_accuracy(
         runs,
         out_csv.parent / "figures" / stem.name,

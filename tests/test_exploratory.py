@@ -105,6 +105,9 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
     assert len(runs) == (6 + 4) * 2 and set(runs["protocol"]) == {OWN_ROUTER, KEPT_AT_EVAL}
     assert np.isinf(pd.read_csv(tmp_path / "sweep.csv")["strength"]).sum() == 3
     assert "protocol" in (tmp_path / "sweep.md").read_text()
+    # Exploratory tables say so (issue: seed counts from the power analysis for the confirmatory
+    # tables only, docs/claims.md "Seeds per table").
+    assert (tmp_path / "sweep.md").read_text().startswith("Softness sweep (exploratory).")
     # Table 4 at matched strengths, from the same runs: target overlap 0.2 + 0.5 * 0.75.
     matched = pd.read_csv(tmp_path / "sweep_table4_matched.csv").set_index("curve")
     assert matched.loc["rpb", "matched_label"] == "rpb"  # position 0.4 / 0.75
@@ -116,7 +119,11 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
             "default",
             "matched",
         }
-    assert (tmp_path / "sweep_table4_matched.md").read_text().startswith("Table 4 at matched")
+    assert (
+        (tmp_path / "sweep_table4_matched.md")
+        .read_text()
+        .startswith("Table 4 at matched strengths (exploratory).")
+    )
     png = imread(tmp_path / "figures" / "sweep.png")
     assert png.shape[0] > 300 and png.std() > 0.01
     assert (tmp_path / "figures" / "sweep.pdf").read_bytes().startswith(b"%PDF")
@@ -287,6 +294,7 @@ def test_positions_verdicts_and_the_first_anchoring_reading_wins(tmp_path: Path)
     assert [m for m, r in rows.items() if r["default_by_rule"]] == ["strong"]
     assert {rows["none"]["role"], rows["hard"]["role"]} == {"lower bound", "upper bound"}
     assert "default by the rule: `strong`" in out.with_suffix(".md").read_text()
+    assert out.with_suffix(".md").read_text().startswith("RPB readings (exploratory).")
     assert (out.parent / "figures" / "rpb_readings.png").is_file()
     assert len(pd.read_csv(out.parent / "rpb_readings_runs.csv")) == 5 * len(READING_SEEDS)
 

@@ -170,3 +170,28 @@ def test_the_regime_rules_count_of_alls_runs_matches_the_workflow(tmp_path: Path
     assert workload["posttrain_runs"] == trained > 100
     assert workload["bases"] == int(jobs["pretrain_base"]) == 4
     assert workload["runs_per_method"] == 6  # 3 seeds x 2 bases
+
+
+def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
+    """tables.readings.seeds and tables.drift.seeds (exploratory tables may run fewer seeds than
+    the confirmatory ones, docs/claims.md): the readings' runs, the audit's M2 and the drift
+    curves read those seeds on every base; table 2 keeps tables.seeds."""
+    out = tmp_path / "results"
+    extra = tmp_path / "seeds.yaml"
+    extra.write_text("tables:\n  readings:\n    seeds: [0]\n  drift:\n    seeds: [1]\n")
+    text = _dry_run(
+        *("--configfile", "config/config.yaml", str(extra), "--config", f"results_dir={out}"),
+        *("--", f"{out}/rpb_readings.csv", f"{out}/drift.csv", f"{out}/table2.csv"),
+    )
+    specs = {
+        name: json.loads(re.search(rf"rpb {name} --results \S+ --spec '(.*?)' --out", text)[1])
+        for name in ("readings", "drift", "table2")
+    }
+    assert specs["readings"]["seeds"] == [0, 1000]  # seed 0 on each of tinyA's two bases
+    assert specs["drift"]["seeds"] == [1, 1001]
+    assert specs["table2"]["seeds"] == [0, 1, 2, 1000, 1001, 1002]
+    trained = set(re.findall(r"--label (\w+) .*?--out \S+/runs/tinyA/math/\w+/seed(\d+)", text))
+    only_readings = set(specs["readings"]["methods"]) - set(specs["drift"]["methods"])
+    assert only_readings and {s for m, s in trained if m in only_readings} == {"0", "1000"}
+    # M2 reads none, rpb and hard at the readings' seeds: they are scheduled there too.
+    assert {("none", "0"), ("hard", "1000"), ("rpb", "1001")} <= trained

@@ -202,6 +202,17 @@ TABLES = config.get("tables") or {}
 CLAIMS = config.get("claims")
 SWEEP = config.get("sweep")
 TABLE_SEEDS = TABLES.get("seeds") or SEEDS
+# Tables whose runs are exploratory (labelled so in their outputs) may run fewer seeds than the
+# confirmatory tables: their own `seeds` key (docs/claims.md, "Seeds per table").
+EXPLORATORY_TABLES = ("readings", "drift")
+
+
+def table_seeds(name):
+    """The seeds per base of table `name`: its own `seeds` (exploratory tables only), else
+    `tables.seeds`, else the top-level seeds."""
+    own = TABLES.get(name, {}).get("seeds") if name in EXPLORATORY_TABLES else None
+    return own or TABLE_SEEDS
+
 
 
 def run_outputs(model, corpus, methods, seeds, base=False):
@@ -223,23 +234,24 @@ def table_inputs(name):
     """Input function of a table rule: every run the table reads (a table of the plain shape,
     `model`, `corpus` and `methods`, reads those methods' runs)."""
     t = TABLES.get(name, {})
+    seeds = table_seeds(name)
 
     def inputs(wildcards):
         if name == "table2":
-            return run_outputs(t["model"], t["corpus"], t["methods"], TABLE_SEEDS, True)
+            return run_outputs(t["model"], t["corpus"], t["methods"], seeds, True)
         if name == "table3":
             pair = [CLAIMS["method"], CLAIMS["reference"]]
             return sum(
-                (run_outputs(m, t["corpus"], pair, TABLE_SEEDS) for m in t["models"]),
+                (run_outputs(m, t["corpus"], pair, seeds) for m in t["models"]),
                 [],
             )
         if name == "table4":
             return sum(
                 (
                     (
-                        run_outputs(t["model"], c, t["methods"], TABLE_SEEDS, True)
+                        run_outputs(t["model"], c, t["methods"], seeds, True)
                         if c == t["corpora"][0]
-                        else run_outputs(t["model"], c, t["methods"], TABLE_SEEDS)
+                        else run_outputs(t["model"], c, t["methods"], seeds)
                     )
                     for c in t["corpora"]
                 ),
@@ -247,17 +259,17 @@ def table_inputs(name):
             )
         if name == "table5":
             labels = list(dict.fromkeys(t["methods"] + t["correlate"]))
-            return run_outputs(t["model"], t["corpus"], labels, TABLE_SEEDS, True)
+            return run_outputs(t["model"], t["corpus"], labels, seeds, True)
         if name == "readings":
             labels = [t["lower"], *t["methods"], t["upper"]]
-            return run_outputs(t["model"], t["corpus"], labels, TABLE_SEEDS)
+            return run_outputs(t["model"], t["corpus"], labels, seeds)
         if name == "drift":
             return [
                 f"{RESULTS}/runs/{t['model']}/{t['corpus']}/{m}/seed{r}/train_history.json"
                 for m in t["methods"]
-                for r in runs(t["model"], TABLE_SEEDS)
+                for r in runs(t["model"], seeds)
             ]
-        return run_outputs(t["model"], t["corpus"], t["methods"], TABLE_SEEDS)
+        return run_outputs(t["model"], t["corpus"], t["methods"], seeds)
 
     return inputs
 
@@ -287,7 +299,7 @@ def table_spec(name):
     t = dict(TABLES[name])
     models = t.get("models") or [t["model"]]
     # Runs pooled over each model's bases; config_check gives every pretrained model as many.
-    spec = _common_spec() | t | {"seeds": runs(models[0], TABLE_SEEDS)}
+    spec = _common_spec() | t | {"seeds": runs(models[0], table_seeds(name))}
     if name == "table2":
         spec["family"] = config["models"][t["model"]]["family"]
     if name == "table3":
@@ -324,7 +336,8 @@ def claims_spec():
     # the tiny testbed; the smoke scale is a plumbing run and the paper's models are others.
     calibration = config.get("calibration") or {}
     tiny = config["scale"] == "tiny"
-    spec["not_testable"] = (calibration.get("not_testable") or {}) if tiny else {}
+    found = calibration.get("not_testable") or {}
+    spec["not_testable"] = {m: why for m, why in found.items() if why} if tiny else {}
     return spec
 
 
@@ -503,7 +516,9 @@ def claims_extra_inputs(wildcards):
     readings = TABLES.get("readings")
     if readings is not None and CLAIMS is not None:
         labels = [readings["lower"], CLAIMS["method"], readings["upper"]]
-        paths += run_outputs(readings["model"], readings["corpus"], labels, TABLE_SEEDS)
+        paths += run_outputs(
+            readings["model"], readings["corpus"], labels, table_seeds("readings")
+        )
     if config["scale"] != "paper":
         paths.append(f"{RESULTS}/testbed.json")
     return paths
