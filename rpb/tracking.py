@@ -632,8 +632,22 @@ def log_datasets(paths: Iterable[Path | str | None], context: str) -> list[str]:
     datasets = [jsonl_dataset(p) for p in files if p.is_file()]
     if datasets:
         n = len(datasets)
-        mlflow.log_inputs(datasets=datasets, contexts=[context] * n, tags_list=[None] * n)
+        for attempt in range(_DATASET_ATTEMPTS):
+            try:
+                mlflow.log_inputs(datasets=datasets, contexts=[context] * n, tags_list=[None] * n)
+                break
+            except mlflow.exceptions.MlflowException as error:
+                # Two jobs logging the same new dataset at once: the slower insert hits the
+                # store's unique (experiment, name, digest) key. The dataset now exists, and a
+                # retry links it instead of inserting it, so the job keeps its finished work.
+                lost_race = "UNIQUE constraint failed: datasets" in str(error)
+                if not lost_race or attempt == _DATASET_ATTEMPTS - 1:
+                    raise
+                log.info("datasets inserted by a concurrent job; linking them (%d)", attempt + 1)
     return [d.name for d in datasets]
+
+
+_DATASET_ATTEMPTS = 3
 
 
 def eval_sets(eval_dir: Path, tasks: Iterable[str]) -> list[Path]:

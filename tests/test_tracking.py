@@ -199,6 +199,59 @@ def test_jsonl_dataset_digest_is_the_manifest_hash(store: dict[str, Any]) -> Non
     assert [t.value for t in found.tags if t.key == "mlflow.data.context"] == ["evaluation"]
 
 
+def _one_eval_set(store: dict[str, Any]) -> Path:
+    (store["dir"] / "eval").mkdir(parents=True, exist_ok=True)
+    path = store["dir"] / "eval" / "facts.jsonl"
+    path.write_text('{"prompt": "sky?", "target": "blue"}\n')
+    return path
+
+
+def test_a_dataset_a_concurrent_job_inserted_first_is_linked_not_fatal(
+    store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two parallel jobs logging the same new eval set: the slower insert hits the store's unique
+    (experiment, name, digest) key (seen in `make smoke`, which then lost a finished evaluation).
+    log_datasets retries, and the retry links the dataset to the run."""
+    import mlflow
+
+    path = _one_eval_set(store)
+    with tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]):
+        tracking.log_datasets([path], "evaluation")  # the other job: the dataset now exists
+    real, calls = mlflow.log_inputs, []
+
+    def racing(**kwargs: Any) -> None:
+        calls.append(kwargs)
+        if len(calls) == 1:  # what the store raises for the losing insert
+            raise mlflow.exceptions.MlflowException(
+                "(sqlite3.IntegrityError) UNIQUE constraint failed: datasets.experiment_id, "
+                "datasets.name, datasets.digest"
+            )
+        real(**kwargs)
+
+    monkeypatch.setattr(mlflow, "log_inputs", racing)
+    with tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]) as run:
+        assert tracking.log_datasets([path], "evaluation") == ["facts"]
+    assert len(calls) == 2
+    (found,) = _client(store["uri"]).get_run(run.info.run_id).inputs.dataset_inputs
+    assert found.dataset.name == "facts"
+
+
+def test_other_tracking_errors_of_log_datasets_are_not_swallowed(
+    store: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import mlflow
+
+    path = _one_eval_set(store)
+
+    def broken(**kwargs: Any) -> None:
+        raise mlflow.exceptions.MlflowException("disk I/O error")
+
+    monkeypatch.setattr(mlflow, "log_inputs", broken)
+    error = pytest.raises(mlflow.exceptions.MlflowException, match="disk I/O error")
+    with tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]), error:
+        tracking.log_datasets([path], "evaluation")
+
+
 def test_dry_run_creates_no_run(tmp_path: Path) -> None:
     results = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
