@@ -2,7 +2,7 @@
 # Rule 3's confirmation (docs/regime.md, "Rule 3's cost gate on the budget's own terms"): from an
 # empty results/ in a clean clone, time `table1.csv` and then `all` with the regime's config on an
 # idle machine, and keep what the run measured. The install is not timed (the budget is the
-# pipeline's). Run it on an idle machine; it takes about 1.5 hours.
+# pipeline's). Run it on an idle machine; it took 2 hours on the 2-core machine.
 #
 #   bash bench/regime_confirm.sh [COMMIT]      # default: HEAD
 #

@@ -619,6 +619,9 @@ def jsonl_dataset(path: Path) -> Any:
     return mlflow.data.from_pandas(frame, source=source, name=name, digest=sha[:36])
 
 
+_DATASET_ATTEMPTS = 3  # log_datasets: a lost insert race needs one retry; 3 allows two
+
+
 def log_datasets(paths: Iterable[Path | str | None], context: str) -> list[str]:
     """Log each existing JSONL file in `paths` as an input dataset of the active run (`context`:
     training, prior, evaluation, probe); returns the names logged. Others (lm-eval's own tasks at
@@ -645,9 +648,6 @@ def log_datasets(paths: Iterable[Path | str | None], context: str) -> list[str]:
                     raise
                 log.info("datasets inserted by a concurrent job; linking them (%d)", attempt + 1)
     return [d.name for d in datasets]
-
-
-_DATASET_ATTEMPTS = 3
 
 
 def eval_sets(eval_dir: Path, tasks: Iterable[str]) -> list[Path]:
