@@ -24,6 +24,7 @@ import argparse
 import json
 import statistics
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -68,6 +69,7 @@ def run_one(job: dict) -> dict:
     )
     with tempfile.TemporaryDirectory(prefix="rpb-drift-") as tmp:
         out = Path(tmp)
+        start = time.perf_counter()
         posttrain(
             base_dir=base,
             prior_path=prior,
@@ -76,6 +78,7 @@ def run_one(job: dict) -> dict:
             spec=spec,
             out_dir=out,
         )
+        posttrain_s = time.perf_counter() - start
         history = json.loads((out / "train_history.json").read_text())["history"]
         summary = analyze_model(
             model_dir=out / "model",
@@ -90,6 +93,7 @@ def run_one(job: dict) -> dict:
     return job | {
         "topk_overlap_with_base": mean["topk_overlap_with_base"],
         "community_nmi": mean["community_nmi"],
+        "posttrain_s": posttrain_s,
         "train_curve": [
             (h["step"], h["mean/topk_overlap_with_base"])
             for h in history
@@ -98,19 +102,19 @@ def run_one(job: dict) -> dict:
     }
 
 
-def verdicts(runs: list[dict]) -> dict:
+def verdicts(runs: list[dict], models: list[str], rows: list[str]) -> dict:
     """Seed means per (model, row), and whether each R0 row's routing moves as far as M0's."""
     table: dict[str, dict[str, dict]] = {}
-    for model in MODELS:
+    for model in models:
         table[model] = {}
-        for row, *_ in ROWS:
+        for row in rows:
             mine = [r for r in runs if r["model"] == model and r["row"] == row]
             table[model][row] = {
                 stat: statistics.mean(r[stat] for r in mine)
                 for stat in ("topk_overlap_with_base", "community_nmi")
             } | {"n": len(mine)}
         ref = table[model][REFERENCE]
-        for row, *_ in ROWS:
+        for row in rows:
             cell = table[model][row]
             cell["moves"] = all(
                 cell[s] <= ref[s] for s in ("topk_overlap_with_base", "community_nmi")
@@ -118,7 +122,8 @@ def verdicts(runs: list[dict]) -> dict:
     return {
         "table": table,
         "routing_moves_within_R0": {
-            model: [row for row in DECIDING if table[model][row]["moves"]] for model in MODELS
+            model: [row for row in DECIDING if row in rows and table[model][row]["moves"]]
+            for model in models
         },
     }
 
@@ -132,8 +137,11 @@ def markdown(report: dict) -> str:
         "| model | row | lr | S | corpus | top-k overlap with base | community NMI | moves |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for model in MODELS:
+    models = list(report["verdicts"]["table"])
+    for model in models:
         for row, lr, steps, _, corpus in ROWS:
+            if row not in report["verdicts"]["table"][model]:
+                continue
             cell = report["verdicts"]["table"][model][row]
             moves = "reference" if row == REFERENCE else ("yes" if cell["moves"] else "no")
             lines.append(
@@ -144,7 +152,7 @@ def markdown(report: dict) -> str:
     lines += [
         "",
         "Routing moves at an lr R0 admits: "
-        + "; ".join(f"{m}: {', '.join(found[m]) or 'none'}" for m in MODELS),
+        + "; ".join(f"{m}: {', '.join(found[m]) or 'none'}" for m in models),
     ]
     return "\n".join(lines) + "\n"
 
@@ -154,10 +162,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--results", type=Path, default=ROOT / "results")
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/router_drift_map.json")
     parser.add_argument("--summary", action="store_true", help="rewrite the .md from the .json")
+    parser.add_argument("--models", default=",".join(MODELS), help="bases under --results")
+    parser.add_argument("--rows", default=",".join(r[0] for r in ROWS), help="rows of ROWS")
     args = parser.parse_args(argv)
     if args.summary:
         report = json.loads(args.out.read_text())
     else:
+        models, rows = args.models.split(","), args.rows.split(",")
+        unknown = sorted(set(rows) - {r[0] for r in ROWS})
+        if unknown:
+            parser.error(f"--rows: unknown row(s) {unknown}; known: {[r[0] for r in ROWS]}")
         jobs = [
             {
                 "results": str(args.results),
@@ -170,12 +184,13 @@ def main(argv: list[str] | None = None) -> dict:
                 "seed": seed,
             }
             for row, lr, steps, warmup, corpus in ROWS
+            if row in rows
             for seed in SEEDS
-            for model in MODELS
+            for model in models
         ]
         with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
             runs = list(pool.map(run_one, jobs))
-        report = {"seeds": list(SEEDS), "runs": runs, "verdicts": verdicts(runs)}
+        report = {"seeds": list(SEEDS), "runs": runs, "verdicts": verdicts(runs, models, rows)}
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))
