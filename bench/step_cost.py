@@ -67,7 +67,10 @@ def bare_loop(base: Path, corpus: Path, steps: int, lr: float, compiled: bool) -
     model.train()
     data = tokenize_prompt_completion(corpus, tokenizer, 48)
     collate = RightPadCollator(tokenizer.pad_token_id)
-    batches = [collate([data[i] for i in range(j * 64, j * 64 + 64)]) for j in range(steps + 10)]
+    n = len(data)  # cycled, as the Trainer runs epochs
+    batches = [
+        collate([data[i % n] for i in range(j * 64, j * 64 + 64)]) for j in range(steps + 10)
+    ]
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     forward = torch.compile(model, dynamic=True) if compiled else model
 
