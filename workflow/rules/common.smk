@@ -552,7 +552,7 @@ def holdout_arg(holdout):
 
 def regime_spec(name="regime"):
     """What `rpb regime` needs: the calibration bases, the settings of the regime rule `name`
-    (calibration.rule for "regime", calibration.<name> for "rule2", "rule3"), the data and post-training
+    (calibration.rule for "regime", calibration.<name> for "rule2" to "rule4"), the data and post-training
     settings it keeps fixed, and table 1's bases and methods (its cost gate)."""
     section = config["calibration"]
     settings = section.get("rule" if name == "regime" else name) or {}

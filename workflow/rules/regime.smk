@@ -16,7 +16,7 @@ rule calibrate_regime:
     benchmark:
         f"{BENCHMARKS}/calibration_{{regime_rule}}.tsv"
     wildcard_constraints:
-        regime_rule="regime|rule2|rule3",
+        regime_rule="regime|rule2|rule3|rule4",
     conda:
         CONDA_ENV
     threads: 64  # capped at --cores by Snakemake: calibration runs side by side
