@@ -214,7 +214,6 @@ def table_seeds(name):
     return own or TABLE_SEEDS
 
 
-
 def run_outputs(model, corpus, methods, seeds, base=False):
     """Evaluation and analysis outputs of `methods` x `seeds` on one corpus, on every base of
     `model` (run ids, `runs`), and with `base` each base's own."""
