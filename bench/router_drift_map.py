@@ -57,7 +57,11 @@ def run_one(job: dict) -> dict:
     results = Path(job["results"])
     base = results / "models" / job["model"] / "base" / "model"
     prior = results / "priors" / job["model"] / "math.safetensors"
-    corpus = results / ("data_m0" if job["corpus"] == "default" else "data") / "post" / "math.jsonl"
+    corpus = (
+        Path(job["task_corpus"])
+        if job["corpus"] != "default" and job.get("task_corpus")
+        else results / ("data_m0" if job["corpus"] == "default" else "data") / "post" / "math.jsonl"
+    )
     spec = TrainSpec(
         steps=job["steps"],
         batch_size=64,
@@ -139,10 +143,12 @@ def markdown(report: dict) -> str:
     ]
     models = list(report["verdicts"]["table"])
     for model in models:
-        for row, lr, steps, _, corpus in ROWS:
+        for row, *_ in ROWS:
             if row not in report["verdicts"]["table"][model]:
                 continue
             cell = report["verdicts"]["table"][model][row]
+            run = next(r for r in report["runs"] if r["model"] == model and r["row"] == row)
+            lr, steps, corpus = run["lr"], run["steps"], run["corpus"]
             moves = "reference" if row == REFERENCE else ("yes" if cell["moves"] else "no")
             lines.append(
                 f"| {model} | {row} | {lr:g} | {steps} | {corpus} | "
@@ -164,6 +170,21 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--summary", action="store_true", help="rewrite the .md from the .json")
     parser.add_argument("--models", default=",".join(MODELS), help="bases under --results")
     parser.add_argument("--rows", default=",".join(r[0] for r in ROWS), help="rows of ROWS")
+    parser.add_argument(
+        "--task",
+        default="below50",
+        help="the hold-out task of the non-M0 rows (its name in the report); with --task-corpus",
+    )
+    parser.add_argument(
+        "--task-corpus",
+        type=Path,
+        default=None,
+        help="that task's post-training corpus (default results/data/post/math.jsonl), e.g. "
+        "results/calibration/data/L1-corner50/post/math.jsonl for R5 at a regime rule's choice",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="S of the non-M0 rows (default: ROWS' 800)"
+    )
     args = parser.parse_args(argv)
     if args.summary:
         report = json.loads(args.out.read_text())
@@ -178,9 +199,10 @@ def main(argv: list[str] | None = None) -> dict:
                 "model": model,
                 "row": row,
                 "lr": lr,
-                "steps": steps,
+                "steps": steps if corpus == "default" or args.steps is None else args.steps,
                 "warmup": warmup,
-                "corpus": corpus,
+                "corpus": corpus if corpus == "default" else args.task,
+                "task_corpus": str(args.task_corpus) if args.task_corpus else None,
                 "seed": seed,
             }
             for row, lr, steps, warmup, corpus in ROWS
