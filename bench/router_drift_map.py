@@ -6,10 +6,12 @@ confirmation: cost, and whether routing moves at all").
 Each trained run is analysed as the pipeline analyses a run (`rpb.analysis.analyze_model`: the
 probe set, top-k overlap with the base router and community NMI against the base's partition);
 the training-batch top-k overlap every 100 steps is kept for the curves. The verdict per family
-and setting is the section's: the routing *moves* when both seed means reach the M0 row's.
+and setting is the section's: the routing *moves* when both seed means reach the M0 row's; the
+bases screens' criterion (top-k overlap at most SCREEN_OVERLAP at 1/10 or 1/30) is reported
+beside it. Batch, length and probe set are the default config's.
 
     .venv/bin/python bench/router_drift_map.py   # -> bench/results/router_drift_map.{json,md}
-    .venv/bin/python bench/router_drift_map.py --summary   # the .md from the .json alone
+    .venv/bin/python bench/router_drift_map.py --summary   # verdicts and .md from the runs
 
 Needs the bases and priors of the regime's config and the default corpus beside them:
 `snakemake --cores 2 --configfile config/config.yaml config/regime_rule3.yaml --
@@ -32,8 +34,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("tinyA", "tinyB")
 SEEDS = (300, 301, 302)
-PROBE_TASKS = ("math", "addition", "facts", "reverse", "sort", "grammar")  # analysis.probe_tasks
-PROBE_LIMIT = 200
 # (row, lr, steps, warm-up ratio, corpus: "default" or "below50"); the section's table.
 ROWS = (
     ("M0", 1e-3, 200, 0.0, "default"),
@@ -44,6 +44,24 @@ ROWS = (
 )
 REFERENCE = "M0"
 DECIDING = ("1/30", "1/10")  # the lrs R0 admits
+STATS = ("topk_overlap_with_base", "community_nmi")
+# The bases screens' criterion (docs/regime.md, "The bases screen"): the default tinyA's top-k
+# overlap at M0 in this bench's first map, where the readings rule found an anchoring reading.
+SCREEN_OVERLAP = 0.795
+
+
+def pipeline_settings() -> dict:
+    """The default config's post-training batch and length and its analysis probe set, so the
+    bench trains and analyses as the pipeline does."""
+    import yaml
+
+    config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    return {
+        "batch_size": config["posttrain"]["batch_size"],
+        "max_length": config["posttrain"]["max_length"],
+        "probe_tasks": list(config["analysis"]["probe_tasks"]),
+        "probe_limit": config["analysis"]["probe_limit"],
+    }
 
 
 def run_one(job: dict) -> dict:
@@ -64,9 +82,9 @@ def run_one(job: dict) -> dict:
     )
     spec = TrainSpec(
         steps=job["steps"],
-        batch_size=64,
+        batch_size=job["settings"]["batch_size"],
         lr=job["lr"],
-        max_length=48,
+        max_length=job["settings"]["max_length"],
         seed=job["seed"],
         warmup_ratio=job["warmup"],
         log_every=100,
@@ -89,8 +107,8 @@ def run_one(job: dict) -> dict:
             base_dir=base,
             prior_path=prior,
             eval_dir=results / "data" / "eval",
-            tasks=PROBE_TASKS,
-            limit=PROBE_LIMIT,
+            tasks=job["settings"]["probe_tasks"],
+            limit=job["settings"]["probe_limit"],
             out_json=out / "analysis.json",
         )
     mean = summary["mean"]
@@ -106,28 +124,36 @@ def run_one(job: dict) -> dict:
     }
 
 
-def verdicts(runs: list[dict], models: list[str], rows: list[str]) -> dict:
-    """Seed means per (model, row), and whether each R0 row's routing moves as far as M0's."""
+def verdicts(runs: list[dict]) -> dict:
+    """From the runs alone: seed means and sds per (model, row); whether each row's routing
+    moves as far as the same base's M0 row (the first map's verdict); and whether the base
+    passes the screens' criterion (top-k overlap at most SCREEN_OVERLAP at an lr R0 admits)."""
+    models = list(dict.fromkeys(r["model"] for r in runs))
+    rows = [row for row, *_ in ROWS if any(r["row"] == row for r in runs)]
     table: dict[str, dict[str, dict]] = {}
     for model in models:
         table[model] = {}
         for row in rows:
             mine = [r for r in runs if r["model"] == model and r["row"] == row]
-            table[model][row] = {
-                stat: statistics.mean(r[stat] for r in mine)
-                for stat in ("topk_overlap_with_base", "community_nmi")
-            } | {"n": len(mine)}
-        ref = table[model][REFERENCE]
-        for row in rows:
-            cell = table[model][row]
-            cell["moves"] = all(
-                cell[s] <= ref[s] for s in ("topk_overlap_with_base", "community_nmi")
-            )
+            cell: dict = {"n": len(mine)}
+            for stat in STATS:
+                cell[stat] = statistics.mean(r[stat] for r in mine)
+                cell[f"{stat}_sd"] = statistics.stdev(r[stat] for r in mine)
+            table[model][row] = cell
+        ref = table[model].get(REFERENCE)
+        for cell in table[model].values():
+            cell["moves"] = ref is not None and all(cell[s] <= ref[s] for s in STATS)
+    deciding = [row for row in DECIDING if row in rows]
     return {
         "table": table,
         "routing_moves_within_R0": {
-            model: [row for row in DECIDING if row in rows and table[model][row]["moves"]]
-            for model in models
+            m: [row for row in deciding if table[m][row]["moves"]] for m in models
+        },
+        "passes_screen": {
+            m: [
+                row for row in deciding if table[m][row]["topk_overlap_with_base"] <= SCREEN_OVERLAP
+            ]
+            for m in models
         },
     }
 
@@ -136,29 +162,40 @@ def markdown(report: dict) -> str:
     lines = [
         "`none`'s routing after post-training, seed means over seeds "
         f"{', '.join(map(str, report['seeds']))} (probe set; `bench/router_drift_map.py`). "
-        "moves: both statistics at or below the M0 row's of the same family.",
+        "sd: between seeds. moves: both statistics at or below the same base's M0 row's (the "
+        f"first map's verdict); screen: top-k overlap at most {SCREEN_OVERLAP} (the bases "
+        "screens' criterion, at an lr R0 admits).",
         "",
-        "| model | row | lr | S | corpus | top-k overlap with base | community NMI | moves |",
-        "|---|---|---|---|---|---|---|---|",
+        "| model | row | lr | S | corpus | top-k overlap with base (sd) | community NMI (sd) "
+        "| moves | screen |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    models = list(report["verdicts"]["table"])
+    found = verdicts(report["runs"])
+    models = list(found["table"])
     for model in models:
-        for row, *_ in ROWS:
-            if row not in report["verdicts"]["table"][model]:
-                continue
-            cell = report["verdicts"]["table"][model][row]
+        for row, cell in found["table"][model].items():
             run = next(r for r in report["runs"] if r["model"] == model and r["row"] == row)
             lr, steps, corpus = run["lr"], run["steps"], run["corpus"]
             moves = "reference" if row == REFERENCE else ("yes" if cell["moves"] else "no")
+            screen = (
+                ("pass" if row in found["passes_screen"][model] else "no")
+                if row in DECIDING
+                else ""
+            )
+            overlap, nmi = STATS
             lines.append(
                 f"| {model} | {row} | {lr:g} | {steps} | {corpus} | "
-                f"{cell['topk_overlap_with_base']:.3f} | {cell['community_nmi']:.3f} | {moves} |"
+                f"{cell[overlap]:.3f} ({cell[overlap + '_sd']:.3f}) | "
+                f"{cell[nmi]:.3f} ({cell[nmi + '_sd']:.3f}) | {moves} | {screen} |"
             )
-    found = report["verdicts"]["routing_moves_within_R0"]
+    moves, passes = found["routing_moves_within_R0"], found["passes_screen"]
     lines += [
         "",
-        "Routing moves at an lr R0 admits: "
-        + "; ".join(f"{m}: {', '.join(found[m]) or 'none'}" for m in models),
+        "Routing moves as far as M0 at an lr R0 admits: "
+        + "; ".join(f"{m}: {', '.join(moves[m]) or 'none'}" for m in models),
+        "",
+        "Passes the screens' criterion: "
+        + "; ".join(f"{m}: {', '.join(passes[m]) or 'no'}" for m in models),
     ]
     return "\n".join(lines) + "\n"
 
@@ -186,16 +223,20 @@ def main(argv: list[str] | None = None) -> dict:
         "--steps", type=int, default=None, help="S of the non-M0 rows (default: ROWS' 800)"
     )
     args = parser.parse_args(argv)
-    if args.summary:
+    if args.summary:  # the verdicts are derived from the runs again
         report = json.loads(args.out.read_text())
+        report["verdicts"] = verdicts(report["runs"])
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
     else:
         models, rows = args.models.split(","), args.rows.split(",")
         unknown = sorted(set(rows) - {r[0] for r in ROWS})
         if unknown:
             parser.error(f"--rows: unknown row(s) {unknown}; known: {[r[0] for r in ROWS]}")
+        settings = pipeline_settings()
         jobs = [
             {
                 "results": str(args.results),
+                "settings": settings,
                 "model": model,
                 "row": row,
                 "lr": lr,
@@ -212,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict:
         ]
         with ProcessPoolExecutor(2, mp_context=get_context("spawn")) as pool:
             runs = list(pool.map(run_one, jobs))
-        report = {"seeds": list(SEEDS), "runs": runs, "verdicts": verdicts(runs, models, rows)}
+        report = {"seeds": list(SEEDS), "runs": runs, "verdicts": verdicts(runs)}
         args.out.write_text(json.dumps(report, indent=2) + "\n")
     args.out.with_suffix(".md").write_text(markdown(report))
     print(markdown(report))

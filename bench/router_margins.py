@@ -22,6 +22,7 @@ import statistics
 from pathlib import Path
 
 import torch
+from router_drift_map import pipeline_settings  # bench/, beside this script
 from scipy.stats import spearmanr
 
 from rpb.analysis import load_for_inference, probe_texts, text_batches
@@ -29,13 +30,12 @@ from rpb.routing import RouterControl, handle_selection_scores
 
 ROOT = Path(__file__).resolve().parents[1]
 MAPS = ("router_drift_map.json", "bases_screen.json", "bases_screen2.json")
-PROBE_TASKS = ("math", "addition", "facts", "reverse", "sort", "grammar")
 NEAR_TIE = 0.1  # sd units
 
 
-def margins(model_dir: Path, eval_dir: Path) -> dict[str, float]:
+def margins(model_dir: Path, eval_dir: Path, tasks: list[str], limit: int) -> dict[str, float]:
     tokenizer, model = load_for_inference(model_dir)
-    batches = text_batches(tokenizer, probe_texts(eval_dir, PROBE_TASKS, 200), batch_size=64)
+    batches = text_batches(tokenizer, probe_texts(eval_dir, tasks, limit), batch_size=64)
     control = RouterControl(model)
     gaps: list[list[torch.Tensor]] = [[] for _ in range(control.num_layers)]
     with control, torch.no_grad():
@@ -56,7 +56,7 @@ def margins(model_dir: Path, eval_dir: Path) -> dict[str, float]:
     }
 
 
-def drift_at_tenth(results: Path) -> dict[str, float]:
+def drift_at_tenth() -> dict[str, float]:
     """Each base's mean `none` drift (1 - top-k overlap) at 1/10, from the drift maps' JSON."""
     drift: dict[str, float] = {}
     for name in MAPS:
@@ -76,9 +76,16 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--out", type=Path, default=ROOT / "bench/results/router_margins.json")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    drift = drift_at_tenth(args.results)
+    drift = drift_at_tenth()
+    probe = pipeline_settings()
+    eval_dir = args.results / "data" / "eval"
     bases = {
-        m: margins(args.results / "models" / m / "base" / "model", args.results / "data" / "eval")
+        m: margins(
+            args.results / "models" / m / "base" / "model",
+            eval_dir,
+            probe["probe_tasks"],
+            probe["probe_limit"],
+        )
         | {"drift_at_tenth": d}
         for m, d in sorted(drift.items())
     }

@@ -7,8 +7,9 @@ Per base of `calibration.models` (the pretrained bases, one torch thread, the re
 - `trainer_step_ms`: the pipeline's own post-training path (`rpb.training.posttrain`, `none`,
   the base's prior attached for the drift statistics) at the regime's S = 800 steps: its whole
   wall time (load, tokenisation, Trainer) per step, as a run pays it;
-- `bare_step_ms`: the same model, batches and optimiser (AdamW, gradient clipping at 1.0) in a
-  plain loop: what is left when the Trainer, callbacks and tracking are gone;
+- `bare_step_ms`: the same model, batches and optimiser (fused AdamW, gradient clipping at 1.0,
+  as the Trainer has them) in a plain loop: what is left without the Trainer, callbacks and
+  tracking;
 - `compiled_step_ms` and `compile_s`: the plain loop with `torch.compile(dynamic=True)`, after
   its warm-up, and the warm-up's seconds (paid by every run: each run is its own process);
 - `op_share`: the share of the plain loop's CPU time in each of the five costliest aten ops
@@ -71,7 +72,8 @@ def bare_loop(base: Path, corpus: Path, steps: int, lr: float, compiled: bool) -
     batches = [
         collate([data[i % n] for i in range(j * 64, j * 64 + 64)]) for j in range(steps + 10)
     ]
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    # The Trainer's optimiser on the CPU (TrainingArguments' default optim adamw_torch_fused).
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
     forward = torch.compile(model, dynamic=True) if compiled else model
 
     def step(batch: dict) -> None:
