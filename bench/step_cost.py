@@ -1,8 +1,8 @@
 """Where a post-training step's time goes, and whether it can be had cheaper (docs/regime.md,
 "After the confirmation").
 
-Per base of `calibration.models` (the pretrained bases, one torch thread, the regime's batch of
-64 post-training examples), in one invocation:
+Per tiny base (tinyA, tinyB: the pretrained seed-0 bases; one torch thread; the default config's
+post-training batch and length), in one invocation:
 
 - `trainer_step_ms`: the pipeline's own post-training path (`rpb.training.posttrain`, `none`,
   the base's prior attached for the drift statistics) at the regime's S = 800 steps: its whole
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import torch
+from router_drift_map import pipeline_settings  # bench/, beside this script
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -43,10 +44,18 @@ from rpb.training import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = pipeline_settings()  # batch_size, max_length as the pipeline post-trains
 
 
 def trainer_step_ms(base: Path, prior: Path, corpus: Path, steps: int, lr: float) -> float:
-    spec = TrainSpec(steps=steps, batch_size=64, lr=lr, max_length=48, seed=0, log_every=steps)
+    spec = TrainSpec(
+        steps=steps,
+        batch_size=SETTINGS["batch_size"],
+        lr=lr,
+        max_length=SETTINGS["max_length"],
+        seed=0,
+        log_every=steps,
+    )
     with tempfile.TemporaryDirectory(prefix="rpb-stepcost-") as tmp:
         for attempt in ("untimed", "timed"):  # the first pays imports and first-call set-up
             start = time.perf_counter()
@@ -66,11 +75,11 @@ def bare_loop(base: Path, corpus: Path, steps: int, lr: float, compiled: bool) -
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     model.train()
-    data = tokenize_prompt_completion(corpus, tokenizer, 48)
+    data = tokenize_prompt_completion(corpus, tokenizer, SETTINGS["max_length"])
     collate = RightPadCollator(tokenizer.pad_token_id)
-    n = len(data)  # cycled, as the Trainer runs epochs
+    n, size = len(data), SETTINGS["batch_size"]  # cycled, as the Trainer runs epochs
     batches = [
-        collate([data[i % n] for i in range(j * 64, j * 64 + 64)]) for j in range(steps + 10)
+        collate([data[i % n] for i in range(j * size, (j + 1) * size)]) for j in range(steps + 10)
     ]
     # The Trainer's optimiser on the CPU (TrainingArguments' default optim adamw_torch_fused).
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, fused=True)
