@@ -22,6 +22,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rpb.specs import TRAINABLE
+
 log = logging.getLogger("rpb")
 
 
@@ -633,7 +635,7 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument(
         "--trainable",
-        choices=["all", "routed_experts_and_routers"],
+        choices=list(TRAINABLE),
         default=None,
         help="parameters post-training updates (default: the spec's, else all)",
     )

@@ -22,6 +22,7 @@ __all__ = [
     "METHOD_SPECS",
     "PATHS",
     "RUN_STRIDE",
+    "TRAINABLE",
     "MethodSpec",
     "Option",
     "base_index",
@@ -32,6 +33,10 @@ __all__ = [
     "results_path",
     "run_ids",
 ]
+
+
+# Post-training parameter selections (`posttrain.trainable`; rpb.trainable implements them).
+TRAINABLE = ("all", "moe", "routed_experts_and_routers")
 
 
 @dataclass(frozen=True)

@@ -36,19 +36,16 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
-from rpb.data import load_jsonl
+from rpb.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS, SPECIAL_TOKENS, load_jsonl, vocabulary
 from rpb.eval_routing import save_eval_routing
 from rpb.methods import RouterMethod, make_method
 from rpb.prior import RouterPrior
-from rpb.routing import find_routers
 from rpb.tokenizer import encode
+from rpb.trainable import select_trainable
 
 log = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
-# Post-training parameter selections (`posttrain.trainable`): everything (the paper's setting), or
-# only the routed experts and the routers (the routing-sensitive diagnostic regime).
-TRAINABLE = ("all", "routed_experts_and_routers")
 # Written into each Trainer checkpoint by `CheckpointStateCallback`, after everything the Trainer
 # writes there: its presence marks the checkpoint complete (see `last_complete_checkpoint`).
 CHECKPOINT_STATE = "rpb_state.pt"
@@ -71,8 +68,10 @@ class TrainSpec:
     threads: int = 1
     bf16: bool = False
     gradient_checkpointing: bool = False
-    # Which parameters post-training updates (TRAINABLE); the others stay bitwise unchanged.
+    # Which parameters post-training updates (rpb.trainable.TRAINABLE); the others stay bitwise
+    # unchanged, or with `trunk_lr_scale` > 0 (trainable `moe` only) train at that fraction of lr.
     trainable: str = "all"
+    trunk_lr_scale: float = 0.0
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainSpec:
@@ -463,53 +462,6 @@ def pretrain(
     return summary
 
 
-def select_trainable(model: PreTrainedModel, trainable: str) -> list[str]:
-    """Freeze every parameter outside `trainable` (one of TRAINABLE); return the trainable names.
-
-    Routers are found by class (`rpb.routing.find_routers`); the routed experts by role: the
-    router's sibling in its MoE block that holds one slice per expert (fused `[E, ...]` tensors, or
-    a ModuleList of E experts), which a shared expert or a dense MLP never does.
-    """
-    if trainable not in TRAINABLE:
-        raise ValueError(f"posttrain.trainable: {trainable!r} is not one of {list(TRAINABLE)}")
-    if trainable == "all":
-        return [name for name, p in model.named_parameters() if p.requires_grad]
-    modules = dict(model.named_modules())
-    keep: set[str] = set()
-    for handle in find_routers(model):
-        keep |= {f"{handle.name}.{n}" for n, _ in handle.module.named_parameters()}
-        block_name = handle.name.rpartition(".")[0]
-        experts = [
-            (f"{block_name}.{child_name}" if block_name else child_name, child)
-            for child_name, child in modules[block_name].named_children()
-            if child is not handle.module and _holds_experts(child, handle.num_experts)
-        ]
-        if len(experts) != 1:
-            raise ValueError(
-                f"posttrain.trainable: found {len(experts)} routed-expert modules beside router "
-                f"{handle.name} ({type(modules[block_name]).__name__}), need exactly one"
-            )
-        prefix, module = experts[0]
-        keep |= {f"{prefix}.{n}" for n, _ in module.named_parameters()}
-    names = []
-    for name, param in model.named_parameters():
-        param.requires_grad_(name in keep)
-        if name in keep:
-            names.append(name)
-    n_all = sum(p.numel() for p in model.parameters())
-    n_kept = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log.info("trainable %s: %d of %d parameters (%d tensors)", trainable, n_kept, n_all, len(names))
-    return names
-
-
-def _holds_experts(module: torch.nn.Module, num_experts: int) -> bool:
-    """Whether `module` is a routed-experts container for `num_experts` experts."""
-    if isinstance(module, torch.nn.ModuleList):
-        return len(module) == num_experts
-    own = list(module.parameters(recurse=False))
-    return bool(own) and all(p.dim() == 3 and p.shape[0] == num_experts for p in own)
-
-
 def posttrain(
     *,
     base_dir: Path,
@@ -537,14 +489,20 @@ def posttrain(
         base_dir, dtype=torch.float32, **experts_kwargs(experts_implementation)
     )
     model.train()
+    dataset = tokenize_prompt_completion(corpus, tokenizer, spec.max_length)
+    callbacks = list(callbacks)
     if spec.trainable != "all":
-        select_trainable(model, spec.trainable)
+        new_ids = unseen_token_ids(tokenizer, dataset) if spec.trainable == "moe" else []
+        selection = select_trainable(
+            model, spec.trainable, new_token_ids=new_ids, trunk_lr_scale=spec.trunk_lr_scale
+        )
+        if selection.row_scales:
+            callbacks.append(selection.callback(model))
         if spec.gradient_checkpointing:  # frozen embeddings: checkpointed layers need input grads
             model.enable_input_require_grads()
     prior = RouterPrior.load(prior_path) if prior_path else None
     if prior is not None:
         prior.check_compatible(model)
-    dataset = tokenize_prompt_completion(corpus, tokenizer, spec.max_length)
     method = make_method(method_spec.name, strength=method_spec.strength, **method_spec.options)
     method.attach(model, prior)
     history = run_training(
@@ -571,6 +529,19 @@ def posttrain(
         remove_checkpoints(out_dir / "checkpoints")
     PartialState().wait_for_everyone()
     return summary
+
+
+def unseen_token_ids(tokenizer: PreTrainedTokenizerBase, dataset: TokenizedExamples) -> list[int]:
+    """Ids of the tokens in `dataset` that the tiny bases never saw in pretraining: the
+    post-training tasks' own template tokens (the generator declares each pretraining domain's
+    alphabet, rpb.data.DOMAIN_TOKENS). With a tokenizer that is not the tiny testbed's (a real
+    checkpoint's) there are none: every embedding row is trunk."""
+    seen = {t for d in PRETRAIN_DOMAINS for t in DOMAIN_TOKENS[d]} | set(SPECIAL_TOKENS)
+    vocab = tokenizer.get_vocab()
+    if set(vocab) != set(vocabulary()):
+        return []
+    used = {i for ex in dataset.examples for i in ex["input_ids"]}
+    return sorted(vocab[t] for t in vocab if t not in seen and vocab[t] in used)
 
 
 def _save_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:

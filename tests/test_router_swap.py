@@ -28,7 +28,8 @@ from rpb.router_swap import (
     swap_saved_routers,
 )
 from rpb.routing import find_routers
-from rpb.training import TRAINABLE, TokenizedExamples, TrainSpec, run_training, select_trainable
+from rpb.trainable import TRAINABLE, select_trainable
+from rpb.training import TokenizedExamples, TrainSpec, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -221,7 +222,7 @@ def test_routed_experts_and_routers_only(arch: str, tmp_path: Path) -> None:
 
     model = make_model(arch)
     model.train()
-    names = set(select_trainable(model, "routed_experts_and_routers"))
+    names = set(select_trainable(model, "routed_experts_and_routers").names)
     routers = {f"{h.name}.weight" for h in find_routers(model)}
     assert routers <= names
     assert any(".experts." in n for n in names)
@@ -247,7 +248,7 @@ def test_routed_experts_and_routers_only(arch: str, tmp_path: Path) -> None:
 
 def test_trainable_all_keeps_everything_and_unknown_is_refused() -> None:
     model = make_model("qwen3_moe")
-    assert set(select_trainable(model, "all")) == {n for n, _ in model.named_parameters()}
+    assert set(select_trainable(model, "all").names) == {n for n, _ in model.named_parameters()}
     with pytest.raises(ValueError, match=r"posttrain.trainable"):
         select_trainable(model, "experts")
 
