@@ -6,11 +6,11 @@ lm-eval tasks, both reading the JSONL through `dataset_path: json` by absolute p
 - `rpb_{name}`: `generate_until`, greedy, stops at the eos string, `max_gen_toks` = longest target
   (in characters, an upper bound on its tokens) + 2; metric `exact_match` with no normalisation
   (no case folding, punctuation or whitespace stripping).
-- `rpb_{name}_ll`: `loglikelihood` of the target given the prompt (the continuation is exactly
-  the target: `target_delimiter: ""`, no inserted space); lm-eval metrics `perplexity`
-  (per-document total log-likelihood, aggregated as exp(-mean)) and `acc` (the target is the
-  greedy continuation under teacher forcing). This loss-based measure does not floor out at zero
-  accuracy.
+- `rpb_{name}_ll`: `loglikelihood` of the target and the end token given the prompt (the
+  continuation is exactly `target + eos`: `target_delimiter: ""`, no inserted space); lm-eval
+  metrics `perplexity` (per-document total log-likelihood, aggregated as exp(-mean)) and `acc`
+  (the target and the end token are the greedy continuation under teacher forcing). This
+  likelihood-based measure does not floor out at zero accuracy.
 
 `run_lm_eval` runs all tasks in ONE `simple_evaluate` call (the model is loaded and each request
 type batched once) and returns a compact dict, per task:
@@ -20,7 +20,9 @@ type batched once) and returns a compact dict, per task:
   target (nats), `score` = mean of `items` (so `score` is always the mean of `items`, which keeps
   paired bootstraps over items consistent with the score); `ll_sum` (per-doc total, what lm-eval
   reports), `n_tokens` (target tokens as lm-eval split them) and `greedy` (lm-eval's is_greedy)
-  are given beside it;
+  are given beside it, and `p_target` (per doc exp(`ll_sum`): the probability of answering
+  exactly the target and stopping) with its mean `p_target_mean`, the tiny testbed's primary
+  metric (bounded in [0, 1], unlike NLL, and without exact match's 0/1 floor and ceiling);
 - multiple_choice (standard paper-scale tasks): `metric="acc"`, per-doc 0/1.
 
 plus lm-eval's raw aggregate metrics, task configs and package versions for provenance.
@@ -39,6 +41,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 import os
 import re
 import tempfile
@@ -256,6 +259,9 @@ def write_tasks(
         ]
         ll = _task_yaml(ll_task, data_file, cache_dir, len(items))
         ll["output_type"] = "loglikelihood"
+        # The target then the end token: p(target) is the probability of answering exactly the
+        # target and stopping, what greedy exact match asks for, without its 0/1 floor.
+        ll["doc_to_target"] = "{{target}}" + eos
         ll["metric_list"] = [
             {"metric": "perplexity", "aggregation": "perplexity", "higher_is_better": False},
             {"metric": "acc", "aggregation": "mean", "higher_is_better": True},
@@ -317,7 +323,14 @@ def _compact_task(lm: Any, task: str, config: dict[str, Any], samples: list[dict
             raise ValueError(f"run_lm_eval: task {task!r} doc {doc}: target has no tokens")
         items = [ll / n for ll, n in zip(ll_sum, n_tok, strict=True)]
         greedy = [int(s["filtered_resps"][0][1]) for s in rows]
-        extra = {"ll_sum": ll_sum, "n_tokens": n_tok, "greedy": greedy}
+        p_target = [math.exp(ll) for ll in ll_sum]
+        extra = {
+            "ll_sum": ll_sum,
+            "n_tokens": n_tok,
+            "greedy": greedy,
+            "p_target": p_target,
+            "p_target_mean": sum(p_target) / len(p_target),
+        }
         metric = "ll_per_token"
     elif out_type in ("generate_until", "multiple_choice"):
         metric = "exact_match" if out_type == "generate_until" else "acc"

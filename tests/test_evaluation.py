@@ -69,8 +69,9 @@ def _greedy(model, tok, prompt: str, max_new: int) -> tuple[str, bool]:
 
 
 def _target_ll(model, tok, prompt: str, target: str) -> tuple[float, int]:
-    """Sum of log-softmax of the target tokens given the prompt, and their count."""
-    ctx, tgt = tok(prompt).input_ids, tok(target).input_ids
+    """Sum of log-softmax of the target tokens and the end token given the prompt, and their
+    count."""
+    ctx, tgt = tok(prompt).input_ids, [*tok(target).input_ids, tok.eos_token_id]
     ids = torch.tensor([ctx + tgt])
     with torch.no_grad():
         logp = torch.log_softmax(model(ids).logits[0, :-1].double(), dim=-1)
@@ -178,7 +179,7 @@ def test_yamls_load_through_taskmanager(setup, tmp_path):
     docs = list(ll.test_docs())
     assert len(docs) == 5  # limit copies the first 5 items
     assert ll.doc_to_text(docs[0]) == setup["sets"]["add"][0]["prompt"]
-    assert ll.doc_to_target(docs[0]) == setup["sets"]["add"][0]["target"]
+    assert ll.doc_to_target(docs[0]) == setup["sets"]["add"][0]["target"] + "<eos>"
     # The datasets cache stays inside the task dir.
     assert (tmp_path / "tasks" / "hf_datasets_cache").is_dir()
 
@@ -223,6 +224,9 @@ def test_loglikelihood_matches_direct_computation(setup, result):
         assert r["n_tokens"] == [n for _, n in direct]
         assert r["ll_sum"] == pytest.approx([ll for ll, _ in direct], abs=1e-4)
         assert r["items"] == pytest.approx([ll / n for ll, n in direct], abs=1e-4)
+        p = [math.exp(ll) for ll, _ in direct]
+        assert r["p_target"] == pytest.approx(p, rel=1e-3, abs=1e-9)
+        assert r["p_target_mean"] == pytest.approx(sum(p) / len(p), rel=1e-3)
 
 
 def test_exact_match_matches_direct_greedy_decode(setup, result):
