@@ -1,0 +1,104 @@
+"""The premise screen's rules (docs/testbed.md, "Testbed v2") on synthetic records with known
+answers: the gates, the pruning of the walk and the seed count."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import screen
+
+OOD = screen.OOD
+
+
+def _run(dev: float, ood: float, swapped: float, overlap: float) -> dict:
+    return {
+        "dev_p": dev,
+        "ood_p": dict.fromkeys(OOD, ood),
+        "ood_p_base_routers": dict.fromkeys(OOD, swapped),
+        "overlap": overlap,
+    }
+
+
+BASE = {"ood_p": dict.fromkeys(OOD, 0.8)}
+
+
+def test_a_point_with_the_premise_passes_every_gate() -> None:
+    # none loses 0.16 of 0.8 OOD (retention 0.8); base routers undo 0.03-0.05 of it (~25%).
+    runs = [_run(0.7, 0.64, 0.64 + u, 0.8) for u in (0.03, 0.04, 0.05)]
+    g = screen.judge(runs, BASE)
+    assert g.passes
+    assert g.retention == pytest.approx(0.8)
+    assert g.r_share == pytest.approx(0.04 / 0.16)
+
+
+@pytest.mark.parametrize(
+    ("runs", "failed"),
+    [
+        ([_run(0.97, 0.64, 0.68, 0.8)] * 3, "l_ok"),  # at the ceiling
+        ([_run(0.7, 0.5, 0.54, 0.8)] * 3, "f_ok"),  # forgets too much (0.625)
+        ([_run(0.7, 0.79, 0.795, 0.8)] * 3, "f_ok"),  # forgets nothing worth measuring
+        ([_run(0.7, 0.64, 0.68, 0.95)] * 3, "d_ok"),  # the router did not move
+        ([_run(0.7, 0.64, 0.641, 0.8)] * 3, "r_ok"),  # routing carries < 10%
+    ],
+)
+def test_each_gate_fails_on_its_own(runs: list[dict], failed: str) -> None:
+    g = screen.judge(runs, BASE)
+    assert not getattr(g, failed)
+    assert not g.passes
+
+
+def test_r_needs_its_interval_above_zero() -> None:
+    """A large mean share from one seed, with others undoing nothing or worse, fails R."""
+    runs = [_run(0.7, 0.64, 0.64 + u, 0.8) for u in (0.12, -0.05, -0.04)]
+    g = screen.judge(runs, BASE)
+    assert g.r_share == pytest.approx(0.01 / 0.16)
+    runs = [_run(0.7, 0.64, 0.64 + u, 0.8) for u in (0.10, 0.0, -0.01)]
+    g = screen.judge(runs, BASE)
+    assert g.r_share >= screen.R_MIN_SHARE and g.r_undone_low < 0 and not g.r_ok
+
+
+def test_walk_order_is_cost_then_level_then_lr() -> None:
+    grid = screen.grid()
+    assert len(grid) == 36
+    assert grid[0] == screen.Point(400, 1, 1 / 30)
+    assert grid[1] == screen.Point(400, 1, 1 / 10)
+    assert grid[3] == screen.Point(400, 2, 1 / 30)
+    assert grid[-1] == screen.Point(1600, 4, 1 / 3)
+
+
+def test_ceiling_rules_out_more_learning_at_that_level_only() -> None:
+    point = screen.Point(800, 1, 1 / 10)
+    g = screen.judge([_run(0.99, 0.7, 0.72, 0.8)] * 3, BASE)
+    out = screen.ruled_out(point, g)
+    assert screen.Point(1600, 1, 1 / 3) in out and screen.Point(800, 1, 1 / 3) in out
+    assert screen.Point(1600, 1, 1 / 30) not in out  # a lower lr may stay below the ceiling
+    assert screen.Point(400, 1, 1 / 3) not in out  # fewer steps
+    assert not any(p.level != 1 for p in out)
+
+
+def test_floor_rules_out_harder_levels_at_the_same_lr_and_steps() -> None:
+    point = screen.Point(400, 2, 1 / 10)
+    g = screen.judge([_run(0.2, 0.7, 0.72, 0.8)] * 3, BASE)
+    out = screen.ruled_out(point, g)
+    assert set(out) == {screen.Point(400, 3, 1 / 10), screen.Point(400, 4, 1 / 10)}
+
+
+def test_seed_count_reaches_the_margin_and_flags_missing_headroom() -> None:
+    # In-domain runs spread by 4 points, OOD by 1: the in-domain spread sets n.
+    base0 = [_run(d, o, o, 0.8) for d, o in ((0.60, 0.70), (0.64, 0.71), (0.68, 0.72))]
+    base1 = [_run(d, o, o, 0.8) for d, o in ((0.60, 0.70), (0.64, 0.71), (0.68, 0.72))]
+    sc = screen.seed_count([base0, base1], ood_loss_points=10.0, r_share=0.05)
+    assert sc["sd_in_domain"] == pytest.approx(4.0)
+    n = sc["seeds_per_base"] * 2
+    assert sc["in_domain_mde"] <= screen.MARGIN
+    assert screen.mde(math.sqrt(2) * 4.0, n - 2) > screen.MARGIN  # one seed per base fewer fails
+    # Headroom 0.5 points, below the OOD MDE at that n: OOD is underpowered by design.
+    assert sc["headroom_points"] == pytest.approx(0.5)
+    assert sc["ood_mde"] > 0.5 and sc["ood_underpowered_by_design"]
+    roomy = screen.seed_count([base0, base1], ood_loss_points=10.0, r_share=0.5)
+    assert not roomy["ood_underpowered_by_design"]
