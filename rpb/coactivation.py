@@ -3,19 +3,25 @@ them (usage entropy, Louvain communities, modularity, partition retention, routi
 
 Counts are per layer E x E: entry (i, j), i != j, is the number of tokens whose top-k contains
 both i and j (all pairs, not adjacent ranks); the diagonal is each expert's usage count.
+
+Counting, usage entropy, top-k overlap and KL need only torch and numpy (the core library); the
+community metrics (Louvain partitions, modularity, NMI/ARI and what builds on them) need the
+`rpb[analysis]` extra (networkx, scikit-learn), imported on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Mapping
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-import networkx as nx
 import numpy as np
 import torch
-from scipy.stats import entropy as _entropy
-from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = [
     "CoactivationCounter",
@@ -140,6 +146,34 @@ class CoactivationCounter:
 # ---------------------------------------------------------------- metrics on one layer's counts
 
 
+def _analysis_module(name: str) -> ModuleType:
+    """`networkx` or `sklearn.metrics`, imported on first use: community detection and partition
+    scores are the `rpb[analysis]` extra, so the core library (`pip install rpb`) and every
+    `import rpb.*` of it load neither (scikit-learn alone brings scipy, ~100 MB)."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as err:
+        raise ImportError(
+            f"rpb.coactivation's community metrics need {name.split('.')[0]}: "
+            "pip install 'rpb[analysis]'"
+        ) from err
+
+
+# log of each positive probability by the C library's log, the one scipy.special.entr uses:
+# numpy's vectorised np.log can differ in the last bit, and usage entropies were scipy's.
+_c_log = np.frompyfunc(math.log, 1, 1)
+
+
+def _entropy_nats(u: np.ndarray) -> np.ndarray:
+    """scipy.stats.entropy(u, axis=-1), bit for bit, without scipy: the rows normalised to sum
+    to one, then the sum of -p log p (0 where p is 0)."""
+    p = 1.0 * u / np.sum(u, axis=-1, keepdims=True)
+    positive = p > 0
+    log_p = np.zeros_like(p)
+    log_p[positive] = _c_log(p[positive]).astype(np.float64)
+    return np.sum(np.where(positive, -p * log_p, 0.0), axis=-1)
+
+
 def _square(coact: Any, name: str = "coact") -> np.ndarray:
     a = np.asarray(coact, dtype=np.float64)
     if a.ndim != 2 or a.shape[0] != a.shape[1]:
@@ -155,7 +189,7 @@ def _graph(coact: np.ndarray) -> nx.Graph:
     # Off-diagonal only: usage on the diagonal would become self-loops and dominate modularity.
     off = coact.copy()
     np.fill_diagonal(off, 0.0)
-    return nx.from_numpy_array(off)
+    return _analysis_module("networkx").from_numpy_array(off)
 
 
 def usage_entropy(usage: Any, normalized: bool = True) -> float | np.ndarray:
@@ -165,7 +199,7 @@ def usage_entropy(usage: Any, normalized: bool = True) -> float | np.ndarray:
         raise ValueError(f"usage must be [..., E] with E >= 2, got shape {u.shape}")
     if (u < 0).any() or (u.sum(axis=-1) <= 0).any():
         raise ValueError("usage must be non-negative with a positive total")
-    h = _entropy(u, axis=-1)
+    h = _entropy_nats(u)
     if normalized:
         h = h / math.log(u.shape[-1])
     return float(h) if np.ndim(h) == 0 else h
@@ -178,6 +212,7 @@ def communities(coact: Any, seed: int = 0, resolution: float = 1.0) -> np.ndarra
     expert), so equal partitions give equal arrays. Isolated experts form singleton communities.
     """
     a = _square(coact)
+    nx = _analysis_module("networkx")
     parts = nx.community.louvain_communities(
         _graph(a), weight="weight", resolution=resolution, seed=seed
     )
@@ -197,6 +232,7 @@ def modularity(coact: Any, labels: Any, resolution: float = 1.0) -> float:
     if g.size(weight="weight") == 0:
         return float("nan")
     parts = [set(np.flatnonzero(lab == c).tolist()) for c in np.unique(lab)]
+    nx = _analysis_module("networkx")
     return float(nx.community.modularity(g, parts, weight="weight", resolution=resolution))
 
 
@@ -209,12 +245,14 @@ def _check_pair(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
 
 def partition_nmi(a: Any, b: Any) -> float:
     """Normalised mutual information between two label arrays (1 = same partition)."""
-    return float(normalized_mutual_info_score(*_check_pair(a, b)))
+    a, b = _check_pair(a, b)
+    return float(_analysis_module("sklearn.metrics").normalized_mutual_info_score(a, b))
 
 
 def partition_ari(a: Any, b: Any) -> float:
     """Adjusted Rand index between two label arrays (1 = same, ~0 = chance)."""
-    return float(adjusted_rand_score(*_check_pair(a, b)))
+    a, b = _check_pair(a, b)
+    return float(_analysis_module("sklearn.metrics").adjusted_rand_score(a, b))
 
 
 def coactivation_cosine(a: Any, b: Any) -> float:

@@ -23,6 +23,7 @@ add to it), "plain" (`none`) or "none" (the live router gets no gradient).
 from __future__ import annotations
 
 import math
+import warnings
 from functools import partial
 from typing import Any, ClassVar
 
@@ -37,7 +38,16 @@ from rpb.prior import RouterPrior
 from rpb.routing import RouterControl, RouterRecord, routing_log_probs, routing_probs
 from rpb.specs import MethodSpec, method_spec
 
-__all__ = ["GRADIENT_PATHS", "METHODS", "RouterMethod", "make_method", "sequence_lbl", "switch_lbl"]
+__all__ = [
+    "DEEPSEEK_V3_AUX_LOSS_ALPHA",
+    "GRADIENT_PATHS",
+    "METHODS",
+    "RouterMethod",
+    "family_lbl_coefficient",
+    "make_method",
+    "sequence_lbl",
+    "switch_lbl",
+]
 
 METHODS: dict[str, type[RouterMethod]] = {}
 
@@ -59,8 +69,11 @@ def _register(cls: type[RouterMethod]) -> type[RouterMethod]:
     return cls
 
 
-def make_method(name: str, strength: float | None = None, **options: Any) -> RouterMethod:
-    """Instantiate a registered method; `strength` None means the method's default."""
+def make_method(name: str, strength: float | str | None = None, **options: Any) -> RouterMethod:
+    """Instantiate a registered method; `strength` None means the method's default (its
+    rpb.specs entry). `lbl` also takes strength="family": the coefficient the model's family was
+    pretrained with, read from the model's config when the method is attached
+    (`family_lbl_coefficient`)."""
     if name not in METHODS:
         raise ValueError(f"unknown router method {name!r} (known: {', '.join(METHODS)})")
     return METHODS[name](strength, **options)
@@ -113,6 +126,47 @@ def sequence_lbl(
         mean_p = mean_p / n_tokens.clamp_min(1).unsqueeze(-1)
         total = total + (f * mean_p).sum(-1)[has_tokens].mean()
     return total
+
+
+# Where a family's config keeps the coefficient of its own load-balancing loss, by router kind:
+# transformers' softmax MoE configs (router_aux_loss_coef), DeepSeek-V3's and Moonlight's released
+# config.json (aux_loss_alpha, kept by transformers as an attribute), JetMoE (aux_loss_coef).
+_LBL_COEF_ATTRS: dict[str, tuple[str, ...]] = {
+    "deepseek_v3": ("aux_loss_alpha", "router_aux_loss_coef", "aux_loss_coef"),
+    "softmax": ("router_aux_loss_coef", "aux_loss_coef", "aux_loss_alpha"),
+    "sigmoid": ("router_aux_loss_coef", "aux_loss_coef", "aux_loss_alpha"),
+}
+# DeepSeek-V3's aux_loss_alpha when the config does not carry it: the value of DeepSeek-V3's and
+# Moonlight's released configs (with seq_aux). transformers' DeepseekV3Config has no such field,
+# as transformers trains no auxiliary loss for the family.
+DEEPSEEK_V3_AUX_LOSS_ALPHA = 0.001
+
+
+def family_lbl_coefficient(config: Any, kind: str) -> float:
+    """The load-balancing coefficient `config`'s family was pretrained with, for routers of
+    `kind` (what `make_method("lbl", strength="family")` uses): `router_aux_loss_coef` for the
+    softmax families (Qwen2/3-MoE 0.001, OLMoE 0.01, Mixtral 0.001 by default), `aux_loss_alpha`
+    for DeepSeek-V3 / Moonlight (DEEPSEEK_V3_AUX_LOSS_ALPHA when the config has none). A
+    multimodal config is read through its text config. Raises if the family names none."""
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    if text is not None and text is not config:
+        configs.append(text)
+    attrs = _LBL_COEF_ATTRS.get(kind, _LBL_COEF_ATTRS["softmax"])
+    for attr in attrs:
+        for cfg in configs:
+            value = getattr(cfg, attr, None)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"lbl strength 'family': config.{attr} = {value} is not >= 0")
+                return float(value)
+    if kind == "deepseek_v3":
+        return DEEPSEEK_V3_AUX_LOSS_ALPHA
+    model_type = getattr(config, "model_type", type(config).__name__)
+    raise ValueError(
+        f"lbl strength 'family': the {model_type} config has none of {', '.join(attrs)}; "
+        "pass the coefficient as a number"
+    )
 
 
 class RouterMethod:
@@ -358,18 +412,37 @@ class LBL(RouterMethod):
     """`lbl`: the load-balancing loss each family was pretrained with, coefficient = strength.
 
     `pooling: auto` (default) picks the family's own: softmax families call transformers'
-    `load_balancing_loss_func` (Switch loss with counts pooled over every layer's tokens);
-    DeepSeek-V3/Moonlight use DeepSeek-V3's sequence-wise auxiliary loss per layer
-    (`sequence_lbl`: f_i = E/(K T) x count, P_i the mean normalised sigmoid score, per sequence,
-    summed over layers), so the strength means what Moonlight's `aux_loss_alpha` means.
-    `pooling: pooled` forces the pooled formula (on normalised sigmoid scores and the selected
-    experts for DeepSeek-V3), `per_layer` the sequence-wise one (on softmax probabilities for
-    softmax routers). Default 0.001 = Qwen3-MoE's router_aux_loss_coef and Moonlight's
-    aux_loss_alpha. The per-layer loss needs sequence boundaries: without an attention_mask the
-    batch shape of the latest forward is used.
+    `load_balancing_loss_func` (Switch loss with counts pooled over every layer's tokens; the same
+    function in every transformers MoE family that has one); DeepSeek-V3/Moonlight use
+    DeepSeek-V3's sequence-wise auxiliary loss per layer (`sequence_lbl`: f_i = E/(K T) x count,
+    P_i the mean normalised sigmoid score, per sequence, summed over layers), so the strength means
+    what Moonlight's `aux_loss_alpha` means. `pooling: pooled` forces the pooled formula (on
+    normalised sigmoid scores and the selected experts for DeepSeek-V3), `per_layer` the
+    sequence-wise one (on softmax probabilities for softmax routers). The per-layer loss needs
+    sequence boundaries: without an attention_mask the batch shape of the latest forward is used.
+
+    The term is computed from rpb's router hooks, so it is there whatever the model's config
+    says: transformers adds its own loss only when `output_router_logits` is on, and never for
+    DeepSeek-V3. Default strength 0.001 = Qwen3-MoE's router_aux_loss_coef and Moonlight's
+    aux_loss_alpha; strength="family" takes the model's own coefficient at attach
+    (`family_lbl_coefficient`: e.g. OLMoE's 0.01).
     """
 
     name = "lbl"
+
+    def __init__(self, strength: float | str | None = None, **options: Any) -> None:
+        if isinstance(strength, str) and strength != "family":
+            raise ValueError(
+                f"strength of method 'lbl' must be a number >= 0 or 'family', got {strength!r}"
+            )
+        # "family" is resolved from the model's config in attach; until then the spec default.
+        self.family_strength = strength == "family"
+        super().__init__(None if self.family_strength else strength, **options)
+
+    def __repr__(self) -> str:
+        if self.family_strength and self.control is None:
+            return f"{type(self).__name__}(strength='family', options={self.options})"
+        return super().__repr__()
 
     @property
     def gradient_path(self) -> str:
@@ -382,6 +455,25 @@ class LBL(RouterMethod):
         return "per_layer" if kind == "deepseek_v3" else "pooled"
 
     def _install(self) -> None:
+        config = getattr(self.model, "config", None)
+        if self.family_strength:
+            try:
+                self.strength = family_lbl_coefficient(config, self._attached().handles[0].kind)
+            except ValueError:
+                self.detach()  # refused: leave the model without rpb's hooks
+                raise
+        # With output_router_logits on, transformers' forward of a family that has an aux loss
+        # already adds coef x its balancing loss to out.loss when labels are given.
+        has_own = any(
+            hasattr(config, a) for a in ("router_aux_loss_coef", "aux_loss_coef")
+        ) and bool(getattr(config, "output_router_logits", False))
+        if has_own and self.strength > 0:
+            warnings.warn(
+                "lbl: model.config.output_router_logits is True, so transformers' forward also "
+                "adds its own load-balancing term to out.loss when labels are given; adding "
+                "router_loss() counts it twice (set config.output_router_logits = False)",
+                stacklevel=3,
+            )
         self._batch_shape: tuple[int, int] | None = None
         self._shape_hook = self.model.register_forward_pre_hook(
             self._record_shape, with_kwargs=True

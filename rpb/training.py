@@ -42,6 +42,7 @@ from rpb.methods import RouterMethod, make_method
 from rpb.prior import RouterPrior
 from rpb.tokenizer import encode
 from rpb.trainable import select_trainable
+from rpb.trainer import RouterMethodTrainer, RoutingDriftCallback  # noqa: F401 (public here too)
 
 log = logging.getLogger(__name__)
 
@@ -155,73 +156,6 @@ class RightPadCollator:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
-class RouterMethodTrainer(Trainer):
-    """Trainer whose loss is the task loss plus the attached router method's term."""
-
-    def __init__(self, *args: Any, router_method: RouterMethod, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.router_method = router_method
-        self.last_losses: dict[str, float] = {}
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        outputs = model(**inputs)
-        task_loss = outputs.loss
-        router_loss = self.router_method.router_loss(attention_mask=inputs.get("attention_mask"))
-        loss = task_loss + router_loss
-        self.last_losses = {
-            "task_loss": float(task_loss.detach()),
-            "router_loss": float(router_loss.detach()),
-        }
-        return (loss, outputs) if return_outputs else loss
-
-    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        # transformers 5.x resumes with a plain load_state_dict of the checkpoint, which is in the
-        # hub format save_pretrained writes (one tensor per expert), so fused MoE experts are
-        # skipped with a warning and keep their pre-resume values (huggingface/transformers
-        # #48805). from_pretrained applies the conversion; the tensors are then copied over.
-        model = self.model if model is None else model
-        if (
-            self.is_fsdp_enabled
-            or self.is_deepspeed_enabled
-            or not isinstance(model, PreTrainedModel)
-        ):
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
-            return
-        saved = type(model).from_pretrained(resume_from_checkpoint, dtype=model.dtype)
-        model.load_state_dict(saved.state_dict(), strict=True)
-
-
-class RoutingDriftCallback(TrainerCallback):
-    """Steps the router method's state (its schedule before each step, its update after) and
-    logs losses and routing drift to MLflow."""
-
-    def __init__(self, trainer_ref: list[RouterMethodTrainer], log_every: int, history: list):
-        self.trainer_ref = trainer_ref
-        self.log_every = max(1, log_every)
-        self.history = history
-
-    def on_step_begin(self, args, state, control, **kwargs):
-        # Schedules (rpb_anneal) read the steps done; from the Trainer's state, so a resumed run
-        # continues where it stopped.
-        self.trainer_ref[0].router_method.set_progress(state.global_step, state.max_steps)
-
-    def on_step_end(self, args, state, control, **kwargs):
-        trainer = self.trainer_ref[0]
-        trainer.router_method.on_step_end()
-        step = state.global_step
-        if step % self.log_every == 0 or step == state.max_steps:
-            metrics = dict(trainer.last_losses)
-            metrics.update(trainer.router_method.routing_stats())
-            lr = (
-                trainer.lr_scheduler.get_last_lr()[0]
-                if trainer.lr_scheduler
-                else args.learning_rate
-            )
-            metrics["lr"] = float(lr)
-            self.history.append({"step": step, **metrics})
-            _log_to_active_run(metrics, step)
-
-
 class CheckpointStateCallback(TrainerCallback):
     """Completes each Trainer checkpoint with what the Trainer does not save, then rotates.
 
@@ -233,9 +167,10 @@ class CheckpointStateCallback(TrainerCallback):
     the job died in between.
     """
 
-    def __init__(self, method: RouterMethod, history: list[dict[str, float]]):
+    def __init__(self, method: RouterMethod, history: list[dict[str, float]], meter: Any = None):
         self.method = method
         self.history = history
+        self.meter = meter  # the trainer's RoutingMeter: the open logging interval's sums
 
     def on_step_end(self, args, state, control, **kwargs):
         # No checkpoint at the last step: the job saves the final model right after, and the
@@ -244,11 +179,15 @@ class CheckpointStateCallback(TrainerCallback):
             control.should_save = False
 
     def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        if self.meter is not None:  # each rank's own sums, before the completion mark
+            meter = folder / meter_state_name(PartialState().process_index)
+            torch.save(self.meter.state_dict(), meter.with_suffix(".tmp"))
+            os.replace(meter.with_suffix(".tmp"), meter)
         # Every rank has written its part (its RNG state, shards) before the mark goes in.
         PartialState().wait_for_everyone()
         if not args.should_save:  # not the main process of a multi-process launch
             return
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
         payload = {"method": self.method.state_dict(), "history": list(self.history)}
         tmp = folder / f"{CHECKPOINT_STATE}.tmp"
         torch.save(payload, tmp)
@@ -256,6 +195,11 @@ class CheckpointStateCallback(TrainerCallback):
         for old in _checkpoints(Path(args.output_dir)):
             if old != folder:
                 shutil.rmtree(old, ignore_errors=True)
+
+
+def meter_state_name(rank: int) -> str:
+    """The file of one rank's routing-meter sums inside a checkpoint."""
+    return f"rpb_meter.rank{rank}.pt"
 
 
 def _checkpoints(checkpoint_dir: Path) -> list[Path]:
@@ -307,6 +251,22 @@ def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
     # Names as in train_history.json ("layer0/kl_to_base"): MLflow accepts "/".
     finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
     mlflow.log_metrics(finite, step=step)
+
+
+class MlflowHistoryCallback(TrainerCallback):
+    """Sends each new `train_history.json` entry (the trainer's `router_history`, appended at
+    every training log) to the job's active MLflow run, under the same names and step."""
+
+    def __init__(self, history: list[dict[str, float]]):
+        self.history = history
+        self._sent: dict[str, float] | None = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        # Every log reaches this (also train()'s closing summary): send each entry once.
+        entry = self.history[-1] if self.history else None
+        if entry is not None and entry is not self._sent and entry["step"] == state.global_step:
+            self._sent = entry
+            _log_to_active_run({k: v for k, v in entry.items() if k != "step"}, int(entry["step"]))
 
 
 def _resumed_to_active_run(checkpoint: Path, history: list[dict[str, float]]) -> None:
@@ -370,21 +330,19 @@ def run_training(
     """
     torch.set_num_threads(max(1, spec.threads))
     out_dir.mkdir(parents=True, exist_ok=True)
-    history: list[dict[str, float]] = []
-    trainer_ref: list[RouterMethodTrainer] = []
     trainer = RouterMethodTrainer(
         model=model,
         args=_training_arguments(spec, out_dir),
         train_dataset=dataset,
         data_collator=RightPadCollator(tokenizer.pad_token_id),
         router_method=method,
-        callbacks=[
-            RoutingDriftCallback(trainer_ref, spec.log_every, history),
-            CheckpointStateCallback(method, history),
-            *callbacks,
-        ],
+        callbacks=list(callbacks),
     )
-    trainer_ref.append(trainer)
+    # What the trainer logs (losses, drift, expert load, lr); restored on resume, written to
+    # train_history.json, and sent to the job's MLflow run.
+    history = trainer.router_history
+    trainer.add_callback(CheckpointStateCallback(method, history, trainer.routing_meter))
+    trainer.add_callback(MlflowHistoryCallback(history))
     # The Trainer has set up the process group: the main process removes incomplete checkpoints
     # while the others wait, then every rank resumes from the same one.
     if trainer.is_world_process_zero():
@@ -397,6 +355,9 @@ def run_training(
         saved = torch.load(last / CHECKPOINT_STATE, weights_only=True)
         method.load_state_dict(saved["method"])
         history.extend(saved["history"])
+        meter = last / meter_state_name(trainer.accelerator.process_index)
+        if meter.is_file():  # the logging interval the job was killed in goes on where it was
+            trainer.routing_meter.load_state_dict(torch.load(meter, weights_only=True))
         log.info("resuming from %s (%d history entries restored)", last, len(history))
         _resumed_to_active_run(last, history)
     with method:
@@ -561,4 +522,6 @@ def _save_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, path: Path
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    path.write_text(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+    from rpb.artifacts import write_text  # atomic, with its integrity record
+
+    write_text(path, json.dumps(payload, indent=2, sort_keys=True) + "\n")

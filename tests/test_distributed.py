@@ -1,8 +1,10 @@
 """Multi-process training on CPU (torch.distributed with gloo, 2 ranks, one spawn): rpb_adaptive's
 bias stays identical across ranks that see different data; anchor_weight under FSDP2
 `fully_shard` gives the single-process loss and gradients (its term is taken inside the router
-forward, where FSDP has gathered the full weight); and `rpb train` on both ranks (the Trainer
-under DDP, as `accelerate launch` starts it) opens one MLflow run and writes its outputs once.
+forward, where FSDP has gathered the full weight); `rpb train` on both ranks (the Trainer
+under DDP, as `accelerate launch` starts it) opens one MLflow run and writes its outputs once; and
+`RouterMethodTrainer` on both ranks logs the method term and drift of the whole global batch, the
+values one process logs on the same data.
 
 FSDP through the Trainer needs GPUs (accelerate has no FSDP on CPU), so the `trainer.save_model`
 gather of a sharded model is not exercised here; DDP takes the other branch of the same code.
@@ -22,11 +24,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import make_batch, make_model, perturb_routers
+from test_trainer import LENGTHS, collate, step_args, tiny_examples
 
 from rpb.architectures import random_model
 from rpb.methods import make_method
 from rpb.prior import extract_prior
 from rpb.routing import find_routers
+from rpb.trainer import RouterMethodTrainer
 
 WORLD = 2
 ADAPTIVE = {"strength": 1.0, "update_rate": 0.5}  # large: the bias moves routing every step
@@ -83,6 +87,24 @@ def _anchor_model(checkpointing: bool) -> tuple[torch.nn.Module, Any]:
     if checkpointing:
         model.activation_checkpointing_enable()  # transformers', non-reentrant
     return model, prior
+
+
+def _trainer_history(out: Path, batch: int, ga: int) -> list[dict[str, float]]:
+    """`RouterMethodTrainer` with anchor_kl (a per-token term) on the perturbed tiny model: two
+    SGD steps over LENGTHS' examples in order, every step logged. Under DDP each rank reads
+    `batch` examples per micro-batch; every rank returns the history it logged."""
+    model, prior = _anchor_model(checkpointing=False)
+    method = make_method("anchor_kl", strength=ANCHOR).attach(model, prior)
+    trainer = RouterMethodTrainer(
+        model=model,
+        args=step_args(out, batch, ga, steps=2, learning_rate=0.1),
+        train_dataset=tiny_examples(LENGTHS),
+        data_collator=collate,
+        router_method=method,
+    )
+    with method:
+        trainer.train()
+    return trainer.router_history
 
 
 def _train_job(world: dict[str, str]) -> list[str]:
@@ -149,6 +171,11 @@ def _worker(rank: int, port: int, out_dir: str, world: dict[str, str]) -> None:
         assert main(_train_job(world)) == 0
         state = PartialState()
         result["trainer"] = {"processes": state.num_processes, "index": state.process_index}
+        # Global batch 4 per step: 2 per rank, or 1 per rank and micro-batch at GA 2.
+        result["drift"] = {
+            ga: _trainer_history(Path(out_dir) / f"drift{ga}", batch, ga)
+            for ga, batch in ((1, 2), (2, 1))
+        }
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -241,3 +268,23 @@ def test_train_on_two_ranks_tracks_and_writes_once(ranks: list[dict[str, Any]]) 
     files = sorted(p.name for p in (out / "model").iterdir())
     assert "model.safetensors" in files and "tokenizer.json" in files
     assert "training_args.bin" not in files
+
+
+@pytest.mark.parametrize("ga", [1, 2])
+def test_trainer_logs_the_global_batch_on_every_rank(
+    ranks: list[dict[str, Any]], tmp_path: Path, ga: int
+) -> None:
+    """Two ranks (2 examples each, or 1 per micro-batch at GA 2) log the method term, the drift
+    and the expert load one process logs over the same 4 examples per step: token counts and
+    routing sums are reduced across ranks before anything is divided. The ranks' examples hold
+    different numbers of tokens, so averaging per-rank means would show."""
+    want = _trainer_history(tmp_path, batch=4, ga=1)
+    assert [h["step"] for h in want] == [1, 2]
+    assert want[0]["router_loss"] > 0.01 and want[1]["mean/kl_to_base"] > 0.01
+    for rank in ranks:
+        got = rank["drift"][ga]
+        assert [h["step"] for h in got] == [1, 2]
+        for entry, ref in zip(got, want, strict=True):
+            assert entry.keys() == ref.keys()
+            for key, value in ref.items():
+                assert entry[key] == pytest.approx(value, rel=1e-5, abs=1e-7), (ga, key)

@@ -291,6 +291,135 @@ def test_lbl_on_deepseek_is_deepseek_v3s_sequence_aux_loss(arch_name):
         assert pooled.router_loss(batch["attention_mask"]).item() != pytest.approx(want, rel=1e-3)
 
 
+# Each built-in family's own load-balancing coefficient: (config attribute, its default).
+FAMILY_LBL = {
+    "qwen3_moe": ("router_aux_loss_coef", 0.001),
+    "qwen2_moe": ("router_aux_loss_coef", 0.001),
+    "olmoe": ("router_aux_loss_coef", 0.01),
+    "mixtral": ("router_aux_loss_coef", 0.001),
+    "deepseek_v3": ("aux_loss_alpha", 0.001),  # DeepSeek-V3's / Moonlight's config.json
+}
+
+
+def _family_lbl_model(model_type: str, output_router_logits: bool):
+    from family_models import family_model
+
+    model = family_model(model_type)
+    perturb_routers(model, scale=1.0)  # far from uniform, so counts and probabilities both matter
+    model.config.output_router_logits = output_router_logits
+    return model
+
+
+def _captured_router_logits(model, batch):
+    """Every router's logits (its output's first element) on `batch`, by plain forward hooks on
+    the router modules of a model no rpb method is attached to."""
+    seen = []
+    hooks = [
+        h.module.register_forward_hook(lambda m, a, out: seen.append(out[0].detach()))
+        for h in find_routers(model)
+    ]
+    with torch.no_grad():
+        out = model(**batch)
+    for hk in hooks:
+        hk.remove()
+    return tuple(seen), out
+
+
+@pytest.mark.parametrize("output_router_logits", [True, False])
+@pytest.mark.parametrize("model_type", [f for f in FAMILY_LBL if f != "deepseek_v3"])
+def test_lbl_is_each_softmax_familys_own_loss_whatever_output_router_logits(
+    model_type, output_router_logits
+):
+    """lbl on a softmax family = the family's own modelling module's load_balancing_loss_func on
+    the router logits (pooled over layers, padding masked), times the family's coefficient,
+    whether or not the config asks transformers to return router logits (transformers itself then
+    drops the term: no aux_loss)."""
+    import importlib
+
+    model = _family_lbl_model(model_type, output_router_logits)
+    own_lbl = importlib.import_module(type(model).__module__).load_balancing_loss_func
+    attr, default = FAMILY_LBL[model_type]
+    assert getattr(type(model.config)(), attr) == default  # transformers' own default
+    batch = make_batch(batch=3, seq=8, pad=3)
+    batch["attention_mask"][0, 5:] = 0  # padded rows of two lengths
+    logits, out = _captured_router_logits(model, batch)
+    n_experts, k = find_routers(model)[0].num_experts, find_routers(model)[0].top_k
+    ref = own_lbl(logits, n_experts, k, batch["attention_mask"])
+    if output_router_logits:  # transformers' term, on the logits it returns, is the same
+        assert torch.allclose(out.aux_loss, ref, rtol=0, atol=1e-7)
+        assert all(torch.equal(a, b) for a, b in zip(out.router_logits, logits, strict=True))
+    else:
+        assert out.aux_loss is None and out.router_logits is None
+    setattr(model.config, attr, 0.037)  # the coefficient is read from the config, not a table
+    method = make_method("lbl", strength="family")
+    assert repr(method) == "LBL(strength='family', options={'pooling': 'auto'})"
+    if output_router_logits:
+        with pytest.warns(UserWarning, match="counts it twice"):
+            method.attach(model)
+    else:
+        method.attach(model)
+    with method:
+        assert method.strength == 0.037
+        model(**batch)
+        got = method.router_loss(batch["attention_mask"])
+    assert torch.allclose(got, 0.037 * ref, rtol=1e-6, atol=0)
+    # The padding matters here, so a term that ignored the mask would not match.
+    assert not torch.allclose(own_lbl(logits, n_experts, k, None), ref, rtol=1e-4)
+    setattr(model.config, attr, default)
+    model.config.output_router_logits = False
+    with make_method("lbl", strength="family").attach(model) as method:
+        assert method.strength == default
+
+
+@pytest.mark.parametrize("output_router_logits", [True, False])
+def test_lbl_on_deepseek_v3_is_its_sequence_aux_loss_at_its_alpha(output_router_logits):
+    """DeepSeek-V3: transformers computes no auxiliary loss at all (out.aux_loss is None even with
+    output_router_logits); lbl is DeepSeek-V3's sequence-wise loss per layer, by hand, at the
+    config's aux_loss_alpha, or 0.001 (the released configs' value) when the config has none."""
+    model = _family_lbl_model("deepseek_v3", output_router_logits)
+    assert not hasattr(model.config, "aux_loss_alpha")  # transformers' config has no such field
+    batch = make_batch(batch=3, seq=8, pad=3)
+    batch["attention_mask"][0, 6:] = 0
+    with torch.no_grad():
+        out = model(**batch)
+    assert out.aux_loss is None
+    want = _deepseek_seq_aux_by_hand(model, batch, alpha=1.0)
+    with make_method("lbl", strength="family").attach(model) as method:
+        assert method.strength == FAMILY_LBL["deepseek_v3"][1]
+        model(**batch)
+        got = method.router_loss(batch["attention_mask"])
+        assert got.item() == pytest.approx(0.001 * want, rel=1e-5)
+    model.config.aux_loss_alpha = 0.0003  # a Moonlight / DeepSeek-V3 checkpoint's own value
+    with make_method("lbl", strength="family").attach(model) as method:
+        assert method.strength == 0.0003
+        model(**batch)
+        assert method.router_loss(batch["attention_mask"]).item() == pytest.approx(
+            0.0003 * want, rel=1e-5
+        )
+
+
+def test_lbl_family_strength_needs_a_family_coefficient():
+    from family_models import family_model
+
+    from rpb.methods import family_lbl_coefficient
+
+    with pytest.raises(ValueError, match="must be a number >= 0 or 'family', got 'famly'"):
+        make_method("lbl", strength="famly")
+    with pytest.raises(ValueError, match="must be a finite number"):
+        make_method("anchor_kl", strength="family")  # only lbl knows a family's coefficient
+    model = family_model("hunyuan_v1_moe")  # a softmax family whose config names no coefficient
+    method = make_method("lbl", strength="family")
+    with pytest.raises(ValueError, match="hunyuan_v1_moe config has none of router_aux_loss_coef"):
+        method.attach(model)
+    assert method.control is None  # refused before anything stays hooked
+    assert not any(h.module._forward_hooks for h in find_routers(model))
+    # A multimodal config's coefficient lives in its text config.
+    from transformers import Llama4Config
+
+    config = Llama4Config(text_config={"router_aux_loss_coef": 0.02})
+    assert family_lbl_coefficient(config, "sigmoid") == 0.02
+
+
 def test_hard_is_rpb_with_huge_lambda(tiny_model, tiny_prior, tiny_batch):
     perturb_routers(tiny_model, scale=2.0)
     tiny_model.train()
@@ -563,10 +692,10 @@ def test_rpb_anneal_starts_as_rpb_and_ends_as_none():
 def test_trainer_callback_sets_the_progress():
     from types import SimpleNamespace
 
-    from rpb.training import RoutingDriftCallback
+    from rpb.trainer import RoutingDriftCallback
 
     method = make_method("rpb_anneal", schedule="linear")
-    callback = RoutingDriftCallback([SimpleNamespace(router_method=method)], 1, [])
+    callback = RoutingDriftCallback(SimpleNamespace(router_method=method))
     callback.on_step_begin(None, SimpleNamespace(global_step=15, max_steps=20), None)
     assert method.progress == 0.75 and method.current_strength == pytest.approx(0.25)
 
