@@ -1,9 +1,19 @@
 # rpb: reproduction pipeline for "Router Prior Bias" (arXiv:2609.08115).
 # Thin entry point: configuration, rule modules, targets. Logic lives in the `rpb` package.
 
+import sys
+
 from snakemake.utils import min_version
 
+from rpb.config_check import ConfigError, check_yaml_syntax
+
 min_version("9.0")
+
+# Snakemake's own message for a YAML syntax error names neither the file nor the line.
+try:
+    check_yaml_syntax("config/config.yaml")
+except ConfigError as err:
+    sys.exit(f"config error: {err}")
 
 
 configfile: "config/config.yaml"
@@ -24,29 +34,41 @@ include: "workflow/rules/diagnostics.smk"
 include: "workflow/rules/regime.smk"
 
 
+# Before Snakemake builds its DAG (and compares timestamps): a damaged artifact stops everything.
+check_integrity()
+
+
 # One MLflow parent run per invocation that runs jobs (not for dry runs or "nothing to be done").
 onstart:
-    from rpb.tracking import start_invocation
+    from rpb.tracking import TrackingUnavailable, start_invocation
 
-    start_invocation(
-        TRACKING_INVOCATION,
-        TRACKING_URI,
-        EXPERIMENT,
-        config=config,
-        configfiles=workflow.overwrite_configfiles or [],
-    )
+    try:
+        start_invocation(
+            TRACKING_INVOCATION,
+            TRACKING_URI,
+            EXPERIMENT,
+            config=config,
+            configfiles=workflow.overwrite_configfiles or [],
+        )
+    except TrackingUnavailable as err:
+        # Locked past RPB_TRACKING_WAIT_S, or full: one line, no traceback.
+        sys.exit(f"tracking error: {err}")
 
 
 onsuccess:
+    from rpb.artifacts import release_results_lock
     from rpb.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FINISHED")
+    release_results_lock(RESULTS)
 
 
 onerror:
+    from rpb.artifacts import release_results_lock
     from rpb.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FAILED")
+    release_results_lock(RESULTS)
 
 
 rule all:

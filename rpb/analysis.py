@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from tqdm.auto import tqdm
 from transformers import (
     AutoModelForCausalLM,
@@ -26,6 +25,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from rpb.artifacts import save_safetensors, write_text
 from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, topk_overlap
 from rpb.data import load_jsonl
 from rpb.eval_routing import attach_eval_routing, eval_routing_spec
@@ -232,11 +232,10 @@ def analyze_model(
         "layers": layers,
         "mean": mean,
     }
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(summary, indent=2, default=float) + "\n")
-    save_file(
+    write_text(out_json, json.dumps(summary, indent=2, default=float) + "\n")
+    save_safetensors(
         {"counts": live["counter"].counts, "base_counts": reference.counts.clone()},
-        str(out_json.with_suffix(".safetensors")),
+        out_json.with_suffix(".safetensors"),
     )
     log.info("analysis: %s", {k: round(float(v), 4) for k, v in mean.items()})
     return summary

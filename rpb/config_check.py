@@ -28,6 +28,7 @@ __all__ = [
     "NO_STRENGTH",
     "ConfigError",
     "check_config",
+    "check_yaml_syntax",
     "format_key_path",
 ]
 
@@ -577,6 +578,31 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
             labels(f"sweep.curves[{i}].labels", curve["labels"])
 
 
+def check_yaml_syntax(path: Path | str) -> None:
+    """Raise ConfigError `<file>:<line>:<column>: YAML syntax error: <problem>` if the config file
+    `path` does not parse (Snakemake's own message names neither the file nor the line); a file
+    that is absent or parses is left to Snakemake. Snakemake reads JSON first, then YAML (a JSON
+    document is YAML too)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"{path}: cannot read the config file ({err})") from None
+    try:
+        yaml.safe_load(text)
+    except yaml.MarkedYAMLError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = err.problem or err.context or "not valid YAML"
+        if "'\\t'" in problem:  # PyYAML: "found character '\t' that cannot start any token"
+            problem += " (indent with spaces, not tabs)"
+        raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: YAML syntax error: {' '.join(str(err).split())}") from None
+
+
 def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> None:
     """Validate `config` against the schema at `schema_path`, fill its defaults in place, and
     check cross-key consistency; raise ConfigError (one line, key path first) on the first
@@ -622,3 +648,23 @@ def expand_replicates(config: MutableMapping[str, Any]) -> None:
             f"models.{name}.replicates: every pretrained model needs the same number of "
             f"replicates ({', '.join(f'{n}: {c}' for n, c in counts.items())})"
         )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m rpb.config_check FILE...`: the YAML syntax of config files, one line per bad
+    file. Snakemake reads `--configfile` files itself, before the workflow runs, and its message
+    for a syntax error names neither the file nor the line."""
+    import sys
+
+    bad = 0
+    for name in sys.argv[1:] if argv is None else argv:
+        try:
+            check_yaml_syntax(name)
+        except ConfigError as err:
+            print(f"config error: {err}", file=sys.stderr)
+            bad += 1
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

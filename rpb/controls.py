@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rpb.artifacts import write_text
 from rpb.prior import RouterPrior
 
 __all__ = ["derangement", "permute_prior", "write_permuted_prior"]
@@ -63,5 +64,5 @@ def write_permuted_prior(prior_path: Path, out: Path, seed: int = 0) -> Path:
     out = Path(out)
     permuted.save(out)
     record = {"source": str(prior_path), "seed": seed, "permutation_per_layer": perms}
-    out.with_name(f"{out.stem}.permutation.json").write_text(json.dumps(record, indent=2) + "\n")
+    write_text(out.with_name(f"{out.stem}.permutation.json"), json.dumps(record, indent=2) + "\n")
     return out

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rpb.artifacts import write_text
 from rpb.specs import EVAL_SETS
 
 GENERATOR_VERSION = "2"  # 2: dev split held out, difficulty levels
@@ -606,7 +607,7 @@ def write_corpora(
         path = out_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = (json.dumps(rec, sort_keys=True, ensure_ascii=True) + "\n" for rec in records)
-        path.write_text("".join(lines), encoding="utf-8")
+        write_text(path, "".join(lines))
         manifest_files[name] = {"lines": len(records), "sha256": _sha256(path)}
     manifest = {
         "generator_version": GENERATOR_VERSION,
@@ -625,7 +626,7 @@ def write_corpora(
     if holdout is not None:  # absent otherwise, so earlier manifests stay byte-identical
         manifest["post_holdout"] = holdout
     text = json.dumps(manifest, sort_keys=True, indent=2) + "\n"
-    (out_dir / "manifest.json").write_text(text, encoding="utf-8")
+    write_text(out_dir / "manifest.json", text)
     return manifest
 
 

@@ -20,9 +20,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
+from rpb.artifacts import save_safetensors, write_text
 from rpb.methods import METHODS, RouterMethod, make_method
 from rpb.prior import RouterPrior
 
@@ -53,9 +54,9 @@ def save_eval_routing(
         prior.save(out / _PRIOR_FILE)
     state = method.state_dict()
     if state:
-        save_file({k: v.contiguous() for k, v in state.items()}, str(out / _STATE_FILE))
+        save_safetensors({k: v.contiguous() for k, v in state.items()}, out / _STATE_FILE)
     # Written last: its presence marks a complete folder.
-    (out / _METHOD_FILE).write_text(json.dumps(spec, indent=2, sort_keys=True) + "\n")
+    write_text(out / _METHOD_FILE, json.dumps(spec, indent=2, sort_keys=True) + "\n")
     return out
 
 

@@ -44,7 +44,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -609,15 +608,13 @@ def _torch_version() -> str:
 
 
 def save_results(result: dict[str, Any], path: Path) -> None:
-    """Write `result` as JSON atomically (a reader never sees a half-written file)."""
+    """Write `result` as JSON atomically (a reader never sees a half-written file), with its
+    integrity record under the results folder (rpb.artifacts)."""
+    from rpb.artifacts import write_text
+
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(
-        "w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False
-    ) as f:
-        json.dump(result, f, indent=2, sort_keys=True, allow_nan=True)
-        f.write("\n")
-    os.replace(f.name, path)
+    write_text(path, json.dumps(result, indent=2, sort_keys=True, allow_nan=True) + "\n")
 
 
 def evaluate_model(

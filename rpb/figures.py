@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from rpb.artifacts import save_figure
 from rpb.coactivation import communities
 
 __all__ = [
@@ -30,7 +31,7 @@ def _save(fig: Figure, path_stem: str | Path) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(stem.name + ext) for ext in (".png", ".pdf")]
     for p in paths:
-        fig.savefig(p, dpi=150, bbox_inches="tight")
+        save_figure(fig, p, dpi=150, bbox_inches="tight")
     return paths
 
 

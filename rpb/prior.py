@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from rpb.artifacts import atomic_path, write_text
 from rpb.coactivation import CoactivationCounter, usage_entropy
 from rpb.routing import RouterControl, find_routers, routing_probs
 
@@ -129,13 +130,12 @@ class RouterPrior:
         for i, b in enumerate(self.router_bias or []):
             tensors[f"router_bias.{i}"] = b
         tensors = {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        # Write then rename, so a killed job never leaves a half-written prior behind.
-        save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(self.meta)})
-        os.replace(tmp, path)
+        # Atomic and recorded (rpb.artifacts): a killed job or a full disk never leaves a
+        # half-written prior behind, and a prior damaged later stops the next invocation.
+        with atomic_path(path) as tmp:
+            save_file(tensors, str(tmp), metadata={_META_KEY: json.dumps(self.meta)})
         sidecar = self.meta | {"summary": self.summary()}
-        path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2) + "\n")
+        write_text(path.with_suffix(".json"), json.dumps(sidecar, indent=2) + "\n")
         return path
 
     @classmethod

@@ -26,6 +26,8 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from rpb.artifacts import write_text
+
 log = logging.getLogger(__name__)
 
 
@@ -329,10 +331,7 @@ def calibration_run(
         "settings": {"lr": lr, "steps": steps, "seed": seed, "corpus": corpus} | settings,
         "inputs": inputs,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp_out = out.with_suffix(".tmp")
-    tmp_out.write_text(json.dumps(record, indent=2) + "\n")
-    tmp_out.replace(out)  # a finished run only: an interrupted one leaves no JSON
+    write_text(out, json.dumps(record, indent=2) + "\n")  # atomic: a finished run only
     return record
 
 
@@ -660,8 +659,7 @@ class RegimeWalk:
 
 def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out_md: Path) -> None:
     """The decision and every candidate tried, as JSON and a Markdown table."""
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps({"rule": asdict(rule), **decision}, indent=2) + "\n")
+    write_text(out_json, json.dumps({"rule": asdict(rule), **decision}, indent=2) + "\n")
     lines = [
         "# Testbed regime (the rule of docs/regime.md, applied by `rpb regime`)",
         "",
@@ -696,4 +694,4 @@ def write_report(decision: dict[str, Any], rule: RegimeRule, out_json: Path, out
     lines.append(
         f"- chosen: `{json.dumps(chosen)}`" if chosen else "- chosen: none (no candidate passes)"
     )
-    out_md.write_text("\n".join(lines) + "\n")
+    write_text(out_md, "\n".join(lines) + "\n")

@@ -14,14 +14,15 @@ from typing import Any
 
 import pandas as pd
 
+from rpb.artifacts import atomic_path, write_text
 from rpb.run_records import coactivation_counts
 
 __all__ = ["coactivation_figure", "side_path", "write_csv", "write_markdown", "write_table"]
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    frame.to_csv(path, index=False, float_format="%.4f")
+    with atomic_path(path) as tmp:  # a full disk leaves no partial table (rpb.artifacts)
+        frame.to_csv(tmp, index=False, float_format="%.4f")
 
 
 def side_path(out_csv: Path, part: str) -> Path:
@@ -41,7 +42,7 @@ def write_markdown(
     for heading, frame in sections:
         body = frame.to_markdown(index=False, floatfmt=floatfmt) if len(frame) else "(no rows)"
         text += f"\n{heading}\n\n{body}\n" if heading else f"\n{body}\n"
-    path.write_text(text)
+    write_text(path, text)
 
 
 def write_table(
@@ -63,7 +64,7 @@ def write_table(
     for part, frame in (side or {}).items():
         write_csv(frame, side_path(out_csv, part))
     if meta is not None:
-        out_csv.with_suffix(".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        write_text(out_csv.with_suffix(".meta.json"), json.dumps(meta, indent=2) + "\n")
     if title is not None:
         write_markdown(out_csv.with_suffix(".md"), title, note, sections or [("", table)], floatfmt)
     return out_csv.with_suffix("")

@@ -4,6 +4,8 @@
 batch, bit-exactly; `checked_spec` picks, among several candidate descriptions, the one that
 reproduces the module, and caches the result per class and configuration. rpb.routing calls it
 for every router it finds, so every method's attach, prior extraction and analysis is checked.
+`check_zero_bias_forward` checks a whole model: a forward with a zero-bias policy on every router
+must be bit-identical to the library's (docs/reliability.md, section 13).
 """
 
 from __future__ import annotations
@@ -15,21 +17,23 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rpb.router_specs import RouterSpec, UnsupportedRouter
+from rpb.router_specs import FAMILY_ROUTERS, RouterSpec, UnsupportedRouter, class_path
 from rpb.routing import (
     Registered,
+    RouterControl,
     RouterHandle,
+    RouterRecord,
     _make_handle,
     build_output,
+    find_routers,
     parse_output,
     route,
     router_logits,
 )
 
-__all__ = ["CHECKED", "check_router", "checked_spec"]
+__all__ = ["CHECKED", "check_router", "check_zero_bias_forward", "checked_spec"]
 
 CHECKED: dict[tuple[Any, ...], RouterSpec] = {}
-_PROBE_TOKENS = 64
 
 
 def _signature(module: nn.Module, entry: Registered) -> tuple[Any, ...]:
@@ -70,12 +74,12 @@ def checked_spec(module: nn.Module, entry: Registered, parent: nn.Module | None)
             CHECKED[key] = spec
             return spec
         failures.append(problem)
-    name = type(module).__name__
+    name = _router_name(type(module))
     if len(candidates) == 1:
-        raise ValueError(f"router class {name}: {failures[0]}")
+        raise ValueError(f"{name}: {failures[0]}")
     closest = max(failures, key=_progress)
     raise ValueError(
-        f"router class {name}: none of {len(candidates)} candidate descriptions reproduces its "
+        f"{name}: none of {len(candidates)} candidate descriptions reproduces its "
         f"forward (closest: {closest}); describe it with a RouterSpec in register_router"
     )
 
@@ -87,6 +91,7 @@ _STAGES = (
     "router logits differ",
     "dtype",
     "indices differ",
+    "gate scores differ",
     "gate weights differ",
     "rebuilt",
 )
@@ -174,16 +179,32 @@ def check_router(
 ) -> str | None:
     """Run `spec`'s routing against `module`'s own forward on a probe batch, bit-exactly.
 
-    A copy of the module gets random weights and biases (so ties and zero-initialised weights
-    cannot hide a difference); rpb's logits, gate weights, indices and dtypes must equal the
+    A copy of the module gets random weights and biases (so zero-initialised weights cannot hide
+    a difference). The probe holds random hidden states, rows moved so that two experts' scores
+    are within a few ulp (near-ties), rows of very large and very small norm (saturated and
+    near-uniform scores) and a zero row, and it runs as one batch and as every batch of 1 to 31
+    tokens (CPU kernels compute a tensor's last few elements in a scalar loop that rounds
+    differently from the vector loop, so a score computed on a tensor of another shape than the
+    module's only differs there). rpb's logits, gate weights, indices and dtypes must equal the
     module's exactly, unbiased and with zero logit/selection biases, and the output adapter must
     rebuild the module's own output. Returns None if all match, else (or raises) a one-line
-    description naming the field that differs and the maximum difference.
+    description naming the field that differs, the maximum difference and the probe rows.
     """
     problem = _check(module, spec, seed)
     if problem is not None and raise_error:
-        raise ValueError(f"router class {type(module).__name__}: {problem}")
+        raise ValueError(f"{_router_name(type(module))}: {problem}")
     return problem
+
+
+def _router_name(cls: type) -> str:
+    """`router class X (family)`: the built-in family of the class, or the transformers model
+    folder it comes from (`cohere2_moe`); just `router class X` for a class of one's own."""
+    path = class_path(cls)
+    families = [f for f, (p, _) in FAMILY_ROUTERS.items() if p == path]
+    parts = path.split(".")
+    if not families and parts[:2] == ["transformers", "models"] and len(parts) > 3:
+        families = [parts[2]]
+    return f"router class {cls.__name__}" + (f" ({families[0]})" if families else "")
 
 
 def _one_line(err: Exception) -> str:
@@ -208,10 +229,11 @@ def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
             if t.dtype.is_floating_point:
                 t.copy_(0.1 * torch.randn(t.shape, generator=g))
         weight.copy_(torch.randn(weight.shape, generator=g) / math.sqrt(hdim))
-        hidden = torch.randn(_PROBE_TOKENS, hdim, generator=g)
         kwargs = {}
         if spec.correction_bias_arg is not None:
             kwargs[spec.correction_bias_arg] = 0.1 * torch.randn(e, generator=g)
+        bias = kwargs.get(spec.correction_bias_arg or "", handle.correction_bias)
+        hidden, rows = _probe_rows(handle, bias, g)
         # The router's own dtype, and bfloat16 as a model cast to it would run: dtype paths
         # (where a cast happens) only show in low precision.
         dtypes = [weight.dtype] + ([torch.bfloat16] if weight.dtype == torch.float32 else [])
@@ -224,12 +246,98 @@ def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
             # Both modes: a router that samples while training (or otherwise changes) fails.
             for training in (False, True):
                 clone.train(training)
-                with torch.random.fork_rng(devices=[]):
-                    problem = _compare(clone, handle, spec, hidden.to(dtype), kwargs)
-                if problem is not None:
-                    where = [str(dtype).removeprefix("torch.")] + (["training"] if training else [])
-                    return f"{problem} [{', '.join(where)}]"
+                for n in (len(hidden), *_SMALL_BATCHES):
+                    with torch.random.fork_rng(devices=[]):
+                        problem = _compare(
+                            clone, handle, spec, hidden[:n].to(dtype), rows[:n], kwargs
+                        )
+                    if problem is not None:
+                        where = [str(dtype).removeprefix("torch.")]
+                        where += ["training"] if training else []
+                        if n != len(hidden):
+                            problem = _amend(problem, f"{n}-token batch")
+                        return f"{problem} [{', '.join(where)}]"
     return None
+
+
+# The probe: random hidden states, near-ties, extreme norms and a zero row, shuffled together so
+# that every small batch (its first n rows) mixes them.
+_PROBE_TOKENS = 64  # random rows
+_NEAR_TIE_ROWS = 24
+_NORM_SCALES = (("large-norm", (1e3, 1e4)), ("small-norm", (1e-6, 1e-3, 0.0)))
+_ROWS_PER_SCALE = 4
+# Every batch size below 32: the widest CPU vector loop (2 x 16 float32 lanes) leaves a scalar
+# remainder of up to 31 elements, so each row's scores land in the scalar loop at some size.
+_SMALL_BATCHES = tuple(range(1, 32))
+
+
+def _probe_rows(
+    handle: RouterHandle, bias: Tensor | None, g: torch.Generator
+) -> tuple[Tensor, list[str]]:
+    """The probe's hidden states [N, H] (float32) and each row's group name."""
+    hdim = handle.hidden_size
+    random_rows = torch.randn(_PROBE_TOKENS, hdim, generator=g)
+    ties = _near_ties(handle, bias, torch.randn(_NEAR_TIE_ROWS, hdim, generator=g))
+    parts = [(random_rows, "random"), (ties, "near-tie")]
+    for name, scales in _NORM_SCALES:
+        for scale in scales:
+            parts.append((scale * torch.randn(_ROWS_PER_SCALE, hdim, generator=g), name))
+    hidden = torch.cat([p for p, _ in parts])
+    rows = [name for p, name in parts for _ in range(len(p))]
+    order = torch.randperm(len(hidden), generator=g)
+    return hidden[order], [rows[i] for i in order.tolist()]
+
+
+def _near_ties(handle: RouterHandle, bias: Tensor | None, hidden: Tensor) -> Tensor:
+    """`hidden` [R, H] moved along W_a - W_b until experts a and b score the same (in float64;
+    within a few ulp once rounded to the probe dtype): a and b are the k-th and (k+1)-th experts
+    (a tie there decides the selection) for two rows in three, the top two for the others."""
+    spec = handle.spec
+    w = handle.weight.detach().double()
+    b0 = handle.router_bias
+    shift = 0.0 if b0 is None else b0.detach().double().reshape(-1)
+    correction = 0.0 if bias is None else bias.detach().double().reshape(-1)
+
+    def score(z: Tensor) -> Tensor:  # what the library ranks, from float64 logits
+        if spec.order == "topk_score":
+            return z
+        s = z.softmax(-1) if spec.score == "softmax" else z.sigmoid()
+        return s + correction
+
+    h = hidden.double()
+    z0 = h @ w.T + shift
+    r = torch.arange(len(h))
+    k, e = handle.top_k, handle.num_experts
+    pos = torch.where(r % 3 == 2, 0, min(k, e - 1) - 1)
+    ranked = score(z0).argsort(-1, descending=True)
+    a, b = ranked[r, pos], ranked[r, pos + 1]
+    d = w[a] - w[b]  # moving along d raises z_a - z_b, at rate |d|^2 per unit
+    dz = d @ w.T  # the logits are linear in the step: z(t) = z0 + t dz
+
+    def gap(t: Tensor) -> Tensor:
+        s = score(z0 + t[:, None] * dz)
+        return s[r, a] - s[r, b]
+
+    # gap(0) >= 0; find t < 0 where it is negative, then bisect.
+    hi = torch.zeros(len(h), dtype=torch.float64)
+    lo = -(gap(hi) + 1e-3) / (d * d).sum(-1).clamp_min(1e-30)
+    for _ in range(60):
+        neg = gap(lo) < 0
+        if bool(neg.all()):
+            break
+        lo = torch.where(neg, lo, 2 * lo)
+    found = gap(lo) < 0
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        below = gap(mid) < 0
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+    t = torch.where(found, hi, torch.zeros_like(hi))
+    return (h + t[:, None] * d).float()
+
+
+def _amend(problem: str, note: str) -> str:
+    """`problem` with `note` added inside its closing parenthesis (or after it)."""
+    return f"{problem[:-1]}, {note})" if problem.endswith(")") else f"{problem} ({note})"
 
 
 def _native_fails(clone: nn.Module, hidden: Tensor, kwargs: dict[str, Tensor]) -> bool:
@@ -240,13 +348,21 @@ def _native_fails(clone: nn.Module, hidden: Tensor, kwargs: dict[str, Tensor]) -
     return False
 
 
+def _groups(rows: list[str], bad: Tensor) -> str:
+    """The probe groups of the rows flagged in `bad` [T], e.g. 'near-tie, large-norm'."""
+    names = sorted({rows[i] for i in bad.nonzero().flatten().tolist()})
+    return ", ".join(names) + " rows" if names else "all rows"
+
+
 def _compare(
     clone: nn.Module,
     handle: RouterHandle,
     spec: RouterSpec,
     hidden: Tensor,
+    rows: list[str],
     kwargs: dict[str, Tensor],
 ) -> str | None:
+    """The first difference between rpb and the module on `hidden`, as `text (details)`."""
     try:
         native = clone(hidden, **kwargs)
         logits, w_ref, i_ref = parse_output(spec, native, handle.top_k)
@@ -277,18 +393,33 @@ def _compare(
                 f"gate weights dtype {w.dtype} vs the module's {w_ref.dtype} ({label}; "
                 "RouterSpec.weights_dtype)"
             )
-        got_i, got_w = _paired(i, w)
-        if not torch.equal(got_i, ref_i):
-            n_bad = int((got_i != ref_i).any(-1).sum())
-            return f"expert indices differ on {n_bad}/{len(ref_i)} probe tokens ({label})"
-        if not torch.equal(got_w, ref_w):
-            return f"gate weights differ (max |diff| {_max_diff(got_w, ref_w):.3g}, {label})"
-        if not extra:
-            rebuilt = build_output(spec, logits, w, i)
-            if not _same_output(rebuilt, native):
+        rebuilt = build_output(spec, logits, w, i)
+        if spec.output == "scores_logits":
+            # Dense scores are all the module returns: an expert chosen with score 0 (a
+            # saturated sigmoid) is not observable, so compare what the experts receive.
+            dense, ref = rebuilt[0], native[0]
+            if not torch.equal(dense, ref):
+                bad = (dense != ref).any(-1)
                 return (
-                    f"rebuilt {spec.output!r} output differs from the module's (RouterSpec.output)"
+                    f"gate scores differ (max |diff| {_max_diff(dense, ref):.3g} in "
+                    f"{int((dense != ref).sum())}/{dense.numel()} entries, {label}; "
+                    f"{_groups(rows, bad)})"
                 )
+        got_i, got_w = _paired(i, w)
+        if spec.output != "scores_logits" and not torch.equal(got_i, ref_i):
+            bad = (got_i != ref_i).any(-1)
+            return (
+                f"expert indices differ on {int(bad.sum())}/{len(ref_i)} probe tokens "
+                f"({label}; {_groups(rows, bad)})"
+            )
+        if spec.output != "scores_logits" and not torch.equal(got_w, ref_w):
+            bad = (got_w != ref_w).any(-1)
+            return (
+                f"gate weights differ (max |diff| {_max_diff(got_w, ref_w):.3g}, {label}; "
+                f"{_groups(rows, bad)})"
+            )
+        if not extra and not _same_output(rebuilt, native):
+            return f"rebuilt {spec.output!r} output differs from the module's (RouterSpec.output)"
     return None
 
 
@@ -307,5 +438,68 @@ def _same_output(a: Any, b: Any) -> bool:
     return True
 
 
+def _output_difference(a: Any, b: Any) -> str | None:
+    """How router output `a` differs from `b` (entries and largest difference), or None."""
+    for x, y in zip(_flat(a), _flat(b), strict=True):
+        if not isinstance(x, Tensor):
+            if x != y:
+                return "output differs (RouterSpec.output)"
+        elif x.dtype != y.dtype or not torch.equal(x, y):
+            n_bad = int((x != y).sum()) if x.shape == y.shape else x.numel()
+            return (
+                f"output differs in {n_bad}/{x.numel()} entries (max |diff| {_max_diff(x, y):.3g})"
+            )
+    return None
+
+
 def _flat(output: Any) -> list[Any]:
     return list(output) if isinstance(output, tuple | list) else [output]
+
+
+def check_zero_bias_forward(
+    model: nn.Module, inputs: dict[str, Any], *, raise_error: bool = True
+) -> str | None:
+    """Run `model` on `inputs` as the library does and again with a zero logit and selection
+    bias on every router (a RouterControl policy, active in either mode): every router's output
+    and the model's logits must be bit-identical. The router check compares one router on its
+    probe; this compares what a method's steering hands the experts in a whole forward, on the
+    model's own hidden states and batch shape. Returns None, else (or raises) one line naming the
+    first router that differs and the model logits' largest difference."""
+    handles = find_routers(model)
+    outputs: tuple[list[tuple[int, Any]], list[tuple[int, Any]]] = ([], [])
+
+    def run(into: list[tuple[int, Any]]) -> Tensor:
+        spies = [
+            h.module.register_forward_hook(lambda m, a, out, i=i: into.append((i, out)))
+            for i, h in enumerate(handles)
+        ]
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)  # the same dropout masks in both runs
+                out = model(**inputs)
+        finally:
+            for spy in spies:
+                spy.remove()
+        return out.logits if hasattr(out, "logits") else _flat(out)[0]
+
+    def zeros(record: RouterRecord) -> Tensor:
+        return torch.zeros_like(record.logits)
+
+    ref = run(outputs[0])
+    with RouterControl(model, keep_at_eval=True) as control:
+        control.set_policy(logit_bias=zeros, selection_bias=zeros)
+        got = run(outputs[1])  # spies registered after rpb's hooks: they see the steered output
+    problem = f"model logits max |diff| {_max_diff(got, ref):.3g}"
+    for (i, steered), (_, native) in zip(outputs[1], outputs[0], strict=True):
+        differ = _output_difference(steered, native)
+        if differ is not None:
+            h = handles[i]
+            problem = f"{_router_name(type(h.module))} at {h.name}: {differ}; {problem}"
+            break
+    else:
+        if torch.equal(got, ref):
+            return None
+    problem = f"a forward with a zero-bias policy differs from the library's: {problem}"
+    if raise_error:
+        raise ValueError(problem)
+    return problem

@@ -12,6 +12,7 @@ without zero biases; a description that does not reproduce the module is refused
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -424,6 +425,15 @@ def _group_limit(choice: Tensor, n_group: int, topk_group: int, score: str, fill
     return choice.masked_fill(~score_mask.bool(), fill)
 
 
+def _unless_zero(selection_bias: Tensor, native: Tensor, biased: Tensor) -> Tensor:
+    """The biased selection, except for tokens whose selection bias is all zero: they keep the
+    library's own. Ranking logits rather than softmax scores, or filling masked groups with -inf,
+    agrees with the library except where its scores tie exactly (near-ties, saturated or
+    near-uniform softmax), which the library breaks by position (docs/reliability.md, 13)."""
+    zero = (selection_bias == 0).all(dim=-1, keepdim=True)
+    return torch.where(zero, native, biased)
+
+
 def route_spec(
     spec: RouterSpec,
     logits: Tensor,
@@ -454,27 +464,37 @@ def route_spec(
         if forced_indices is not None:
             indices = forced_indices
         else:
-            if selection_bias is None:
-                choice = scores if bias is None else scores + bias
-                fill = spec.group_fill
-            else:
-                choice = _selection_base(spec, logits, scores, bias) + selection_bias
-                fill = float("-inf")  # a bias may be negative: masked experts must stay out
+            choice = scores if bias is None else scores + bias
             if groups is not None:
-                choice = _group_limit(choice, groups[0], groups[1], spec.group_score, fill)
+                choice = _group_limit(
+                    choice, groups[0], groups[1], spec.group_score, spec.group_fill
+                )
             indices = torch.topk(choice, top_k, dim=-1, sorted=spec.sorted)[1]
+            if selection_bias is not None:
+                choice = _selection_base(spec, logits, scores, bias) + selection_bias
+                if groups is not None:  # a bias may be negative: masked experts must stay out
+                    choice = _group_limit(choice, groups[0], groups[1], spec.group_score, -math.inf)
+                biased = torch.topk(choice, top_k, dim=-1, sorted=spec.sorted)[1]
+                indices = _unless_zero(selection_bias, indices, biased)
         gates = scores + bias if spec.correction_in_weights and bias is not None else scores
         weights = gates.gather(1, indices)
     else:
         if forced_indices is not None:
             indices = forced_indices
-        elif selection_bias is None:
-            indices = torch.topk(logits, top_k, dim=-1)[1]
         else:
-            indices = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
+            indices = torch.topk(logits, top_k, dim=-1)[1]
+            if selection_bias is not None:
+                biased = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
+                indices = _unless_zero(selection_bias, indices, biased)
         top = logits.gather(1, indices)
         if spec.score == "softmax":
             weights = F.softmax(top, dim=-1, dtype=top.dtype)
+        elif spec.output == "scores_logits":
+            # Llama-4 takes the sigmoid of its dense [T, E] scores (-inf off the top-k). CPU
+            # kernels round a tensor's scalar remainder differently from its vector body, so only
+            # the same layout gives the same bits.
+            dense = torch.full_like(logits, -math.inf).scatter(1, indices, top)
+            weights = dense.float().sigmoid().to(logits.dtype).gather(1, indices)
         else:
             weights = top.float().sigmoid().to(logits.dtype)
     do_norm = spec.normalise if normalise is None else normalise

@@ -20,6 +20,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rpb.analysis import corpus_texts, routing_pass, text_batches
+from rpb.artifacts import write_text
 from rpb.coactivation import (
     communities,
     modularity,
@@ -178,6 +179,6 @@ def testbed_report(
             values = durations[key]
             lines.append(f"| {key} | {len(values)} | {np.median(values):.1f} | {max(values):.1f} |")
         lines.append("")
-    out.write_text("\n".join(lines) + "\n")
-    out.with_suffix(".json").write_text(json.dumps(report, indent=2, default=float) + "\n")
+    write_text(out, "\n".join(lines) + "\n")
+    write_text(out.with_suffix(".json"), json.dumps(report, indent=2, default=float) + "\n")
     return report

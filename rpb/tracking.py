@@ -9,6 +9,10 @@ of its run next to its outputs (`mlflow_run.json`) so downstream jobs can tag wh
 Snakemake's onstart creates the invocation's parent run (`start_invocation`) and records it in a
 file under the results folder, which every job of that invocation reads (`current_invocation`),
 also on other nodes of a cluster; onsuccess/onerror end it (`end_invocation`).
+
+A sqlite store another process has locked is waited for, up to `RPB_TRACKING_WAIT_S` seconds
+(default 300; sqlite's busy timeout, `configure_store_wait`), then the job fails with one line
+(`tracking_failure`) and its run ends FAILED once the store answers again.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import os
 import re
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -69,8 +74,128 @@ PROJECT_NOTE = (
 )
 
 
+# How long every store operation waits for a sqlite store another process holds (a `mlflow ui`
+# writing, a sqlite3 shell, a backup), in seconds: sqlite's busy timeout. MLflow's own is 20 s and
+# cannot be set; a job that gives up loses its work, so the default waits longer.
+STORE_WAIT_ENV = "RPB_TRACKING_WAIT_S"
+DEFAULT_STORE_WAIT_S = 300.0
+
+
 class JobTerminated(SystemExit):
     """SIGTERM (Snakemake's or the cluster's cancel) as an exception, so the run ends KILLED."""
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking store cannot be used (locked past the waiting policy, full); one line."""
+
+
+def store_wait_s() -> float:
+    """Seconds a store operation waits for a lock (`STORE_WAIT_ENV`, default 300)."""
+    text = os.environ.get(STORE_WAIT_ENV, "")
+    try:
+        return max(0.0, float(text)) if text else DEFAULT_STORE_WAIT_S
+    except ValueError:
+        raise TrackingUnavailable(f"{STORE_WAIT_ENV}={text!r} is not a number of seconds") from None
+
+
+def _busy_ms() -> int:
+    return int(store_wait_s() * 1000)
+
+
+def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+    # Every new sqlite connection (MLflow's engine start-up and schema checks run outside its
+    # sessions) waits for a lock instead of failing at once.
+    if isinstance(dbapi_connection, sqlite3.Connection):
+        dbapi_connection.execute(f"PRAGMA busy_timeout = {_busy_ms()}")
+
+
+def _on_execute(
+    _conn: Any, _cursor: Any, statement: str, parameters: Any, _context: Any, _many: bool
+) -> tuple[str, Any]:
+    # MLflow sets `PRAGMA busy_timeout = 20000` at the start of every session; ours replaces it.
+    if statement.lstrip()[:20].upper().startswith("PRAGMA BUSY_TIMEOUT"):
+        return f"PRAGMA busy_timeout = {_busy_ms()};", parameters
+    return statement, parameters
+
+
+class _LockNoise(logging.Filter):
+    """Drops MLflow's traceback per failed statement on a locked store: the job's one line
+    (`tracking_failure`) says it once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "database is locked" not in record.getMessage()
+
+
+_LOCK_NOISE = _LockNoise()
+
+
+def configure_store_wait() -> None:
+    """Make this process's sqlite stores wait `store_wait_s()` for a lock (idempotent)."""
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    if not event.contains(Engine, "connect", _on_connect):
+        event.listen(Engine, "connect", _on_connect)
+    if not event.contains(Engine, "before_cursor_execute", _on_execute):
+        event.listen(Engine, "before_cursor_execute", _on_execute, retval=True)
+    for name in ("mlflow.store.db.utils", "mlflow.store.tracking.sqlalchemy_store"):
+        logger = logging.getLogger(name)
+        if _LOCK_NOISE not in logger.filters:
+            logger.addFilter(_LOCK_NOISE)
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    prefix = "sqlite:///"
+    return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
+
+
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+
+
+def tracking_failure(err: BaseException, uri: str | None = None) -> str | None:
+    """One line for an error of the tracking store (locked past the waiting policy, or full),
+    naming the store and what to do; None for any other error."""
+    text = " ".join(str(e) for e in _chain(err))
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "the tracking store"
+    path = _sqlite_path(uri)
+    store = f"tracking store {path or redact_uri(uri)}"
+    if "database is locked" in text:
+        holder = f" (`fuser {path}` names it)" if path else ""
+        return (
+            f"{store} is locked by another process{holder}: waited {store_wait_s():g} s "
+            f"({STORE_WAIT_ENV}); let that process finish or stop it, then rerun"
+        )
+    if "database or disk is full" in text:  # sqlite's words; a full disk elsewhere is not ours
+        return f"{store}: disk full; free space, then rerun"
+    return None
+
+
+def _announce_wait(uri: str) -> None:
+    """Say at once, in one line, that the store is locked and how long we wait (the wait itself
+    is silent)."""
+    path = _sqlite_path(uri)
+    if path is None or not path.is_file():
+        return
+    try:
+        probe = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+        finally:
+            probe.close()
+    except sqlite3.OperationalError as err:
+        if "locked" in str(err):
+            print(
+                f"rpb: tracking store {path} is locked by another process; waiting up to "
+                f"{store_wait_s():g} s ({STORE_WAIT_ENV})",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def resolve_tracking_uri(configured: str | None = None, results_dir: Path = Path("results")) -> str:
@@ -99,6 +224,7 @@ def init_store(uri: str, experiment: str = DEFAULT_EXPERIMENT, note: str | None 
     """
     import mlflow
 
+    configure_store_wait()
     client = mlflow.MlflowClient(tracking_uri=uri)
     found = client.get_experiment_by_name(experiment)
     if found is None:
@@ -284,6 +410,7 @@ def tracked_run(
     """
     import mlflow
 
+    configure_store_wait()
     mlflow.set_tracking_uri(tracking_uri or resolve_tracking_uri())
     found = mlflow.set_experiment(experiment)
     name = f"{stage}/{model}/{method}/seed{seed}"
@@ -319,19 +446,47 @@ def tracked_run(
             mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
             yield run
     except JobTerminated:
-        mlflow.set_tag(END_REASON_TAG, "SIGTERM")
-        mlflow.end_run(status="KILLED")
+        _end_unfinished(run.info.run_id, "KILLED", "SIGTERM")
         raise
-    except BaseException:
-        mlflow.end_run(status="FAILED")
+    except BaseException as err:
+        _end_unfinished(run.info.run_id, "FAILED", _reason(err))
         raise
     else:
         if run_dir is not None:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / RUN_FILE).write_text(
-                json.dumps({"run_id": run.info.run_id, "name": name}) + "\n"
+            from rpb.artifacts import write_text
+
+            write_text(
+                Path(run_dir) / RUN_FILE,
+                json.dumps({"run_id": run.info.run_id, "name": name}) + "\n",
             )
         mlflow.end_run(status="FINISHED")
+
+
+def _reason(err: BaseException) -> str:
+    """The one line a failed run is tagged with (`rpb.end_reason`): what the job prints."""
+    from rpb.artifacts import failure_line
+
+    line = tracking_failure(err) or failure_line(err)
+    return (line or f"{type(err).__name__}: {err}")[:5000]
+
+
+def _end_unfinished(run_id: str, status: str, reason: str) -> None:
+    """End the active run with `status` (FAILED, KILLED) and its reason. The job's own error
+    stays the one reported: if the store fails here too (locked past the waiting policy again, a
+    full disk), one warning says the run stays RUNNING, which the job's next start marks KILLED
+    (`end_stale_runs`)."""
+    import mlflow
+
+    with contextlib.suppress(Exception):  # the reason is a courtesy; the status is what counts
+        mlflow.set_tag(END_REASON_TAG, reason)
+    try:
+        mlflow.end_run(status=status)  # pops the run first: it is never left active
+    except Exception as again:
+        log.warning(
+            "MLflow run %s stays RUNNING (%s); the next start of this job marks it KILLED",
+            run_id,
+            tracking_failure(again) or f"{type(again).__name__}: {again}".splitlines()[0],
+        )
 
 
 # --- the invocation's parent run ----------------------------------------------------------------
@@ -365,14 +520,34 @@ def start_invocation(
     jobs' runs are then not nested.
     """
     try:
-        import mlflow
+        import mlflow  # noqa: F401  (Snakemake's own environment may lack it)
     except ImportError:
         print(
             "rpb: mlflow is not importable where Snakemake runs: no invocation run", file=sys.stderr
         )
         return None
 
-    config = dict(config or {})
+    configure_store_wait()
+    _announce_wait(uri)
+    try:
+        return _open_invocation(record, uri, experiment, dict(config or {}), configfiles, command)
+    except Exception as err:  # one line for a locked or full store; a bug keeps its traceback
+        line = tracking_failure(err, uri)
+        if line is None:
+            raise
+        raise TrackingUnavailable(line) from None
+
+
+def _open_invocation(
+    record: Path,
+    uri: str,
+    experiment: str,
+    config: dict[str, Any],
+    configfiles: Sequence[str],
+    command: Sequence[str] | None,
+) -> str:
+    import mlflow
+
     command = list(sys.argv if command is None else command)
     record = Path(record)
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -430,9 +605,10 @@ def start_invocation(
         },
     }
     record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    tmp.replace(record)  # jobs never read half a record
+    from rpb.artifacts import atomic_path
+
+    with atomic_path(record, record=False) as tmp:  # jobs never read half a record
+        tmp.write_text(json.dumps(payload, indent=2) + "\n")
     log.info("invocation run %s (%s)", run_id, redact_uri(uri))
     return run_id
 
@@ -467,19 +643,28 @@ def end_invocation(record: Path, status: str = "FINISHED") -> str | None:
         return None
     import mlflow
 
+    configure_store_wait()
     client = mlflow.MlflowClient(tracking_uri=found["tracking_uri"])
     run_id = found["run_id"]
-    children = client.search_runs(
-        [found["experiment_id"]],
-        filter_string=f"tags.`{PARENT_RUN_TAG}` = '{run_id}'",
-        max_results=50000,
-    )
-    counts: dict[str, int] = {}
-    for child in children:
-        counts[child.info.status] = counts.get(child.info.status, 0) + 1
-    summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs"
-    client.set_tag(run_id, "rpb.jobs", summary)
-    client.set_terminated(run_id, status=status)
+    try:
+        children = client.search_runs(
+            [found["experiment_id"]],
+            filter_string=f"tags.`{PARENT_RUN_TAG}` = '{run_id}'",
+            max_results=50000,
+        )
+        counts: dict[str, int] = {}
+        for child in children:
+            counts[child.info.status] = counts.get(child.info.status, 0) + 1
+        summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs"
+        client.set_tag(run_id, "rpb.jobs", summary)
+        client.set_terminated(run_id, status=status)
+    except Exception as err:
+        # The jobs are done either way; the record stays, so the next invocation ends the run.
+        line = tracking_failure(err, found["tracking_uri"])
+        if line is None:
+            raise
+        print(f"rpb: invocation run {run_id} not ended: {line}", file=sys.stderr)
+        return None
     Path(record).unlink(missing_ok=True)
     log.info("invocation run %s ended %s (%s)", run_id, status, summary)
     return run_id

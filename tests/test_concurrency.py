@@ -183,3 +183,91 @@ def test_every_tracked_job_waits_for_tracking_init(tmp_path: Path, configfile: s
     ]
     assert not late, f"jobs that may touch the store before tracking_init: {sorted(set(late))}"
     assert len(nodes) > 10
+
+
+# --- one invocation per results folder (docs/reliability.md) --------------------------------------
+
+# An invocation holding a results folder: the lock the workflow takes at parse time, then it waits.
+HOLDER = """
+import sys, time
+from rpb.artifacts import hold_results_lock
+target = sys.argv[2]
+hold_results_lock(sys.argv[1], command=["snakemake", "--cores", "2", target], targets=[target])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(results: Path, target: str) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(results), target], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_the_results_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
+    from rpb.artifacts import ResultsBusy, hold_results_lock, release_results_lock
+
+    results = tmp_path / "results"
+    holder = _holder(results, f"{results}/table1.csv")
+    try:
+        for hold in (True, False):  # a run, and a dry run that only checks
+            with pytest.raises(ResultsBusy) as busy:
+                hold_results_lock(results, command=["snakemake", "-n"], hold=hold)
+            message = str(busy.value)
+            assert message.startswith(
+                f"results folder {results} is in use by another invocation (pid {holder.pid} on "
+            )
+            assert f", target {results}/table1.csv: snakemake --cores 2 " in message
+            assert re.search(r", started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d", message)
+            assert "\n" not in message
+    finally:
+        holder.kill()  # SIGKILL: the holder crashed without releasing anything
+        holder.wait()
+    assert hold_results_lock(results, command=["snakemake"]) == results / ".invocation.lock"
+    release_results_lock(results)
+    assert (results / ".invocation.lock").read_text() == ""  # released: names nobody
+
+
+def test_a_dry_run_on_a_fresh_folder_creates_no_lock(tmp_path: Path) -> None:
+    from rpb.artifacts import hold_results_lock
+
+    assert hold_results_lock(tmp_path / "results", command=["snakemake", "-n"], hold=False) is None
+    assert not (tmp_path / "results").exists()
+
+
+@pytest.mark.slow
+def test_a_second_invocation_on_any_target_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Before: on the same target Snakemake's IncompleteFilesException and advice to use
+    --rerun-incomplete (wrong here); on another target it ran beside the first, sharing its
+    invocation record. Now both are refused, before any DAG is built, naming the first."""
+    results = tmp_path / "results"
+    holder = _holder(results, f"{results}/table1.csv")
+    env = dict(_env(), PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+
+    def snakemake(*args: str, target: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "snakemake", *args, "--configfile", "config/smoke.yaml"]
+        command += ["--config", f"results_dir={results}", "--", target]
+        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+
+    try:
+        refused = [
+            snakemake("-n", target=f"{results}/testbed.md"),
+            snakemake("--cores", "1", target=f"{results}/.mlflow_ready"),
+        ]
+    finally:
+        holder.kill()
+        holder.wait()
+    for proc in refused:
+        assert proc.returncode == 1, proc.stderr[-2000:]
+        lines = proc.stderr.strip().splitlines()
+        assert lines[-1].startswith(
+            f"busy: results folder {results} is in use by another invocation (pid {holder.pid} "
+        )
+        assert f"target {results}/table1.csv" in lines[-1]
+        assert "Exception" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (results / ".mlflow_ready").exists() and not (results / "mlflow.db").exists()
+    # The holder is gone (killed, as a crash): the folder is free again.
+    after = snakemake("-n", target=f"{results}/testbed.md")
+    assert after.returncode == 0, after.stderr[-2000:]

@@ -1,5 +1,7 @@
 """Faults in a training job: SIGKILL mid-checkpoint, SIGTERM, incomplete checkpoints, and the
-MLflow runs such jobs leave behind.
+MLflow runs such jobs leave behind. Damaged inputs (a truncated prior or eval output, a model
+folder without its weights, a config file that is not YAML): one line naming the file, and no
+finished output lost.
 
 The central test kills a real `rpb train` process (SIGKILL, no chance to clean up) while it is
 writing its third checkpoint, reruns the same command, and requires the result to be
@@ -11,8 +13,10 @@ which shares its two smoke runs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -23,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import smoke_pipeline
 
 from rpb.analysis import extract_prior_from_corpus
 from rpb.architectures import random_model
@@ -266,3 +271,201 @@ def test_no_checkpoint_at_the_last_step(world: dict, tmp_path: Path) -> None:
         model, tok, data, method, TrainSpec(steps=4, batch_size=4, lr=1e-3, save_every=2), tmp_path
     )
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2"]
+
+
+# --- damaged inputs: one line naming the file, no finished output lost (docs/reliability.md) ---
+
+# What an invocation itself changes (its store, logs, timings, records, lock); everything else
+# under a finished results folder is finished work.
+_NOT_WORK = ("mlflow.db", "mlartifacts/", "logs/", "benchmarks/", ".integrity/", ".invocation")
+
+
+def _finished(results: Path) -> dict[str, str]:
+    """sha256 of every finished file under `results`."""
+    found = {}
+    for path in results.rglob("*"):
+        name = path.relative_to(results).as_posix()
+        if path.is_file() and not name.startswith(_NOT_WORK):
+            found[name] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+@pytest.fixture
+def smoke_copy(smoke_run: Path, tmp_path: Path) -> Path:
+    """A copy of the suite's smoke results (mtimes kept) that a test may damage."""
+    copy = tmp_path / "results"
+    shutil.copytree(smoke_run, copy, symlinks=True)
+    return copy
+
+
+def _snakemake(results: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict[str, str]]:
+    cmd, env = smoke_pipeline.snakemake_command(results, *args)
+    proc = subprocess.run(cmd, cwd=smoke_pipeline.ROOT, env=env, capture_output=True, text=True)
+    return proc, env
+
+
+def _truncate(path: Path, keep: float = 0.5) -> int:
+    """Cut `path` to `keep` of its bytes (its mtime becomes now); returns its size before."""
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+    return len(data)
+
+
+def _one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The invocation's own message: its stderr's last line, the only one after Snakemake's
+    note on extended config files, and no traceback."""
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Exception" not in proc.stderr, proc.stderr[-3000:]
+    assert [line for line in lines if "extended by additional config" not in line] == lines[-1:]
+    return lines[-1]
+
+
+@pytest.mark.slow
+def test_a_truncated_prior_stops_the_invocation_and_loses_nothing(
+    smoke_run: Path, smoke_copy: Path
+) -> None:
+    """Before: Snakemake took the prior's fresh mtime for an update and deleted the 76 finished
+    files downstream of it (5 runs' models, histories, evaluations and analyses), then every job
+    failed on it. Now: one line naming the prior and the command that rebuilds it; that command
+    restores the same tensors and touches nothing else."""
+    import torch
+    from safetensors.torch import load_file
+
+    prior = smoke_copy / "priors" / "tinyA" / "math.safetensors"
+    damaged = prior.relative_to(smoke_copy).as_posix()
+    before = _finished(smoke_copy)
+    size = _truncate(prior)
+    proc, env = _snakemake(smoke_copy, "--cores", "2", str(smoke_copy / "table1.csv"))
+    line = _one_error_line(proc)
+    assert line.startswith(
+        f"integrity error: {prior}: {size // 2} bytes, {size} when it was written: truncated"
+    )
+    after = _finished(smoke_copy)
+    lost = sorted(name for name in before if name != damaged and after.get(name) != before[name])
+    assert lost == [] and len(before) > 40
+    rebuild = line.split("; rebuild: ", 1)[1]
+    assert rebuild.startswith(f"rm -rf {prior} && snakemake --cores 2 ")
+    assert rebuild.endswith(f" --force -- {prior}")
+    done = subprocess.run(
+        ["bash", "-c", rebuild], cwd=smoke_pipeline.ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rebuilt, source = load_file(str(prior)), load_file(str(smoke_run / damaged))
+    assert rebuilt.keys() == source.keys()
+    assert all(torch.equal(rebuilt[k], source[k]) for k in source)
+    again = _finished(smoke_copy)
+    # Only the prior job's own outputs changed: its run record (a new MLflow run), and the prior's
+    # metadata and JSON side file, which name its folder (docs/reliability.md, section 5).
+    job = {damaged, "priors/tinyA/math.json", "priors/tinyA/math.run/mlflow_run.json"}
+    assert {n for n in before if again.get(n) != before[n]} <= job
+
+
+@pytest.mark.slow
+def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_copy: Path) -> None:
+    """Before: table1.csv, table1.md and the figure were deleted, then the table job failed with
+    "Unterminated string starting at: line 755 column 9", naming no file. The evaluation output
+    has no integrity record (rpb.evaluation writes it): the format check catches it."""
+    evaluation = smoke_copy / "eval" / "tinyA" / "math" / "none" / "seed0.json"
+    before = _finished(smoke_copy)
+    _truncate(evaluation, keep=0.6)
+    proc, _ = _snakemake(smoke_copy, "--cores", "2", str(smoke_copy / "table1.csv"))
+    line = _one_error_line(proc)
+    assert line.startswith(f"integrity error: {evaluation}: not valid JSON (")
+    assert line.endswith(f" --force -- {evaluation}")
+    after = _finished(smoke_copy)
+    damaged = evaluation.relative_to(smoke_copy).as_posix()
+    assert sorted(n for n in before if n != damaged and after.get(n) != before[n]) == []
+    assert {"table1.csv", "table1.md", "figures/table1_coactivation.png"} <= set(after)
+
+
+@pytest.mark.slow
+def test_a_model_folder_without_its_weights_is_one_line(smoke_copy: Path) -> None:
+    """Before: "Nothing to be done", then a 23-line traceback in the next job that loaded it.
+    With a second damaged file that no rule declares (table1.meta.json), the one command
+    rebuilds both: the model folder, and the declared output whose job writes the side file."""
+    model = smoke_copy / "models" / "tinyA" / "base" / "model"
+    (model / "model.safetensors").unlink()
+    meta = smoke_copy / "table1.meta.json"
+    meta.write_text(meta.read_text()[:-20])
+    proc, _ = _snakemake(smoke_copy, "-n", str(smoke_copy / "table1.csv"))
+    line = _one_error_line(proc)
+    assert line.startswith(f"integrity error: {model}: model folder without model.safetensors")
+    assert "(no weights file): incomplete (+1 more); rebuild: " in line
+    assert f"rm -rf {model} {meta} && snakemake --cores 1 " in line
+    assert line.endswith(f" --force -- {model} {smoke_copy / 'table1.md'}")
+
+
+def _job(world: dict, command: str, *args: str) -> list[str]:
+    return [command, "--tracking-uri", world["uri"], "--experiment", "inputs", *args]
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_job_reading_a_damaged_model_fails_in_one_line(
+    damage: str, world: dict, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A job started by hand (no check before it): one line naming the folder or file, what to
+    do, and its MLflow run FAILED with that line."""
+    base = tmp_path / "base" / "model"
+    shutil.copytree(world["base"], base)
+    weights = base / "model.safetensors"
+    if damage == "missing":
+        weights.unlink()
+    else:
+        _truncate(weights)
+    args = ("--name", "tiny8", "--model", str(base), "--corpus", str(world["corpus"]))
+    code = main(_job(world, "prior", *args, "--out", str(tmp_path / "prior.safetensors")))
+    lines = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in lines if "error" in line.lower() or "Traceback" in line]
+    assert code == 2 and err == lines[-1:], lines  # MLflow's INFO lines aside
+    if damage == "missing":
+        assert err[0].startswith("rpb prior: error: Error no file named model.safetensors")
+        assert f"found in directory {base}" in err[0]
+    else:
+        assert err[0].startswith(f"rpb prior: error: {weights}: Error while deserializing header")
+    assert err[0].endswith("; delete it and rerun the pipeline to rebuild it")
+    run = _runs(world["uri"], "inputs")[-1]
+    assert run.info.status == "FAILED"
+    assert run.data.tags[END_REASON_TAG] == err[0].removeprefix("rpb prior: error: ")
+
+
+def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
+    """Before: "Config file is not valid JSON or YAML" in two lines, naming neither."""
+    from rpb.config_check import ConfigError, check_yaml_syntax
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seeds: [0, 1]\nmethods:\n  rpb: {strength: 1.0\n  lbl: {}\n")
+    with pytest.raises(ConfigError) as raised:
+        check_yaml_syntax(bad)
+    assert str(raised.value) == (f"{bad}:4:6: YAML syntax error: expected ',' or '}}', but got ':'")
+    tabs = tmp_path / "tabs.yaml"
+    tabs.write_text("posttrain:\n\tsteps: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{tabs}:2:1: .*indent with spaces, not tabs\)$"):
+        check_yaml_syntax(tabs)
+    check_yaml_syntax(tmp_path / "absent.yaml")  # Snakemake reports a missing file itself
+    done = subprocess.run(
+        [sys.executable, "-m", "rpb.config_check", str(bad), "config/smoke.yaml"],
+        cwd=smoke_pipeline.ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 1
+    assert done.stderr.splitlines() == [f"config error: {raised.value}"]
+
+
+@pytest.mark.slow
+def test_a_yaml_syntax_error_in_the_workflow_config_is_one_line(tmp_path: Path) -> None:
+    """The Snakefile checks config/config.yaml before Snakemake loads it (a checkout copy with
+    a broken config; `--configfile` files Snakemake reads before the workflow, see the docs)."""
+    from test_rerun_triggers import _copy_checkout
+
+    _copy_checkout(smoke_pipeline.ROOT, tmp_path)
+    config = tmp_path / "config" / "config.yaml"
+    config.write_text(config.read_text().replace("seeds:", "seeds: [0\nbroken:", 1))
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n"], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1:] == proc.stderr.strip().splitlines()
+    assert proc.stderr.startswith("config error: config/config.yaml:")
+    assert "YAML syntax error" in proc.stderr

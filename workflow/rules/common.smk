@@ -6,6 +6,14 @@ import pathlib
 import shlex
 import sys
 
+from rpb.artifacts import (
+    RESULTS_ENV,
+    ResultsBusy,
+    check_results,
+    hold_results_lock,
+    integrity_message,
+    parse_invocation,
+)
 from rpb.config_check import ConfigError, check_config
 from rpb.specs import CORPORA, base_of_run, bases_of, results_path, run_ids
 
@@ -17,6 +25,65 @@ except ConfigError as err:
     sys.exit(f"config error: {err}")
 
 RESULTS = config.get("results_dir", "results")
+# One invocation per results folder, whatever its target: a second one would share the invocation
+# record and the incomplete markers of the first (Snakemake's own lock covers only the outputs in
+# both DAGs). Taken here, before Snakemake builds its DAG; the kernel releases it when this process
+# ends, however it ends. Jobs (cluster or subprocess execution parse again) do not take it; nor
+# `--lint`, which never reads the folder. Read-only invocations (dry runs, --summary, ...) only
+# check that nobody holds it.
+INVOCATION = parse_invocation(sys.argv[1:])
+CHECKS_RESULTS = workflow.is_main_process and not INVOCATION.lint
+if CHECKS_RESULTS:
+    try:
+        hold_results_lock(
+            RESULTS,
+            command=INVOCATION.command,
+            targets=INVOCATION.targets,
+            hold=not INVOCATION.read_only,
+        )
+    except ResultsBusy as err:
+        sys.exit(f"busy: {err}")
+# Jobs record the integrity of what they write under this folder (rpb.artifacts).
+os.environ.update({RESULTS_ENV: os.path.abspath(RESULTS)})
+
+
+def rebuild_target(path):
+    """The workflow output whose job rewrites the damaged `path`: `path` itself, the folder
+    output it lies in (a model folder), or, for a file no rule declares (table1.meta.json), the
+    declared output beside it whose name shares the longest prefix with it (table1.md).
+    """
+
+    def declared(candidate):
+        return any(rule.is_producer(candidate) for rule in workflow.rules)
+
+    candidate = path
+    while candidate.startswith(RESULTS) and candidate != RESULTS:
+        if declared(candidate):
+            return candidate
+        candidate = os.path.dirname(candidate)
+    folder, name = os.path.split(path)
+    siblings = [os.path.join(folder, s) for s in sorted(os.listdir(folder))]
+    siblings = [s for s in siblings if s != path and declared(s)]
+    if not siblings:
+        return path
+    shared = [len(os.path.commonprefix([os.path.basename(s), name])) for s in siblings]
+    return siblings[shared.index(max(shared))]
+
+
+def check_integrity():
+    """Stop the invocation in one line at a damaged artifact under RESULTS (rpb.artifacts), with
+    the command that rebuilds it. Called by the Snakefile once every rule is defined, before
+    Snakemake builds its DAG: Snakemake would otherwise take a damaged file with a fresh mtime
+    for an updated input and delete the finished outputs of every job downstream of it.
+    """
+    if not CHECKS_RESULTS:
+        return
+    problems = check_results(RESULTS, update=not INVOCATION.read_only)
+    if problems:
+        command = ["snakemake", "--cores", INVOCATION.cores, *INVOCATION.options]
+        sys.exit(integrity_message(problems, rebuild_target, command))
+
+
 SEEDS = config["seeds"]
 # Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
 # change of threads_per_job changes how fast a job runs, not what it computes, so it reruns nothing.

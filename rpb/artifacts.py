@@ -1,0 +1,597 @@
+"""Pipeline artifacts: atomic writes, integrity records, the check of a results folder before any
+job runs, the one-invocation-per-results-folder lock, and one-line descriptions of the failures a
+user can meet reading or writing them (docs/reliability.md, sections 8-11).
+
+- **Atomic writes.** `atomic_path` hands the writer a temporary file in the target's own folder
+  and moves it over the target (`os.replace`) only once it is complete and flushed, so a full
+  disk, a crash or a kill never leaves a partial or 0-byte file; an `OSError` names the target.
+- **Integrity records.** A file written this way under the results folder (`RESULTS_ENV`, set by
+  the workflow for every job) gets a record `<results>/.integrity/<relative path>.json`: size,
+  sha256 and mtime. One small file per artifact: jobs running side by side never share one.
+- **The check** (`check_results`, Snakefile at parse time, before Snakemake builds its DAG and
+  decides what to rerun): a recorded file must keep its size, and its sha256 when its mtime
+  changed; files without a record (written by code that does not use these helpers yet) get a
+  format check: JSON parses, a safetensors file is as long as its header says, a `model` folder
+  has its config and every weights file.
+
+torch-free and cheap to import: the Snakefile imports it at every parse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import struct
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RESULTS_ENV",
+    "ArtifactError",
+    "Invocation",
+    "Problem",
+    "ResultsBusy",
+    "atomic_path",
+    "check_results",
+    "failure_line",
+    "hold_results_lock",
+    "integrity_message",
+    "parse_invocation",
+    "record_artifact",
+    "record_folder",
+    "release_results_lock",
+    "save_figure",
+    "save_safetensors",
+    "write_text",
+]
+
+# The results folder of the running invocation (absolute); jobs inherit it from the workflow.
+RESULTS_ENV = "RPB_RESULTS"
+RECORDS = ".integrity"
+LOCK_NAME = ".invocation.lock"
+# Folders the check does not descend into: the records themselves, MLflow's copies of artifacts,
+# logs and timings, resumable training state (the trainer checks its own completeness), and
+# Snakemake's temporary lm-eval folders (`*.work`).
+SKIP_DIRS = frozenset({RECORDS, "mlartifacts", "logs", "benchmarks", "checkpoints", ".snakemake"})
+# A model folder holds its config and one of these (sharded: an index naming every shard).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
+WEIGHT_INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+REBUILD = "delete it and rerun the pipeline to rebuild it"
+_CHUNK = 1 << 20
+
+
+class ArtifactError(ValueError):
+    """A damaged or unreadable artifact; the message is one line naming the file."""
+
+
+class ResultsBusy(RuntimeError):
+    """Another invocation holds the results folder; the message is one line naming it."""
+
+
+# --- atomic writes -------------------------------------------------------------------------------
+
+
+def _tmp_for(path: Path) -> Path:
+    # Hidden and in the same folder (os.replace is atomic only within one filesystem); the pid
+    # keeps two writers of one name apart. No glob of the pipeline (`<stem>*`, `*.json`) sees it.
+    return path.with_name(f".{path.name}.{os.getpid()}.tmp")
+
+
+def _fsync_dir(folder: Path) -> None:
+    # The rename itself is durable only once the folder is flushed; not every filesystem allows it.
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike[str], *, record: bool = True) -> Iterator[Path]:
+    """Yield a temporary path for writing `path`; on success it replaces `path` in one step.
+
+    On any failure the temporary file is removed and `path` is left as it was (absent or its
+    previous content): no partial or 0-byte output. An `OSError` without a file name (a full
+    disk seen by pandas, torch or matplotlib) is raised again naming `path`. With `record`, a file
+    under the results folder gets its integrity record (`record_artifact`).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _tmp_for(path)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:  # flushed before the rename, or a crash can leave it empty
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(err, OSError) and err.errno is not None and err.filename in (None, str(tmp)):
+            raise OSError(err.errno, err.strerror, str(path)) from err
+        raise
+    _fsync_dir(path.parent)
+    if record:
+        record_artifact(path)
+
+
+def write_text(path: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> Path:
+    """`Path.write_text`, atomic and recorded (`atomic_path`)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding=encoding)
+    return path
+
+
+def save_safetensors(
+    tensors: dict[str, Any], path: str | os.PathLike[str], metadata: dict[str, str] | None = None
+) -> Path:
+    """`safetensors.torch.save_file`, atomic and recorded (`atomic_path`)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata)
+    return path
+
+
+def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
+    """`Figure.savefig`, atomic and recorded; the format comes from `path`'s suffix (the
+    temporary file's own suffix is `.tmp`)."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip("."), **kwargs)
+    return path
+
+
+# --- integrity records ---------------------------------------------------------------------------
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _results_root(path: Path) -> tuple[Path, str] | None:
+    """(results folder, `path` relative to it) for a path under `RESULTS_ENV`'s folder."""
+    root = os.environ.get(RESULTS_ENV)
+    if not root:
+        return None
+    root_path = Path(root).resolve()
+    try:
+        return root_path, path.resolve().relative_to(root_path).as_posix()
+    except ValueError:
+        return None
+
+
+def record_path(root: Path, relative: str) -> Path:
+    return Path(root) / RECORDS / f"{relative}.json"
+
+
+def record_artifact(path: str | os.PathLike[str], root: Path | None = None) -> Path | None:
+    """Write the integrity record of the file `path` (size, sha256, mtime); returns the record's
+    path, or None for a file outside the results folder (`root`, else `RESULTS_ENV`)."""
+    path = Path(path)
+    if root is not None:
+        found = (Path(root).resolve(), path.resolve().relative_to(Path(root).resolve()).as_posix())
+    else:
+        found = _results_root(path)
+    if found is None:
+        return None
+    stat = path.stat()
+    entry = {"size": stat.st_size, "sha256": sha256_of(path), "mtime_ns": stat.st_mtime_ns}
+    target = record_path(*found)
+    with atomic_path(target, record=False) as tmp:
+        tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
+    return target
+
+
+def record_folder(folder: str | os.PathLike[str]) -> list[Path]:
+    """Record every file of a folder written by other code (a model `save_pretrained` wrote, a
+    hub download), so its weights are checked like any artifact; returns the records written."""
+    files = [p for p in sorted(Path(folder).rglob("*")) if p.is_file()]
+    found = [record_artifact(p) for p in files if not p.name.startswith(".")]
+    return [r for r in found if r is not None]
+
+
+# --- checks --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A damaged artifact: its path (as the workflow names it) and what is wrong, one clause."""
+
+    path: str
+    what: str
+
+
+def json_problem(path: Path) -> str | None:
+    """Why `path` is not a complete JSON document, or None."""
+    try:
+        json.loads(path.read_bytes())
+    except json.JSONDecodeError as err:
+        where = f"line {err.lineno} column {err.colno}"
+        return f"not valid JSON ({err.msg} at {where}): truncated or damaged"
+    except UnicodeDecodeError as err:
+        return f"not valid JSON (not UTF-8 at byte {err.start}): damaged"
+    return None
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why `path` is not a complete safetensors file (its size must be 8 bytes, the header, and
+    the data its header describes), or None. Reads the header only."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{size} bytes, less than a safetensors header: truncated or damaged"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"{size} bytes, shorter than its {n}-byte header: truncated or damaged"
+            header = json.loads(f.read(n))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return "its safetensors header is not valid JSON: damaged"
+    ends = [
+        int(entry["data_offsets"][1])
+        for key, entry in header.items()
+        if key != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry
+    ]
+    expected = 8 + n + max(ends, default=0)
+    if size != expected:
+        cut = "truncated" if size < expected else "longer than its data"
+        return f"{size} bytes, its header describes {expected}: {cut}"
+    return None
+
+
+def model_dir_problem(folder: Path) -> str | None:
+    """Why the model folder `folder` is incomplete (no config, or a weights file missing), or
+    None."""
+    if not (folder / "config.json").is_file():
+        return "model folder without config.json: incomplete"
+    for index in WEIGHT_INDEXES:
+        if (folder / index).is_file():
+            try:
+                shards = set(json.loads((folder / index).read_text())["weight_map"].values())
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+                return f"model folder whose {index} is damaged"
+            missing = sorted(s for s in shards if not (folder / s).is_file())
+            if missing:
+                return f"model folder without {missing[0]} (listed in {index}): incomplete"
+            return None
+    if not any((folder / name).is_file() for name in WEIGHT_FILES):
+        return f"model folder without {WEIGHT_FILES[0]} (no weights file): incomplete"
+    return None
+
+
+def _skipped(name: str) -> bool:
+    # Hidden folders too: the records, a hub download's `.cache`.
+    return name in SKIP_DIRS or name.endswith(".work") or name.startswith(".")
+
+
+def _check_record(root: Path, relative: str, record: Path, update: bool) -> str | None:
+    target = root / relative
+    try:
+        entry = json.loads(record.read_text())
+        size, sha, mtime = int(entry["size"]), str(entry["sha256"]), int(entry["mtime_ns"])
+    except (OSError, ValueError, KeyError, TypeError):
+        # A record is ours, never an output; a damaged one is dropped and the file gets the
+        # format check instead.
+        if update:
+            record.unlink(missing_ok=True)
+        return None
+    stat = target.stat()
+    if stat.st_size != size:
+        return f"{stat.st_size} bytes, {size} when it was written: truncated or changed since"
+    if stat.st_mtime_ns != mtime:
+        if sha256_of(target) != sha:
+            return "same size, other content (sha256) than when it was written: changed since"
+        if update:  # same bytes, new mtime (Snakemake touches finished outputs): skip next time
+            entry["mtime_ns"] = stat.st_mtime_ns
+            with atomic_path(record, record=False) as tmp:
+                tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
+    return None
+
+
+def check_results(results: str | os.PathLike[str], *, update: bool = False) -> list[Problem]:
+    """Every damaged artifact under the results folder `results` (paths as `results` names
+    them), sorted by path. `update`: drop records of files that are gone and refresh the mtime
+    of records whose file kept its bytes (an invocation that may write; a dry run passes False).
+    """
+    base = Path(results)
+    if not base.is_dir():
+        return []
+    problems: list[Problem] = []
+    recorded: set[str] = set()
+    records = base / RECORDS
+    for record in sorted(records.rglob("*.json")) if records.is_dir() else []:
+        relative = record.relative_to(records).as_posix().removesuffix(".json")
+        target = base / relative
+        if not target.is_file():
+            # Gone: Snakemake deleted the output of a job it reruns; the job writes a new record.
+            if update and not target.exists():
+                record.unlink(missing_ok=True)
+            continue
+        recorded.add(relative)
+        what = _check_record(base, relative, record, update)
+        if what:
+            problems.append(Problem(str(target), what))
+    for folder, dirs, files in os.walk(base):
+        dirs[:] = sorted(d for d in dirs if not _skipped(d))
+        here = Path(folder)
+        if here.name == "model" and here != base:
+            what = model_dir_problem(here)
+            if what:
+                problems.append(Problem(str(here), what))
+        for name in sorted(files):
+            path = here / name
+            if path.relative_to(base).as_posix() in recorded or name.startswith("."):
+                continue
+            if name.endswith(".json"):
+                what = json_problem(path)
+            elif name.endswith(".safetensors"):
+                what = safetensors_problem(path)
+            else:
+                continue
+            if what:
+                problems.append(Problem(str(path), what))
+    return sorted(problems, key=lambda problem: problem.path)
+
+
+def integrity_message(
+    problems: Sequence[Problem],
+    rebuild_target: Callable[[str], str] = lambda path: path,
+    command: Sequence[str] = ("snakemake", "--cores", "1"),
+) -> str:
+    """One line: the first damaged artifact, what is wrong, and one command that rebuilds every
+    damaged one (`rebuild_target` maps a file to the workflow output that rebuilds it: itself,
+    the model folder it lies in, or the declared output its job writes beside it)."""
+    first = problems[0]
+    # The damaged files go (or the check stops the rebuild too); `--force` reruns the jobs of
+    # the targets even though their declared outputs are there.
+    removed = list(dict.fromkeys(p.path for p in problems))
+    targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems))
+    more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+    rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join([*command, '--force', '--', *targets])}"
+    return f"integrity error: {first.path}: {first.what}{more}; rebuild: {rebuild}"
+
+
+# --- one invocation per results folder ------------------------------------------------------------
+
+# Snakemake options that only read the results folder: such an invocation checks the lock but
+# does not take it, and creates nothing (a dry run on a fresh folder leaves it absent).
+READ_ONLY_OPTIONS = (
+    "dryrun",
+    "lint",
+    "summary",
+    "detailed_summary",
+    "dag",
+    "rulegraph",
+    "filegraph",
+    "d3dag",
+    "list_rules",
+    "list_target_rules",
+    "list_changes",
+    "list_input_changes",
+    "list_params_changes",
+    "list_untracked",
+    "list_conda_envs",
+    "print_compilation",
+    "report",
+)
+
+
+@dataclass(frozen=True)
+class Invocation:
+    """What a `snakemake` command line asks for, as far as the results folder is concerned."""
+
+    command: list[str]
+    targets: list[str]
+    read_only: bool
+    lint: bool
+    # The options a rebuild command repeats: Snakefile, working directory, config files, --config.
+    options: list[str]
+    cores: str
+
+
+def parse_invocation(argv: Sequence[str]) -> Invocation:
+    """Read `argv` (sys.argv[1:] of the running Snakemake) with Snakemake's own parser."""
+    command = ["snakemake", *argv]
+    try:
+        from snakemake.cli import get_argument_parser
+
+        args, _ = get_argument_parser().parse_known_args(list(argv))
+    except (ImportError, SystemExit, ValueError):  # unreadable: take it for a run that writes
+        return Invocation(command, [], False, False, [], "1")
+    options: list[str] = []
+    if args.snakefile:
+        options += ["--snakefile", str(args.snakefile)]
+    if args.directory:
+        options += ["--directory", str(args.directory)]
+    if args.configfile:
+        options += ["--configfile", *map(str, args.configfile)]
+    if args.config:
+        options += ["--config", *map(str, args.config)]
+    read_only = any(bool(getattr(args, name, False)) for name in READ_ONLY_OPTIONS)
+    return Invocation(
+        command=command,
+        targets=[str(t) for t in args.targets or []],
+        read_only=read_only,
+        lint=args.lint is not None and args.lint is not False,
+        options=options,
+        cores=str(args.cores or 1),
+    )
+
+
+# Locks this process holds: a second parse in the same process keeps its own lock.
+_HELD: dict[str, int] = {}
+
+
+def _holder(path: Path) -> str:
+    try:
+        info = json.loads(path.read_text())
+        targets = " ".join(info.get("targets") or []) or "the default target"
+        return (
+            f"pid {info['pid']} on {info['host']}, started {info['started']}, target {targets}: "
+            f"{info['command']}"
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return "an invocation that is starting or a dry run"
+
+
+def hold_results_lock(
+    results: str | os.PathLike[str],
+    *,
+    command: Sequence[str],
+    targets: Sequence[str] = (),
+    hold: bool = True,
+) -> Path | None:
+    """Take the lock of the results folder for this process's life (`hold`), or only check that
+    nobody holds it (a dry run: nothing is created). Raises `ResultsBusy` naming the holder.
+
+    `fcntl.flock` on `<results>/.invocation.lock`: the kernel releases it when the holder exits,
+    however it exits, so a crashed invocation never blocks the next one. The file stays (removing
+    a locked file races with the next opener); its content names the holder.
+    """
+    path = Path(results) / LOCK_NAME
+    if path.parent.exists() and str(path.resolve()) in _HELD:
+        return path
+    if not hold:
+        if not path.is_file():
+            return None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ResultsBusy(_busy(results, path)) from None
+        finally:
+            os.close(fd)  # closing releases the probe
+        return None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by jobs (PEP 446)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ResultsBusy(_busy(results, path)) from None
+    info = {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "targets": list(targets),
+        "command": shlex.join(command),
+    }
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    _HELD[str(path.resolve())] = fd
+    return path
+
+
+def _busy(results: str | os.PathLike[str], path: Path) -> str:
+    return (
+        f"results folder {results} is in use by another invocation ({_holder(path)}); wait for it "
+        f"to end, or stop it, then rerun (its lock: {path})"
+    )
+
+
+def release_results_lock(results: str | os.PathLike[str]) -> None:
+    """Release this process's lock of `results` (Snakefile's onsuccess/onerror; exit does too)."""
+    path = Path(results) / LOCK_NAME
+    fd = _HELD.pop(str(path.resolve()), None)
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        os.close(fd)
+
+
+# --- one line per failure ------------------------------------------------------------------------
+
+
+def _candidates(err: BaseException) -> Iterator[Path]:
+    """Files the code that raised `err` was handling: path-like locals of its frames, innermost
+    first (to name the file behind an error that does not name it)."""
+    frames = [frame for frame, _ in traceback.walk_tb(err.__traceback__)]
+    seen: set[str] = set()
+    for frame in reversed(frames):
+        for value in list(frame.f_locals.values()):
+            try:  # any object may sit in a frame; none of them may raise here
+                name = getattr(value, "name", value) if hasattr(value, "read") else value
+                text = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None
+            except Exception:
+                continue
+            if not isinstance(text, str) or text in seen or len(text) > 4096 or "\n" in text:
+                continue
+            seen.add(text)
+            with contextlib.suppress(OSError, ValueError):
+                if os.path.isfile(text):
+                    yield Path(text)
+
+
+def _json_file(err: json.JSONDecodeError) -> Path | None:
+    for path in _candidates(err):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if path.read_text() == err.doc:
+                return path
+    return None
+
+
+def _one_line(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _free_space(path: Path) -> str:
+    for folder in [path, *path.parents]:
+        if folder.exists():
+            return f"{shutil.disk_usage(folder).free:,} bytes free there"
+    return "no space left"
+
+
+def failure_line(err: BaseException, out: str | os.PathLike[str] | None = None) -> str | None:
+    """The one line a job prints for `err` (a damaged input, a full disk, an unreadable file,
+    bad input), naming the file and what to do; None for an error that is a bug (traceback).
+    `out` is the job's output, named when a full disk's error names no file."""
+    if isinstance(err, json.JSONDecodeError):
+        where = _json_file(err)
+        name = str(where) if where else "a JSON input (run with -v to see which)"
+        return (
+            f"{name}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno}): "
+            f"truncated or damaged; {REBUILD}"
+        )
+    if type(err).__name__ == "SafetensorError":
+        damaged = [p for p in _candidates(err) if p.suffix == ".safetensors"]
+        bad = next((p for p in damaged if safetensors_problem(p)), None)
+        name = str(bad) if bad else "a safetensors input (run with -v to see which)"
+        return f"{name}: {_one_line(str(err))}: truncated or damaged; {REBUILD}"
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = err.filename or out
+        if where is None:
+            return f"{err.strerror}: free disk space, then rerun (no partial output was kept)"
+        return (
+            f"{where}: {err.strerror} ({_free_space(Path(where))}): free disk space, then rerun "
+            "(no partial output was kept)"
+        )
+    if isinstance(err, OSError) and err.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return f"{err.filename}: {err.strerror}: check the permissions of that path"
+    if isinstance(err, (ValueError, FileNotFoundError)):
+        return str(err)
+    if isinstance(err, OSError):
+        text = f"{err.filename}: {err.strerror}" if err.filename else _one_line(str(err))
+        if "found in directory" in text or "no file named" in text.lower():
+            return f"{text} The model folder is incomplete; {REBUILD}"
+        return text
+    return None

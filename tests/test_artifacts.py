@@ -1,0 +1,346 @@
+"""rpb/artifacts.py: atomic writes (nothing partial after a full disk), integrity records and the
+check of a results folder, the one-line failure descriptions, and `rpb table1` on a full disk.
+
+The full-disk cases write to a small tmpfs (`mount -t tmpfs`, root only; skipped otherwise)."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from rpb import artifacts
+from rpb.artifacts import (
+    RECORDS,
+    RESULTS_ENV,
+    Problem,
+    atomic_path,
+    check_results,
+    failure_line,
+    integrity_message,
+    record_artifact,
+    write_text,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A results folder whose writes are recorded (as the workflow sets it for every job)."""
+    folder = tmp_path / "results"
+    folder.mkdir()
+    monkeypatch.setenv(RESULTS_ENV, str(folder))
+    return folder
+
+
+def _small_disk(where: Path, size: str) -> Iterator[Path]:
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a full disk needs a tmpfs: root only")
+    where.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)])
+    if done.returncode != 0:
+        pytest.skip("mount -t tmpfs is not allowed here")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs."""
+    yield from _small_disk(tmp_path / "disk", "1m")
+
+
+def _fill(disk: Path, leave: int = 0) -> None:
+    """Fill `disk` up, then free `leave` bytes again."""
+    filler = disk / "filler"
+    with open(filler, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError as err:
+            assert err.errno == errno.ENOSPC
+    if leave:
+        os.truncate(filler, filler.stat().st_size - leave)
+
+
+def _leftovers(folder: Path) -> list[str]:
+    """Partial outputs: 0-byte files and temporary files of an atomic write."""
+    return sorted(
+        str(p)
+        for p in folder.rglob("*")
+        if p.is_file() and p.name != "filler" and (p.stat().st_size == 0 or p.name.endswith(".tmp"))
+    )
+
+
+# --- atomic writes --------------------------------------------------------------------------------
+
+
+def test_a_full_disk_leaves_the_previous_file_and_no_partial_one(disk: Path) -> None:
+    old = disk / "table.csv"
+    old.write_text("a,b\n1,2\n")
+    _fill(disk)
+    with pytest.raises(OSError) as raised:
+        write_text(old, "a,b\n" + "3,4\n" * 10_000)
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == str(old)  # the user's file, not the temporary one
+    assert old.read_text() == "a,b\n1,2\n"
+    with pytest.raises(OSError):
+        write_text(disk / "new.md", "x" * 100_000)
+    assert not (disk / "new.md").exists()
+    assert _leftovers(disk) == []
+
+
+def test_a_failing_writer_leaves_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "out.json"
+    with pytest.raises(RuntimeError), atomic_path(target) as tmp:
+        tmp.write_text('{"half": ')
+        raise RuntimeError("killed mid-write")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writes_under_the_results_folder_are_recorded(results: Path, tmp_path: Path) -> None:
+    path = write_text(results / "eval" / "m" / "seed0.json", '{"a": 1}\n')
+    record = json.loads((results / RECORDS / "eval" / "m" / "seed0.json.json").read_text())
+    assert record["size"] == 9 and record["sha256"] == artifacts.sha256_of(path)
+    write_text(tmp_path / "elsewhere.json", "{}")  # outside the results folder: no record
+    assert sorted(p.name for p in (results / RECORDS).rglob("*.json")) == ["seed0.json.json"]
+
+
+# --- the check of a results folder ----------------------------------------------------------------
+
+
+def _prior(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"usage": torch.arange(64, dtype=torch.float32)}, str(path))
+
+
+def test_recorded_files_must_keep_their_size_and_content(results: Path) -> None:
+    prior = results / "priors" / "m" / "math.safetensors"
+    artifacts.save_safetensors({"usage": torch.arange(64, dtype=torch.float32)}, prior)
+    table = write_text(results / "table1.csv", "method,acc\nnone,1\n")
+    assert check_results(results) == []
+    data = prior.read_bytes()
+    prior.write_bytes(data[: len(data) // 2])  # truncated, with a fresh mtime
+    table.write_text("method,acc\nnone,2\n")  # same size, other content
+    problems = check_results(results)
+    assert [Path(p.path).name for p in problems] == ["math.safetensors", "table1.csv"]
+    assert problems[0].what.startswith(f"{len(data) // 2} bytes, {len(data)} when it was written")
+    assert "other content" in problems[1].what
+
+
+def test_a_touched_file_with_its_bytes_passes_and_its_record_is_refreshed(results: Path) -> None:
+    table = write_text(results / "table1.csv", "method,acc\n")
+    record = results / RECORDS / "table1.csv.json"
+    os.utime(table, ns=(1, 1))  # Snakemake touches finished outputs
+    assert check_results(results, update=False) == []
+    assert json.loads(record.read_text())["mtime_ns"] != 1
+    assert check_results(results, update=True) == []
+    assert json.loads(record.read_text())["mtime_ns"] == 1  # no rehash next time
+
+
+def test_records_of_deleted_outputs_are_dropped(results: Path) -> None:
+    write_text(results / "eval" / "seed0.json", "{}").unlink()  # Snakemake reruns its job
+    assert check_results(results, update=False) == []
+    assert (results / RECORDS / "eval" / "seed0.json.json").exists()  # a dry run writes nothing
+    check_results(results, update=True)
+    assert not (results / RECORDS / "eval" / "seed0.json.json").exists()
+
+
+def test_unrecorded_files_get_a_format_check(tmp_path: Path) -> None:
+    """Files written by code that does not record them yet (lm-eval's output, transformers'
+    save_pretrained): JSON parses, safetensors is as long as its header, model folders are
+    complete. Checkpoints and lm-eval work folders are not looked at."""
+    results = tmp_path / "results"
+    (results / "eval").mkdir(parents=True)
+    (results / "eval" / "seed0.json").write_text('{"tasks": {"math": [1, 0')
+    _prior(results / "priors" / "m" / "math.safetensors")
+    prior = results / "priors" / "m" / "math.safetensors"
+    prior.write_bytes(prior.read_bytes()[:-10])
+    model = results / "models" / "m" / "base" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    sharded = results / "runs" / "m" / "model"
+    sharded.mkdir(parents=True)
+    (sharded / "config.json").write_text("{}")
+    index = {"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    _prior(sharded / "model-1.safetensors")
+    (results / "runs" / "checkpoints").mkdir()
+    (results / "runs" / "checkpoints" / "trainer_state.json").write_text("{")
+    (results / "eval" / "seed0.work").mkdir()
+    (results / "eval" / "seed0.work" / "cache.json").write_text("{")
+    found = {Path(p.path).relative_to(results).as_posix(): p.what for p in check_results(results)}
+    assert found == {
+        "eval/seed0.json": (
+            "not valid JSON (Expecting ',' delimiter at line 1 column 25): truncated or damaged"
+        ),
+        "models/m/base/model": (
+            "model folder without model.safetensors (no weights file): incomplete"
+        ),
+        "priors/m/math.safetensors": found["priors/m/math.safetensors"],
+        "runs/m/model": (
+            "model folder without model-2.safetensors (listed in model.safetensors.index.json): "
+            "incomplete"
+        ),
+    }
+    assert found["priors/m/math.safetensors"].endswith(": truncated")
+
+
+def test_integrity_message_is_one_line_with_a_rebuild_command() -> None:
+    problems = [
+        Problem("results/priors/m/math.safetensors", "10 bytes, 20 when it was written: truncated"),
+        Problem("results/table1.meta.json", "not valid JSON (...): truncated or damaged"),
+    ]
+    targets = {"results/table1.meta.json": "results/table1.md"}
+    line = integrity_message(
+        problems,
+        lambda p: targets.get(p, p),
+        ["snakemake", "--cores", "2", "--configfile", "config/smoke.yaml"],
+    )
+    assert "\n" not in line
+    assert line == (
+        "integrity error: results/priors/m/math.safetensors: 10 bytes, 20 when it was written: "
+        "truncated (+1 more); rebuild: rm -rf results/priors/m/math.safetensors "
+        "results/table1.meta.json && snakemake --cores 2 --configfile config/smoke.yaml --force "
+        "-- results/priors/m/math.safetensors results/table1.md"
+    )
+
+
+# --- one line per failure -------------------------------------------------------------------------
+
+
+def _read_json(path: Path) -> object:
+    return json.loads(path.read_text())  # as rpb.run_records reads eval outputs
+
+
+def test_a_truncated_json_is_named_by_the_failure_line(tmp_path: Path) -> None:
+    path = tmp_path / "eval" / "seed0.json"
+    path.parent.mkdir()
+    path.write_text('{"tasks": {"math": {"items": [1, 0, 1')
+    with pytest.raises(json.JSONDecodeError) as raised:
+        _read_json(path)
+    line = failure_line(raised.value)
+    assert line == (
+        f"{path}: not valid JSON (Expecting ',' delimiter at line 1 column 38): truncated or "
+        "damaged; delete it and rerun the pipeline to rebuild it"
+    )
+
+
+def test_a_truncated_safetensors_file_is_named_by_the_failure_line(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    path = tmp_path / "model.safetensors"
+    _prior(path)
+    path.write_bytes(path.read_bytes()[:-16])
+    with pytest.raises(Exception) as raised:
+        load_file(str(path))
+    line = failure_line(raised.value)
+    assert line is not None and line.startswith(f"{path}: Error while deserializing header")
+    assert line.endswith("truncated or damaged; delete it and rerun the pipeline to rebuild it")
+
+
+def test_failure_lines_of_os_errors(tmp_path: Path) -> None:
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "t.csv"))
+    assert failure_line(full).startswith(f"{tmp_path / 't.csv'}: No space left on device (")
+    nameless = OSError(errno.ENOSPC, "No space left on device")
+    assert failure_line(nameless, out=tmp_path / "runs").startswith(f"{tmp_path / 'runs'}: No")
+    missing = OSError(f"Error no file named model.safetensors, found in directory {tmp_path}.")
+    assert failure_line(missing) == (
+        f"Error no file named model.safetensors, found in directory {tmp_path}. The model folder "
+        "is incomplete; delete it and rerun the pipeline to rebuild it"
+    )
+    assert failure_line(RuntimeError("a bug")) is None  # keeps its traceback
+
+
+# --- rpb table1 on a full disk --------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("free", [0, 24_000], ids=["full", "nearly_full"])
+def test_rpb_table1_on_a_full_disk(free: int, disk: Path, tmp_path: Path) -> None:
+    """Before: an 18-line traceback naming no file, and a 0-byte table1.meta.json left behind.
+    Now: one line naming the file, nothing partial, and every file that was written complete
+    (byte-identical to the same table built on a roomy disk); the MLflow run ends FAILED."""
+    from test_tables import SPEC, _fake_results
+
+    def table1(results: Path, uri: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "rpb", "table1", "--results", str(results)]
+        command += ["--spec", json.dumps(SPEC), "--out", str(results / "table1.csv")]
+        command += ["--tracking-uri", uri, "--experiment", "disk"]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        env.pop(RESULTS_ENV, None)
+        return subprocess.run(command, env=env, capture_output=True, text=True, cwd=ROOT)
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    roomy = tmp_path / "roomy" / "results"
+    _fake_results(roomy, SPEC)
+    assert table1(roomy, uri).returncode == 0
+    results = disk / "results"
+    _fake_results(results, SPEC)
+    inputs = {p for p in results.rglob("*") if p.is_file()}
+    _fill(disk, leave=free)
+    proc = table1(results, uri)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error:" in line]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert len(errors) == 1 and errors[0] == proc.stderr.splitlines()[-1]
+    assert errors[0].startswith(f"rpb table1: error: {results}/")
+    assert "No space left on device" in errors[0]
+    assert _leftovers(disk) == []
+    written = sorted(p for p in results.rglob("*") if p.is_file() and p not in inputs)
+    for path in written:
+        twin = roomy / path.relative_to(results)
+        if path.suffix in (".csv", ".md", ".png"):
+            assert path.read_bytes() == twin.read_bytes(), path
+    if free == 0:
+        assert written == []  # not even a 0-byte table1.csv
+    else:
+        assert written, "nothing fitted: the partial case is not exercised"
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    runs = client.search_runs(
+        [client.get_experiment_by_name("disk").experiment_id],
+        order_by=["attributes.start_time ASC"],
+    )
+    assert [r.info.status for r in runs] == ["FINISHED", "FAILED"]
+    assert "No space left on device" in runs[-1].data.tags["rpb.end_reason"]
+
+
+def test_record_artifact_with_an_explicit_root(tmp_path: Path) -> None:
+    path = tmp_path / "a" / "b.json"
+    path.parent.mkdir()
+    path.write_text("{}")
+    record = record_artifact(path, root=tmp_path)
+    assert record == tmp_path / RECORDS / "a" / "b.json.json"
+
+
+def test_a_recorded_model_folder_is_checked_file_by_file(results: Path) -> None:
+    """What rpb.training should call after save_pretrained (it does not yet: the format check
+    covers its folders meanwhile)."""
+    model = results / "models" / "m" / "base" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    _prior(model / "model.safetensors")
+    (model / ".snakemake_timestamp").write_text("")
+    records = artifacts.record_folder(model)
+    assert [r.name for r in records] == ["config.json.json", "model.safetensors.json"]
+    weights = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(weights[:100])
+    (problem,) = check_results(results)
+    assert problem == Problem(
+        str(model / "model.safetensors"),
+        f"100 bytes, {len(weights)} when it was written: truncated or changed since",
+    )
