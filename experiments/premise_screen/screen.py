@@ -233,18 +233,27 @@ def _em(result: dict[str, Any], task: str) -> float:
     return float(result["tasks"][f"rpb_{task}"]["score"])
 
 
-def _scores(model_dir: Path, eval_dir: Path, out: Path) -> dict[str, Any]:
-    from rpb.evaluation import evaluate_model
+def _scores(
+    model_dir: Path, eval_dir: Path, out: Path, *, exact_match: bool = True
+) -> dict[str, Any]:
+    """p(target) (and, with `exact_match`, greedy exact match) on the level's dev split and the
+    OOD sets, through lm-eval as the pipeline evaluates. Without exact match only the
+    loglikelihood tasks run: generation is most of an evaluation's cost."""
+    from rpb.evaluation import LL_SUFFIX, evaluate_model, run_lm_eval, save_results, write_tasks
 
+    names = ["math", *OOD]
     if not out.is_file():
-        evaluate_model(model_dir, eval_dir, ["math", *OOD], out, out.parent / "lm_eval_work")
+        if exact_match:
+            evaluate_model(model_dir, eval_dir, names, out, out.parent / "lm_eval_work")
+        else:
+            task_dir = out.parent / "lm_eval_work" / "tasks"
+            tasks = [t for t in write_tasks(eval_dir, task_dir, names) if t.endswith(LL_SUFFIX)]
+            save_results(run_lm_eval(model_dir, task_dir, tasks), out)
     result = json.loads(out.read_text())
-    return {
-        "dev_p": _p_target(result, "math"),
-        "dev_em": _em(result, "math"),
-        "ood_p": {t: _p_target(result, t) for t in OOD},
-        "ood_em": {t: _em(result, t) for t in OOD},
-    }
+    scores = {"dev_p": _p_target(result, "math"), "ood_p": {t: _p_target(result, t) for t in OOD}}
+    if exact_match:
+        scores |= {"dev_em": _em(result, "math"), "ood_em": {t: _em(result, t) for t in OOD}}
+    return scores
 
 
 def base_record(results: Path, work: Path, model: str, level: int) -> dict[str, Any]:
@@ -332,7 +341,9 @@ def run_record(
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (run_dir / "model" / name).is_file():
             shutil.copyfile(run_dir / "model" / name, swapped_dir / name)
-    swap = _scores(swapped_dir, data / "screen_eval", run_dir / "eval_base_routers.json")
+    swap = _scores(
+        swapped_dir, data / "screen_eval", run_dir / "eval_base_routers.json", exact_match=False
+    )
     record = {
         "model": model,
         "point": asdict(point),
@@ -340,7 +351,6 @@ def run_record(
         **scores,
         "dev_p_base_routers": swap["dev_p"],
         "ood_p_base_routers": swap["ood_p"],
-        "ood_em_base_routers": swap["ood_em"],
         "overlap": _overlap(run_dir / "model", base_dir, data / "screen_eval"),
         "train_seconds": trained_s,
         "seconds": time.time() - started,
