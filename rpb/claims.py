@@ -14,6 +14,13 @@ a rule fixed before any result was seen (docs/claims.md):
 - `exceeds` ("X - Y is larger than t"): supported when the CI lies above t; not supported when it
   lies below t; otherwise inconclusive (underpowered where the MDE exceeds the part's scale).
 
+Accuracy is judged on one measure (`rpb.tables.primary_measure`): at tiny scale p(target), with
+exact match's estimate of the same difference required to agree for "supported" (same sign for
+a direction part, above the threshold for an exceeds part, inside (-margin, +margin) for an
+equivalence part; otherwise "inconclusive (exact match disagrees: estimate x)"); at paper scale
+exact match, the standard tasks' own metric, alone (docs/claims.md, "The primary metric at tiny
+scale"). Every accuracy part reports both measures' estimate, interval and MDE.
+
 Before any of that, manipulation checks (M1-M6) test the premises: a part whose premise fails is
 "not testable", naming the check and its value. A claim is not supported when any testable part
 is, otherwise not testable when any part is, supported when every part is, and inconclusive
@@ -34,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rpb.artifacts import atomic_path, write_text
 from rpb.exploratory import ANCHOR_METRICS
 from rpb.run_records import analysis_mean
 from rpb.specs import base_index
@@ -46,9 +54,14 @@ from rpb.stats import (
     seeds_needed,
 )
 from rpb.tables import (
+    EXACT_MATCH,
+    MEASURE_NAMES,
+    P_TARGET,
     PAPER_TABLE1,
+    SUFFIX,
     compare,
     hard_labels,
+    primary_measure,
     rank_order,
     table4_frames,
     table5_frames,
@@ -208,6 +221,13 @@ class Part:
     n_runs: int = 0
     checks: tuple[Check, ...] = field(default_factory=tuple)
     note: str = ""
+    # The measure the part is judged on (p_target, exact_match; a structure part: its metric)
+    # and exact match's numbers of the same comparison (NaN for a part that is not accuracy).
+    metric: str = ""
+    em_estimate: float = math.nan
+    em_low: float = math.nan
+    em_high: float = math.nan
+    em_mde: float = math.nan
     # What the part's rule says of its numbers were every check passed; differs from `verdict`
     # only where a check failed. Not a verdict on the claim: it lets two runs be compared
     # number for number (bench/verdict_stability.py) while a premise fails on both.
@@ -233,6 +253,21 @@ def _underpowered_note(mde: float, needed: int, unit: str) -> str:
     return f"underpowered: MDE {_fmt(mde, 1 if unit == 'pp' else 3)} {unit}, needs {seeds}"
 
 
+def exact_match_agrees(rule: str, estimate: float, margin: float, threshold: float = 0.0) -> bool:
+    """Does exact match's estimate agree with a "supported" p(target) part (docs/claims.md, "The
+    primary metric at tiny scale")? Direction: it is above 0 (the supported sign); exceeds t: it
+    is above t; equivalence: it lies inside (-margin, +margin). An undefined estimate does not."""
+    if math.isnan(estimate):
+        return False
+    if rule == "direction":
+        return estimate > 0
+    if rule == "exceeds":
+        return estimate > threshold
+    if rule == "equivalence":
+        return -margin < estimate < margin
+    raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
+
+
 def judged_part(
     name: str,
     diff: Difference,
@@ -243,10 +278,19 @@ def judged_part(
     *,
     threshold: float = 0.0,
     unit: str = "pp",
+    metric: str = "",
+    exact_match: Difference | None = None,
 ) -> Part:
     """Judge one interval: not testable if a check failed; else by `rule` ("direction",
-    "equivalence", "exceeds" with `threshold`) with the power gate at `margin`."""
+    "equivalence", "exceeds" with `threshold`) with the power gate at `margin`. `metric` names
+    the measure `diff` is on; on p(target) `exact_match` (the same comparison in exact match) is
+    required, and "supported" then also needs its estimate to agree (`exact_match_agrees`).
+    The part carries exact match's numbers (`em_*`: `exact_match`, or `diff` itself where
+    `metric` is exact match)."""
     equivalence = rule == "equivalence"
+    if metric == P_TARGET and exact_match is None:
+        raise ValueError(f"{name}: a p(target) part needs exact match's estimate beside it")
+    em = exact_match if exact_match is not None else diff if metric == EXACT_MATCH else None
     mde = diff.mde_equivalence if equivalence else diff.mde
     needed = seeds_needed(
         diff.sd,
@@ -266,7 +310,11 @@ def judged_part(
         "seeds_needed": needed,
         "n_runs": diff.n_seeds,
         "checks": tuple(checks),
+        "metric": metric,
     }
+    if em is not None:
+        common |= {"em_estimate": em.estimate, "em_low": em.low, "em_high": em.high}
+        common["em_mde"] = em.mde_equivalence if equivalence else em.mde
     note = ""
     if diff.n_seeds < 2:
         # No run-to-run spread: an interval over one run's items says nothing about runs.
@@ -281,6 +329,18 @@ def judged_part(
         raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
     if not note and verdict == INCONCLUSIVE and underpowered(mde, margin):
         note = _underpowered_note(mde, needed, unit)
+    if verdict == SUPPORTED and metric == P_TARGET:
+        # p(target) moves with calibration alone; greedy answers must move the same way.
+        assert exact_match is not None
+        if not exact_match_agrees(rule, exact_match.estimate, margin, threshold):
+            digits = 1 if unit == "pp" else 3
+            value = exact_match.estimate
+            # Undefined where exact match cannot order the runs at all (every score tied).
+            shown = "undefined" if math.isnan(value) else f"{value:+.{digits}f}"
+            verdict = INCONCLUSIVE
+            note = f"exact match disagrees: estimate {shown}" + (
+                f" {unit}" if unit == "pp" and not math.isnan(value) else ""
+            )
     return _checked(Part(verdict, evidence, note=note, **common))
 
 
@@ -303,6 +363,32 @@ def _diff_text(where: str, a: float, b: float, diff: Difference, unit: str = "pp
     )
 
 
+def _measures_text(
+    where: str,
+    measure: str,
+    scores: tuple[float, float, Difference],
+    em: tuple[float, float, Difference] | None,
+    extra: str = "",
+    equivalence: bool = False,
+) -> str:
+    """An accuracy part's evidence: the judged measure's numbers (with the equivalence MDE for
+    an `equivalence` part, then `extra`), and exact match's beside them where the judged measure
+    is p(target)."""
+
+    def eq_mde(diff: Difference) -> str:
+        return f", equivalence MDE {_fmt(diff.mde_equivalence)}" if equivalence else ""
+
+    text = _diff_text(f"{where} ({MEASURE_NAMES[measure]})", *scores)
+    text += eq_mde(scores[2]) + extra
+    if measure != EXACT_MATCH and em is not None:
+        a, b, diff = em
+        text += (
+            f"; exact match: {_fmt(a)} vs {_fmt(b)}, diff {diff.estimate:+.1f} pp "
+            f"[{_fmt(diff.low)}, {_fmt(diff.high)}], MDE {_fmt(diff.mde)}" + eq_mde(diff)
+        )
+    return text
+
+
 class Audit:
     """Everything one audit reads: the spec, the results folder, and each manipulation check,
     computed once and shared by every part that depends on it."""
@@ -316,11 +402,29 @@ class Audit:
         self.rho_margin = float(spec.get("rho_margin", 0.5))
         self.confidence = float(spec["confidence"])
         self.power = float(spec.get("power", DEFAULT_POWER))
+        # The measure accuracy is judged on: p(target) at tiny scale, else exact match.
+        self.measure = primary_measure(spec)
         self._checks: dict[tuple, Check] = {}
 
     @property
     def level(self) -> dict[str, float]:
         return {"confidence": self.confidence, "power": self.power}
+
+    def compare(
+        self,
+        spec: dict[str, Any],
+        model: str,
+        corpora: Sequence[str],
+        method: str,
+        other: str,
+        metric: str,
+        seeds: Sequence[int],
+    ) -> tuple[tuple[float, float, Difference], tuple[float, float, Difference] | None]:
+        """`rpb.tables.compare` on the judged measure, and on exact match beside it (None where
+        exact match is the judged measure)."""
+        args = (self.results, spec, model, corpora, method, other, metric, seeds)
+        judged = compare(*args, measure=self.measure)
+        return judged, (None if self.measure == EXACT_MATCH else compare(*args))
 
     def _cached(self, key: tuple, compute: Callable[[], Check]) -> Check:
         if key not in self._checks:
@@ -465,6 +569,8 @@ class Audit:
 
     # M5 -------------------------------------------------------------------------------------
     def headroom(self, where: str, label: str, score: float) -> Check:
+        """`label`'s in-domain score on the judged measure (p(target) at tiny scale) leaves room
+        for an effect of the margin."""
         ceiling = 100.0 - self.margin
         return self._cached(
             ("M5", where, label),
@@ -472,8 +578,8 @@ class Audit:
                 "M5",
                 f"headroom above {label} ({where})",
                 bool(score <= ceiling),
-                f"{label} in-domain {_fmt(score)}%, an effect of {self.margin:g} pp needs <= "
-                f"{ceiling:g}%",
+                f"{label} in-domain {_fmt(score)}% ({MEASURE_NAMES[self.measure]}), an effect of "
+                f"{self.margin:g} pp needs <= {ceiling:g}%",
             ),
         )
 
@@ -538,15 +644,21 @@ def _direction_part(
     checks: Sequence[Check],
     with_headroom: bool = True,
 ) -> Part:
-    a, b, diff = compare(
-        audit.results, audit.spec, model, [corpus], method, other, metric, table["seeds"]
-    )
+    judged, em = audit.compare(audit.spec, model, [corpus], method, other, metric, table["seeds"])
+    _, b, diff = judged
     where = f"{model}/{corpus} {metric} {method} - {other}"
     checks = list(checks)
     if with_headroom and metric == "in_domain":
         checks.append(audit.headroom(f"{model}/{corpus}", other, b))
     return judged_part(
-        where, diff, "direction", audit.margin, _diff_text(where, a, b, diff), checks
+        where,
+        diff,
+        "direction",
+        audit.margin,
+        _measures_text(where, audit.measure, judged, em),
+        checks,
+        metric=audit.measure,
+        exact_match=em[2] if em else None,
     )
 
 
@@ -626,7 +738,7 @@ def claim_c5(audit: Audit) -> list[Part]:
     consistent ordering (Friedman, judged with its power)."""
     spec = audit.spec
     t4 = {**spec["table4"], "ood": spec["ood"]}
-    t4 |= {k: spec[k] for k in ("confidence", "n_resamples") if k in spec}
+    t4 |= {k: spec[k] for k in ("confidence", "n_resamples", "scale") if k in spec}
     t4 |= {"power": audit.power, "corpus_tasks": spec.get("corpus_tasks") or {}}
     methods, corpora = list(t4["methods"]), list(t4["corpora"])
 
@@ -638,20 +750,35 @@ def claim_c5(audit: Audit) -> list[Part]:
     parts = []
     for i, first in enumerate(methods):
         for second in methods[i + 1 :]:
-            a, b, diff = compare(
-                audit.results, t4, t4["model"], corpora, first, second, "in_domain", t4["seeds"]
+            judged, em = audit.compare(
+                t4, t4["model"], corpora, first, second, "in_domain", t4["seeds"]
             )
+            diff = judged[2]
             where = f"{t4['model']} in_domain {first} - {second} (corpora {'+'.join(corpora)})"
-            text = _diff_text(where, a, b, diff) + f", equivalence MDE {_fmt(diff.mde_equivalence)}"
+            text = _measures_text(where, audit.measure, judged, em, equivalence=True)
             parts.append(
                 judged_part(
-                    where, diff, "equivalence", audit.margin, text, checks_for([first, second])
+                    where,
+                    diff,
+                    "equivalence",
+                    audit.margin,
+                    text,
+                    checks_for([first, second]),
+                    metric=audit.measure,
+                    exact_match=em[2] if em else None,
                 )
             )
     runs = table4_frames(audit.results, t4)["runs"]
-    scores = runs.pivot(index=["corpus", "seed"], columns="method", values="in_domain")[methods]
-    s = scores.to_numpy()
+
+    def block_scores(column: str) -> np.ndarray:
+        return runs.pivot(index=["corpus", "seed"], columns="method", values=column)[
+            methods
+        ].to_numpy()
+
+    # Judged on the primary measure; exact match's Friedman test is reported beside it.
+    s = block_scores(f"in_domain{SUFFIX[audit.measure]}")
     check = rank_consistency(s, methods)
+    em_check = rank_consistency(block_scores("in_domain"), methods)
     alpha = 1.0 - audit.confidence
     pw = friedman_power(
         s,
@@ -661,11 +788,16 @@ def claim_c5(audit: Audit) -> list[Part]:
         n_sims=int(spec.get("n_resamples", 2000)),
     )
     text = (
-        f"in-domain ranking over {check.n_blocks} (corpus, seed) blocks: Kendall's W "
-        f"{_fmt(check.kendall_w, 2)}, Friedman p={_fmt(check.friedman_p, 3)}, its power "
-        f"{_fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block noise "
-        f"{_fmt(pw.noise_sd)} pp); mean-rank order {rank_order(check.mean_rank)}"
+        f"in-domain {MEASURE_NAMES[audit.measure]} ranking over {check.n_blocks} (corpus, seed) "
+        f"blocks: Kendall's W {_fmt(check.kendall_w, 2)}, Friedman p={_fmt(check.friedman_p, 3)}, "
+        f"its power {_fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block "
+        f"noise {_fmt(pw.noise_sd)} pp); mean-rank order {rank_order(check.mean_rank)}"
     )
+    if audit.measure != EXACT_MATCH:
+        text += (
+            f"; exact match: Kendall's W {_fmt(em_check.kendall_w, 2)}, Friedman "
+            f"p={_fmt(em_check.friedman_p, 3)}, mean-rank order {rank_order(em_check.mean_rank)}"
+        )
     name = f"{t4['model']} no consistent in-domain ordering of {', '.join(methods)}"
     common = {
         "name": name,
@@ -674,6 +806,8 @@ def claim_c5(audit: Audit) -> list[Part]:
         "margin": audit.margin,
         "n_runs": check.n_blocks,
         "checks": tuple(checks_for(methods)),
+        "metric": audit.measure,
+        "em_estimate": em_check.kendall_w,
     }
     if len(methods) < 3 or check.n_blocks < 2:
         part = Part(INCONCLUSIVE, text, note="needs >= 3 methods and >= 2 blocks", **common)
@@ -699,36 +833,41 @@ def claim_c6(audit: Audit) -> list[Part]:
     than the margin (premise M3: hard routes as the base)."""
     spec = audit.spec
     t5 = {**spec["table5"], "ood": spec["ood"]}
-    t5 |= {k: spec[k] for k in ("confidence", "n_resamples") if k in spec}
+    t5 |= {k: spec[k] for k in ("confidence", "n_resamples", "scale") if k in spec}
     t5 |= {"power": audit.power, "corpus_tasks": spec.get("corpus_tasks") or {}}
     frames = table5_frames(audit.results, t5)
     regime = audit.regime_checks(t5["model"])
     structured = audit.base_structured(frames)
     parts = []
     corr = frames["correlation"].set_index(["retention", "accuracy"])
+    suffix = SUFFIX[audit.measure]
     for accuracy in ("in_domain", "ood_mean"):
-        row = corr.loc[("community_nmi", accuracy)]
-        diff = Difference(
-            float(row.spearman_rho),
-            float(row.rho_ci_low),
-            float(row.rho_ci_high),
-            float(row.p_value),
-            int(row.n_seeds),
-            int(row.n_runs),
-            sd=float(row.rho_sd),
-            mde=float(row.mde),
-            confidence=audit.confidence,
-            power=audit.power,
-        )
+        # Judged on the primary measure's association; exact match's must have the same sign.
+        diff = _rho_difference(corr.loc[("community_nmi", f"{accuracy}{suffix}")], audit)
+        em = _rho_difference(corr.loc[("community_nmi", accuracy)], audit)
         where = f"association of community_nmi with {accuracy} within seeds ({t5['model']})"
         text = (
-            f"{where}: Spearman rho across the soft methods per seed, mean "
-            f"{_fmt(diff.estimate, 2)} [{_fmt(diff.low, 2)}, {_fmt(diff.high, 2)}], MDE "
-            f"{_fmt(diff.mde, 2)} over {diff.n_seeds} seeds ({diff.n_items} runs)"
+            f"{where}: Spearman rho with {MEASURE_NAMES[audit.measure]} across the soft methods "
+            f"per seed, mean {_fmt(diff.estimate, 2)} [{_fmt(diff.low, 2)}, "
+            f"{_fmt(diff.high, 2)}], MDE {_fmt(diff.mde, 2)} over {diff.n_seeds} seeds "
+            f"({diff.n_items} runs)"
         )
+        if audit.measure != EXACT_MATCH:
+            text += (
+                f"; with exact match {_fmt(em.estimate, 2)} [{_fmt(em.low, 2)}, "
+                f"{_fmt(em.high, 2)}], MDE {_fmt(em.mde, 2)}"
+            )
         parts.append(
             judged_part(
-                where, diff, "exceeds", audit.rho_margin, text, [*regime, structured], unit="rho"
+                where,
+                diff,
+                "exceeds",
+                audit.rho_margin,
+                text,
+                [*regime, structured],
+                unit="rho",
+                metric=audit.measure,
+                exact_match=em if audit.measure != EXACT_MATCH else None,
             )
         )
     hard = hard_labels(t5)
@@ -754,6 +893,7 @@ def claim_c6(audit: Audit) -> list[Part]:
                     f"{where} undefined (single-community base)",
                     name=where,
                     checks=(m3,),
+                    metric="community_nmi",
                 )
             )
         else:
@@ -771,35 +911,75 @@ def claim_c6(audit: Audit) -> list[Part]:
                     [m3],  # structure, not accuracy: the regime premise (M0) does not apply
                     threshold=-audit.nmi_margin,
                     unit="NMI",
+                    metric="community_nmi",
                 )
             )
         acc = sel[sel["metric"] == "in_domain"].iloc[0]
-        flipped = _row_difference(acc, audit, flip=True)
         where = f"{audit.method} - {h} in_domain"
-        text = _diff_text(where, acc.other_score, acc.method_score, flipped)
-        text += f" (sharp if above {audit.margin:g})"
+        judged = _flipped_scores(acc, audit, suffix)
+        em = _flipped_scores(acc, audit, "") if audit.measure != EXACT_MATCH else None
+        text = _measures_text(
+            where, audit.measure, judged, em, f" (sharp if above {audit.margin:g})"
+        )
         parts.append(
             judged_part(
-                where, flipped, "exceeds", audit.margin, text, [*regime, m3], threshold=audit.margin
+                where,
+                judged[2],
+                "exceeds",
+                audit.margin,
+                text,
+                [*regime, m3],
+                threshold=audit.margin,
+                metric=audit.measure,
+                exact_match=em[2] if em else None,
             )
         )
     return parts
 
 
-def _row_difference(row: Any, audit: Audit, flip: bool = False) -> Difference:
-    """A `Difference` from a table row written by `Difference.as_dict("diff")` (b - a if flip)."""
-    sign = -1.0 if flip else 1.0
-    low, high = float(row["diff_ci_low"]), float(row["diff_ci_high"])
+def _flipped_scores(row: Any, audit: Audit, suffix: str) -> tuple[float, float, Difference]:
+    """(other's score, method's score, other - method) from a comparison row, in the measure of
+    `suffix` ("" exact match, "_p" p(target))."""
+    return (
+        float(row[f"other_score{suffix}"]),
+        float(row[f"method_score{suffix}"]),
+        _row_difference(row, audit, flip=True, suffix=suffix),
+    )
+
+
+def _rho_difference(row: Any, audit: Audit) -> Difference:
+    """A `Difference` (estimate: the mean within-seed rho) from a table-5 correlation row."""
     return Difference(
-        sign * float(row["diff"]),
-        sign * (high if flip else low),
-        sign * (low if flip else high),
-        float(row["p_value"]),
+        float(row.spearman_rho),
+        float(row.rho_ci_low),
+        float(row.rho_ci_high),
+        float(row.p_value),
+        int(row.n_seeds),
+        int(row.n_runs),
+        sd=float(row.rho_sd),
+        mde=float(row.mde),
+        confidence=audit.confidence,
+        power=audit.power,
+    )
+
+
+def _row_difference(row: Any, audit: Audit, flip: bool = False, suffix: str = "") -> Difference:
+    """A `Difference` from a table row written by `rpb.tables.comparison_row` (b - a if flip);
+    `suffix` `_p`: its p(target) columns (`diff_p`, `diff_p_ci_low`, `p_value_p`, ...)."""
+    sign = -1.0 if flip else 1.0
+    d = f"diff{suffix}"
+    low, high = float(row[f"{d}_ci_low"]), float(row[f"{d}_ci_high"])
+    # `+ 0.0` keeps a flipped 0 from printing as -0.0.
+    return Difference(
+        sign * float(row[d]) + 0.0,
+        sign * (high if flip else low) + 0.0,
+        sign * (low if flip else high) + 0.0,
+        float(row[f"p_value{suffix}"]),
         int(row["n_seeds"]),
         int(row["n_items"]),
-        sd=float(row["diff_sd"]),
-        mde=float(row["mde"]),
-        mde_equivalence=float(row["mde_equivalence"]),
+        sd=float(row[f"{d}_sd"]),
+        mde=float(row[f"mde{suffix}"]),
+        mde_equivalence=float(row[f"mde_equivalence{suffix}"]),
         confidence=audit.confidence,
         power=audit.power,
     )
@@ -883,11 +1063,16 @@ PART_COLUMNS = [
     "verdict_checks_waived",
     "name",
     "rule",
+    "metric",
     "estimate",
     "ci_low",
     "ci_high",
     "margin",
     "mde",
+    "em_estimate",
+    "em_low",
+    "em_high",
+    "em_mde",
     "seeds_needed",
     "n_runs",
     "checks",
@@ -899,9 +1084,10 @@ PART_COLUMNS = [
 
 def claims_frame(parts: dict[str, list[Part]]) -> pd.DataFrame:
     """One row per part: its claim (statement, the claim's combined verdict, confirmatory or
-    exploratory), the part's verdict (and its reason), estimate, interval, margin, MDE, the seeds
-    an MDE under the margin needs, the checks it depended on with their outcomes, its evidence,
-    the paper's numbers where public, the table."""
+    exploratory), the part's verdict (and its reason), the measure it is judged on (`metric`),
+    estimate, interval, margin, MDE, exact match's estimate, interval and MDE of the same
+    comparison (`em_*`), the seeds an MDE under the margin needs, the checks it depended on with
+    their outcomes, its evidence, the paper's numbers where public, the table."""
     rows = []
     for claim, judged in parts.items():
         verdict = combine([p.verdict for p in judged])
@@ -918,11 +1104,16 @@ def claims_frame(parts: dict[str, list[Part]]) -> pd.DataFrame:
                     "verdict_checks_waived": p.waived,
                     "name": p.name,
                     "rule": p.rule,
+                    "metric": p.metric,
                     "estimate": p.estimate,
                     "ci_low": p.low,
                     "ci_high": p.high,
                     "margin": p.margin,
                     "mde": p.mde,
+                    "em_estimate": p.em_estimate,
+                    "em_low": p.em_low,
+                    "em_high": p.em_high,
+                    "em_mde": p.em_mde,
                     "seeds_needed": p.seeds_needed,
                     "n_runs": p.n_runs,
                     "checks": " | ".join(c.text() for c in p.checks),
@@ -943,6 +1134,22 @@ def _count_line(parts: dict[str, list[Part]], kind: str) -> str:
     )
 
 
+def _measure_line(measure: str) -> str:
+    """claims.md's statement of the measure accuracy parts are judged on."""
+    if measure == EXACT_MATCH:
+        return (
+            "Accuracy parts are judged on exact match (the standard tasks' own metric); "
+            "`metric` and `em_*` in claims.csv say so."
+        )
+    return (
+        'Accuracy parts are judged on p(target) in percent (docs/claims.md, "The primary metric '
+        'at tiny scale"); "supported" also needs exact match\'s estimate of the same difference '
+        "to agree (same sign; above the threshold; inside the equivalence margin), otherwise "
+        '"inconclusive (exact match disagrees: estimate x)". Each part\'s evidence gives exact '
+        "match beside p(target) (claims.csv: `em_estimate`, `em_low`, `em_high`, `em_mde`)."
+    )
+
+
 def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """Write claims.csv (one row per part) and claims.md (checks first, then one section per
     claim and control, each part labelled confirmatory or exploratory)."""
@@ -955,8 +1162,8 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
             verdicts = dict(zip(frame["part"], frame[column], strict=True))
             table[f"{column}_base{k}"] = table["part"].map(verdicts).fillna("")
     out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out_csv, index=False)
+    with atomic_path(out_csv) as tmp:
+        table.to_csv(tmp, index=False)
     level = f"{100 * audit.confidence:g}%"
     lines = [
         f"# Claims audit ({spec.get('scale')} scale)",
@@ -964,6 +1171,8 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"Verdict rules: docs/claims.md. {level} t-intervals over (base, seed) runs, paired, "
         f"minimum detectable effects at {100 * audit.power:g}% power; margin "
         f"±{audit.margin:g} pp, NMI margin {audit.nmi_margin:g}, rho margin {audit.rho_margin:g}.",
+        "",
+        _measure_line(audit.measure),
         "",
         f"Tested: {_count_line(parts, CONFIRMATORY)}; {_count_line(parts, EXPLORATORY)}.",
         "",
@@ -1019,7 +1228,7 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
                 f"| {row['part']}{flag} | {row['verdict']} | " + " | ".join(cells + waived) + " |"
             )
         lines.append("")
-    out_csv.with_suffix(".md").write_text("\n".join(lines))
+    write_text(out_csv.with_suffix(".md"), "\n".join(lines))
     return table
 
 

@@ -230,26 +230,26 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_router_swap(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.router_swap import swap_saved_routers
+    from rpb.router_swap import swap_saved_parts
     from rpb.tracking import tracked_run
 
-    parents = _lineage(weights=_run_dir_of(args.weights), routers=_run_dir_of(args.routers))
+    parents = _lineage(target=_run_dir_of(args.target), source=_run_dir_of(args.source))
     with tracked_run(
         stage="router_swap",
         model=args.name,
         method=args.label,
         seed=args.seed,
         corpus=args.corpus_name,
-        params={"weights": str(args.weights), "routers": str(args.routers)},
+        params={"target": str(args.target), "source": str(args.source), "parts": args.parts},
         parents=parents,
         run_dir=_run_dir_of(args.out),
         **_track_kwargs(args),
     ):
-        summary = swap_saved_routers(args.weights, args.routers, args.out)
+        summary = swap_saved_parts(args.target, args.source, args.parts, args.out)
         mlflow.log_metrics(
             {
-                "router_tensors": float(len(summary["swapped"])),
-                "router_distance": summary["router_distance"],
+                "swapped_tensors": float(len(summary["swapped"])),
+                **{f"distance_{p}": d for p, d in summary["distance"].items()},
             }
         )
 
@@ -574,7 +574,7 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
     "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
     "router_swap_table": (
         "rpb.router_swap:build_router_swap_table",
-        "router-swap decomposition of a method's change into routing and non-routing parts",
+        "router-swap decomposition of a method's change by part (routers, experts, trunk)",
     ),
     "diagnostic_table1": (
         "rpb.tables:build_table1",
@@ -714,13 +714,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("train", cmd_train, "post-train a base with one router method")
     _add_train(p)
 
-    p = add("router-swap", cmd_router_swap, "save a model with another model's routers")
+    p = add("router-swap", cmd_router_swap, "save a model with parts of another model")
     p.add_argument("--name", required=True)
     p.add_argument("--label", required=True, help="the swapped model's label")
     p.add_argument("--seed", default="-")
     p.add_argument("--corpus-name", default="-")
-    p.add_argument("--weights", type=Path, required=True, help="model of the non-router weights")
-    p.add_argument("--routers", type=Path, required=True, help="model of the routers")
+    p.add_argument("--target", type=Path, required=True, help="the model the swap starts from")
+    p.add_argument("--source", type=Path, required=True, help="the model the parts come from")
+    p.add_argument(
+        "--parts",
+        nargs="+",
+        required=True,
+        metavar="PART",
+        help="the parts to take from the source: routers, routed_experts, trunk (checked by "
+        "rpb.router_swap; rpb.trainable.parameter_parts)",
+    )
     p.add_argument("--out", type=Path, required=True, help="the new model folder")
 
     p = add("eval", cmd_eval, "evaluate a model with lm-evaluation-harness")
@@ -827,10 +835,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     _offline()
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:
-        # Bad input is reported in one line; the MLflow run has already been marked FAILED.
-        log.debug("bad input", exc_info=True)
-        print(f"rpb {args.command}: error: {err}", file=sys.stderr)
+    except Exception as err:
+        # Bad input, a damaged input file, a full disk, an unreadable file, a locked tracking
+        # store: one line naming the file, key or store and what to do; the MLflow run has already
+        # been marked FAILED. Any other error is a bug and keeps its traceback.
+        from rpb.artifacts import failure_line
+        from rpb.tracking import tracking_failure
+
+        line = tracking_failure(err) or failure_line(err, getattr(args, "out", None))
+        if line is None:
+            raise
+        log.debug("job failed", exc_info=True)
+        print(f"rpb {args.command}: error: {line}", file=sys.stderr)
         return 2
     if argv is None and single:
         _exit_now(0)

@@ -2,7 +2,9 @@
 routing, training-time routing drift, and which RPB reading anchors.
 
 As in `rpb.tables`, each is a pure frame function (results and spec in, DataFrames out; runs
-read through `rpb.run_records`) and a `build_*` entry point that writes through `rpb.render`.
+read through `rpb.run_records` and `rpb.tables.accuracy_record`) and a `build_*` entry point that
+writes through `rpb.render`. Accuracy columns come in the tables' measures: exact match, and
+p(target) beside it (`in_domain_p`, `ood_mean_p`) wherever it is measured (`rpb.tables.measures`).
 
 - Sweep (`build_sweep`): accuracy and retention against each method's strength.
 - Table 4 at matched strengths (`build_table4_matched`, part of the sweep's outputs).
@@ -20,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from rpb.render import write_csv, write_table
-from rpb.run_records import ACCURACY, DRIFT, RETENTION, run_record, training_history
+from rpb.run_records import DRIFT, RETENTION, training_history
 from rpb.specs import METHOD_SPECS
-from rpb.tables import table4_frames
+from rpb.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
 
 # --- softness sweep ----------------------------------------------------------------------------
 
@@ -72,13 +74,13 @@ def sweep_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]
                 raise ValueError(f"sweep curve {curve!r}: label {label!r} is not a method")
             strength, protocol = method_strength(entry), eval_protocol(entry)
             for seed in seeds:
-                rec = run_record(results, spec, model, corpus, label, seed)
+                rec = accuracy_record(results, spec, model, corpus, label, seed)
                 records.append(
                     {"curve": curve, "label": label, "strength": strength, "protocol": protocol}
                     | rec
                 )
     runs = pd.DataFrame(records)
-    metrics = [*ACCURACY, *RETENTION, *DRIFT]
+    metrics = [*accuracy_columns(spec), *RETENTION, *DRIFT]
     table = (
         runs.groupby(["curve", "label", "strength", "protocol"], sort=False)[metrics]
         .mean()
@@ -102,8 +104,8 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     out_csv = Path(out_csv)
     note = (
         f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
-        f"({spec.get('scale')} scale); means over "
-        "seeds. strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
+        f"({spec.get('scale')} scale); means over seeds. {measures_text(spec)} "
+        "strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
         "at mu = 0 are exactly it); inf is the lambda -> infinity limit, trained with the base "
         f"router's selection. protocol `{OWN_ROUTER}`: evaluated with the model's own router "
         f"(every finite point, and rpb's infinite arm); `{KEPT_AT_EVAL}`: base routing kept at "
@@ -218,8 +220,9 @@ def table4_matched_frames(
         consistency += [{"strengths": side} | r for r in frames["consistency"].to_dict("records")]
         pairs += [{"strengths": side} | r for r in frames["pairs"].to_dict("records")]
     table = selection.copy()
+    accuracy = accuracy_columns(spec)
     for side in sides:
-        for metric in ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean"):
+        for metric in [*accuracy, *(f"rank_{m}" for m in accuracy)]:
             table[f"{side}_{metric}"] = [
                 scores.get((side, label), {}).get(metric, math.nan)
                 for label in selection[f"{side}_label"]
@@ -249,8 +252,9 @@ def build_table4_matched(
         f"strength whose top-k overlap with the base (evaluation routing, seed mean) lies closest "
         f"to position {MATCH_POSITION} of the none -> hard gap (reached: within "
         f"{MATCH_TOLERANCE}); chosen on routing alone, by the rule fixed in docs/methods.md "
-        "before results. Default: the curve's point at its configured strength. Scores in "
-        "percent, ranks 1 = best within a seed block, table 4's statistics on each side."
+        "before results. Default: the curve's point at its configured strength. "
+        f"{measures_text(spec)} <side>_rank_<column>: mean rank, 1 = best within a seed block; "
+        "table 4's statistics on each side."
     )
     write_table(
         out_csv,
@@ -317,13 +321,14 @@ def readings_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFra
     labels = [lower, *spec["methods"], upper]
     runs = pd.DataFrame(
         [
-            run_record(results, spec, model, corpus, label, seed)
+            accuracy_record(results, spec, model, corpus, label, seed)
             for label in labels
             for seed in seeds
         ]
     )
+    accuracy = accuracy_columns(spec)
     means = runs.groupby("method", sort=False)[
-        [*ANCHOR_METRICS, *RETENTION[1:], "kl_to_base", *ACCURACY]
+        [*ANCHOR_METRICS, *RETENTION[1:], "kl_to_base", *accuracy]
     ].mean()
     gaps = {m: means.at[upper, m] - means.at[lower, m] for m in ANCHOR_METRICS}
     rows = []
@@ -358,7 +363,7 @@ def readings_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFra
         "default_by_rule",
         *RETENTION[1:],
         "kl_to_base",
-        *ACCURACY,
+        *accuracy,
     ]
     return {"table": table[columns], "runs": runs}
 
@@ -383,7 +388,7 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         f"the routing each model uses at evaluation, on the analysis probe set. *_position: the "
         f"share of the {lower} -> {upper} gap a reading covers; it anchors when every position is "
         f">= {float(spec['min_gain'])}. {verdict}. Accuracy columns are shown for information "
-        "only: the rule does not read them (docs/methods.md)."
+        f"only: the rule does not read them (docs/methods.md). {measures_text(spec)}"
     )
     out_csv = Path(out_csv)
     stem = write_table(

@@ -1,63 +1,95 @@
-"""Router swap: put one saved model's routers into another, and decompose a post-training change
-into its routing and non-routing parts.
+"""Part swap: put some parts of one saved model into another, and decompose a post-training change
+by part with a full factorial of such swaps.
 
-A trained model differs from its base in two sets of weights: the routers (found by class,
-`rpb.routing.find_routers`: their weight and, for DeepSeek-V3, the `e_score_correction_bias`
-buffer) and everything else. Swapping them gives the other two cells of a 2x2 factorial
-(non-router weights from base or trained x routers from base or trained):
+A MoE model's state falls into three parts (`rpb.trainable.parameter_parts`, found by role):
+`routers` (each router's weight and, for DeepSeek-V3, its `e_score_correction_bias`),
+`routed_experts` (the fused or listed per-expert tensors beside each router) and `trunk`
+(everything else: attention, norms, embeddings, output head, dense layers, shared experts).
+A trained model T and its base B then span 2^k models, k the number of factors: each factor's
+tensors come from B or from T. The factors are the configured `parts` (default all three), plus
+one factor `rest` holding the parts not listed (`parts: [routers]` is the 2x2 of routers against
+everything else). With the three parts, 6 of the 8 cells are new models, each one part away from
+B or from T:
 
-| cell                   | non-router weights | routers |
-|------------------------|--------------------|---------|
-| base                   | base               | base    |
-| trained                | trained            | trained |
-| trained_base_routers   | trained            | base    |
-| base_trained_routers   | base               | trained |
+| cell                        | routers | routed experts | trunk |
+|-----------------------------|---------|----------------|-------|
+| base                        | B       | B              | B     |
+| base_with_trained_routers   | T       | B              | B     |
+| trained_with_base_routers   | B       | T              | T     |
+| ... (likewise per part)     |         |                |       |
+| trained                     | T       | T              | T     |
 
-and any score's change `total = trained - base` splits, exactly and by construction, into
+For a score v (cell -> number) and S the factors taken from T, the change `total = v(all) -
+v({})` splits exactly into the factorial effects (the Moebius inversion of v): `effect(S) = sum
+over the subsets R of S of (-1)^(|S|-|R|) v(R)`; a single factor's effect is its **main effect**
+`v({i}) - v({})` (B with T's part i, minus B), a larger S's is an **interaction**, and the
+effects of all non-empty S add up to `total` by construction. A factor's **Shapley value**
+`sum over S containing i of effect(S) / |S|` is its marginal contribution `v(S + i) - v(S)`
+averaged over the k! orders of putting the factors in; the Shapley values add up to `total`, and
+`shapley_share = shapley / total`. A factor's **put-back** effect `v(all - i) - v(all)` is what
+putting B's part back into T does, and `put_back_share = put_back / (v({}) - v(all))` the
+share of the change it undoes; for the routers on the OOD mean of p(target) that is the testbed's
+premise gate R (docs/testbed.md). The swapped cells are models nobody trained; they show what each
+part does on its own.
 
-- `routing = base_trained_routers - base` (the trained routers alone, on the base's weights),
-- `non_routing = trained_base_routers - base` (the trained weights alone, under the base's
-  routers),
-- `interaction = total - routing - non_routing` (what the two do only together).
-
-`routing_share` is routing's Shapley share of the change, `(routing + interaction / 2) / total`:
-the routing effect averaged over both orders of putting the two parts in. The off-diagonal cells
-are models nobody trained; they show what each part does on its own.
+This module is imported by the Snakefile (labels, paths), so torch is imported where used.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
+import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
-import torch
-from torch import Tensor, nn
 
-from rpb.routing import find_routers
+from rpb.run_records import eval_path, in_domain_tasks, read_json
+from rpb.specs import RUN_STRIDE, base_index, base_of_run, results_path
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
 
 log = logging.getLogger(__name__)
 
-# The two swapped cells, as (non-router weights, routers) sources.
-CELLS = {"trained_base_routers": ("trained", "base"), "base_trained_routers": ("base", "trained")}
-COLUMNS = ["base", "trained", "trained_base_routers", "base_trained_routers"]
-PARTS = ["total", "routing", "non_routing", "interaction"]
+# rpb.trainable.PARTS (that module imports torch and transformers; a test checks they agree).
+PARTS: tuple[str, ...] = ("routers", "routed_experts", "trunk")
+# The factor of the parts not listed in `parts`.
+REST = "rest"
+# A swapped model's label names the one part it takes from the other model (every swapped cell of
+# a factorial over at most three parts is one part away from B or from T):
+# `base_with_<method>_<part>` (B with T's part), `<method>_with_base_<part>` (T with B's part).
+_PART_RE = "|".join(PARTS)
+LABEL_PATTERN = (
+    rf"(?:[a-z][a-z0-9_]*_with_base_(?:{_PART_RE})|base_with_[a-z][a-z0-9_]*_(?:{_PART_RE}))"
+)
 # Files of a saved model folder that hold weights (rewritten by save_pretrained); all other files
-# (tokenizer, chat template, generation config) are copied from the non-router weights' folder.
+# (tokenizer, chat template, generation config) are copied from the target's folder.
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _WEIGHT_INDEX = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
-# Rounding tolerance of the check that the parts add up to the total (they do by construction).
+# Rounding tolerance of the check that the effects add up to the total (they do by construction).
 _ADD_UP_TOL = 1e-9
+# The metrics of the table, in order, with their units.
+METRICS = {
+    "exact_match": "exact match, percent",
+    "p_target": "p(target), percent",
+    "ll_per_token": "mean per-token log-likelihood of the target, nats",
+}
+
+
+# --- swapping tensors ----------------------------------------------------------------------------
 
 
 def router_state(model: nn.Module) -> dict[str, Tensor]:
     """Every router's parameters and buffers (its state dict), keyed by full model name."""
+    from rpb.routing import find_routers
+
     state: dict[str, Tensor] = {}
     for handle in find_routers(model):
         for key, value in handle.module.state_dict(keep_vars=True).items():
@@ -65,38 +97,94 @@ def router_state(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
-def swap_routers(target: nn.Module, source: nn.Module) -> list[str]:
-    """Copy `source`'s router tensors into `target` in place (exact copies); return their names.
-
-    The two models must have the same routers (names and shapes); everything else of `target`
-    is left untouched.
-    """
+def _check_same_class(target: nn.Module, source: nn.Module, what: str) -> None:
     if type(target) is not type(source):
         raise ValueError(
-            f"swap_routers: a {type(source).__name__}'s routers cannot go into a "
-            f"{type(target).__name__}"
+            f"swap: a {type(source).__name__}'s {what} cannot go into a {type(target).__name__}"
         )
-    into, new = router_state(target), router_state(source)
+
+
+def _matched(
+    into: dict[str, Tensor], new: dict[str, Tensor], what: str
+) -> tuple[dict[str, Tensor], dict[str, Tensor]]:
+    """`into` and `new` after checking they hold the same names, shapes and dtypes."""
     if set(into) != set(new):
         only = sorted(set(into) ^ set(new))
-        raise ValueError(f"swap_routers: the models' routers differ ({only[0]} is in only one)")
+        raise ValueError(f"swap: the models' {what} differ ({only[0]} is in only one)")
+    for name, tensor in into.items():
+        if tensor.shape != new[name].shape or tensor.dtype != new[name].dtype:
+            raise ValueError(
+                f"swap: {name} is {tuple(tensor.shape)} {tensor.dtype} in the target and "
+                f"{tuple(new[name].shape)} {new[name].dtype} in the source"
+            )
+    return into, new
+
+
+def _copy(into: dict[str, Tensor], new: dict[str, Tensor]) -> list[str]:
+    import torch
+
     with torch.no_grad():
         for name, tensor in into.items():
-            if tensor.shape != new[name].shape:
-                raise ValueError(
-                    f"swap_routers: {name} has shape {tuple(tensor.shape)} in the target and "
-                    f"{tuple(new[name].shape)} in the source"
-                )
             tensor.copy_(new[name])
     return sorted(into)
 
 
-def router_distance(a: nn.Module, b: nn.Module) -> float:
-    """Frobenius distance between two models' router tensors (all routers together)."""
-    sa, sb = router_state(a), router_state(b)
-    return math.sqrt(
-        sum(float((sa[k].detach().double() - sb[k].detach().double()).pow(2).sum()) for k in sa)
-    )
+def _part_pairs(
+    target: nn.Module, source: nn.Module, parts: Sequence[str]
+) -> tuple[dict[str, Tensor], dict[str, Tensor], dict[str, str]]:
+    """The two models' live tensors of `parts` (checked to match) and target's name -> part."""
+    from rpb.trainable import parameter_parts
+
+    _check_parts(parts)
+    what = "+".join(p for p in PARTS if p in parts)
+    _check_same_class(target, source, what)
+    mine, theirs = parameter_parts(target), parameter_parts(source)
+    if mine != theirs:  # the same class split another way (another module layout)
+        other = next(n for n in sorted(set(mine) | set(theirs)) if mine.get(n) != theirs.get(n))
+        raise ValueError(f"swap: the models do not put {other} in the same part")
+    sa, sb = target.state_dict(keep_vars=True), source.state_dict(keep_vars=True)
+    names = [n for n, part in mine.items() if part in parts]
+    into, new = _matched({n: sa[n] for n in names}, {n: sb[n] for n in names}, what)
+    return into, new, mine
+
+
+def part_state(model: nn.Module, parts: Sequence[str]) -> dict[str, Tensor]:
+    """The state-dict tensors (parameters and persistent buffers, live) of `parts`, by full name."""
+    from rpb.trainable import parameter_parts
+
+    _check_parts(parts)
+    state = model.state_dict(keep_vars=True)
+    return {name: state[name] for name, part in parameter_parts(model).items() if part in parts}
+
+
+def swap_parts(target: nn.Module, source: nn.Module, parts: Sequence[str]) -> list[str]:
+    """Copy `source`'s tensors of `parts` into `target` in place (exact copies); return their names.
+
+    The two models must be of one class with the same parts (names, shapes, dtypes); every tensor
+    of `target` outside `parts` is left untouched.
+    """
+    into, new, _ = _part_pairs(target, source, parts)
+    return _copy(into, new)
+
+
+def swap_routers(target: nn.Module, source: nn.Module) -> list[str]:
+    """`swap_parts(target, source, ["routers"])` by the routers alone (no routed-expert lookup)."""
+    _check_same_class(target, source, "routers")
+    return _copy(*_matched(router_state(target), router_state(source), "routers"))
+
+
+def part_distances(a: nn.Module, b: nn.Module, parts: Sequence[str]) -> dict[str, float]:
+    """Per part, the Frobenius distance between two models' tensors of that part."""
+    ta, tb, part_of = _part_pairs(a, b, parts)
+    squares = dict.fromkeys(parts, 0.0)
+    seen: set[int] = set()
+    for name, tensor in ta.items():
+        # Tied weights (embeddings = output head) are one tensor under two names: count it once.
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            diff = tensor.detach().double() - tb[name].detach().double()
+            squares[part_of[name]] += float(diff.pow(2).sum())
+    return {part: math.sqrt(s) for part, s in squares.items()}
 
 
 def _load(model_dir: Path) -> nn.Module:
@@ -105,13 +193,13 @@ def _load(model_dir: Path) -> nn.Module:
     from rpb.eval_routing import eval_routing_spec
 
     if not (Path(model_dir) / "config.json").is_file():
-        raise FileNotFoundError(f"router swap: no saved model (config.json) in {model_dir}")
+        raise FileNotFoundError(f"part swap: no saved model (config.json) in {model_dir}")
     spec = eval_routing_spec(model_dir)
     if spec is not None:
         # Its evaluation replaces the router's selection (hard: the base's), so swapping its
         # router weights would not swap the routing it is evaluated with.
         raise ValueError(
-            f"router swap: {model_dir} keeps method {spec['method']!r} routing at evaluation; "
+            f"part swap: {model_dir} keeps method {spec['method']!r} routing at evaluation; "
             "swap only models that route natively"
         )
     # dtype "auto": the saved dtype, so copied tensors stay bitwise what was saved.
@@ -126,65 +214,216 @@ def _copy_non_weight_files(src: Path, dst: Path) -> None:
         shutil.copy2(path, dst / path.name)
 
 
-def swap_saved_routers(weights_dir: Path, routers_dir: Path, out_dir: Path) -> dict[str, Any]:
-    """Save to `out_dir` the model of `weights_dir` with the routers of `routers_dir`.
+def swap_saved_parts(
+    target_dir: Path, source_dir: Path, parts: Sequence[str], out_dir: Path
+) -> dict[str, Any]:
+    """Save to `out_dir` the model of `target_dir` with the `parts` of `source_dir`.
 
     Both must be saved models of the same architecture that route natively at evaluation. The
-    tokenizer and other non-weight files come from `weights_dir`. Returns a summary (the router
-    tensors swapped and how far the two models' routers are apart).
+    tokenizer and other non-weight files come from `target_dir`. Returns a summary (the tensors
+    swapped, and per part how far the two models are apart), also written to `swap.json`.
     """
-    weights_dir, routers_dir, out_dir = Path(weights_dir), Path(routers_dir), Path(out_dir)
-    model, donor = _load(weights_dir), _load(routers_dir)
-    distance = router_distance(model, donor)
-    swapped = swap_routers(model, donor)
+    target_dir, source_dir, out_dir = Path(target_dir), Path(source_dir), Path(out_dir)
+    _check_parts(parts)
+    model, donor = _load(target_dir), _load(source_dir)
+    distance = part_distances(model, donor, parts)
+    swapped = swap_parts(model, donor, parts)
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    _copy_non_weight_files(weights_dir, out_dir)
+    _copy_non_weight_files(target_dir, out_dir)
     model.save_pretrained(out_dir)
     summary = {
-        "weights": str(weights_dir),
-        "routers": str(routers_dir),
+        "target": str(target_dir),
+        "source": str(source_dir),
+        "parts": list(parts),
         "swapped": swapped,
-        "router_distance": distance,
+        "distance": distance,
     }
-    (out_dir / "router_swap.json").write_text(json.dumps(summary, indent=2) + "\n")
-    log.info("router swap: %d router tensors of %s into %s", len(swapped), routers_dir, out_dir)
+    (out_dir / "swap.json").write_text(json.dumps(summary, indent=2) + "\n")
+    log.info("part swap: %d tensors (%s) of %s into %s", len(swapped), parts, source_dir, out_dir)
     return summary
 
 
-# --- the decomposition ---------------------------------------------------------------------------
+# --- the factorial -------------------------------------------------------------------------------
 
 
-def decompose(
-    base: float, trained: float, trained_base_routers: float, base_trained_routers: float
-) -> dict[str, float]:
-    """The 2x2 decomposition of `trained - base` (module docstring); parts sum to `total`."""
-    total = trained - base
-    routing = base_trained_routers - base
-    non_routing = trained_base_routers - base
-    interaction = trained - trained_base_routers - base_trained_routers + base
-    share = (routing + interaction / 2) / total if total != 0 else math.nan
-    return {
-        "total": total,
-        "routing": routing,
-        "non_routing": non_routing,
-        "interaction": interaction,
-        "routing_share": share,
-    }
+def _check_parts(parts: Sequence[str]) -> None:
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown or not parts or len(set(parts)) != len(parts):
+        raise ValueError(f"parts: {list(parts)} must be distinct names among {list(PARTS)}")
 
 
-def swap_labels(method: str) -> dict[str, str]:
-    """Cell -> the label a swapped model of `method` is stored and evaluated under."""
-    return {
-        "trained_base_routers": f"{method}_with_base_routers",
-        "base_trained_routers": f"base_with_{method}_routers",
-    }
+def factors(parts: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    """Factor -> the parts it holds: each of `parts` (in PARTS order), and `rest` for the others."""
+    _check_parts(parts)
+    out = {p: (p,) for p in PARTS if p in parts}
+    rest = tuple(p for p in PARTS if p not in parts)
+    return out | ({REST: rest} if rest else {})
+
+
+def cell_name(from_trained: frozenset[str], names: Sequence[str]) -> str:
+    """A cell's column name: `base`, `trained`, or the factor(s) that differ from one of them."""
+    others = [f for f in names if f not in from_trained]
+    taken = [f for f in names if f in from_trained]
+    if not taken:
+        return "base"
+    if not others:
+        return "trained"
+    # Name the cell by the side that differs in one factor, not by `rest` where avoidable.
+    if len(taken) == 1 and (taken[0] != REST or len(others) != 1):
+        return f"base_with_trained_{taken[0]}"
+    if len(others) == 1:
+        return f"trained_with_base_{others[0]}"
+    return "base_with_trained_" + "_and_".join(taken)
+
+
+def cells(parts: Sequence[str]) -> dict[str, frozenset[str]]:
+    """Cell column name -> the factors it takes from the trained model, all 2^k of them (base
+    first, trained last, by the number of factors taken)."""
+    names = list(factors(parts))
+    subsets = [
+        frozenset(s) for r in range(len(names) + 1) for s in itertools.combinations(names, r)
+    ]
+
+    def order(s: frozenset[str]) -> tuple[int, int]:
+        # By size, then by the factor that differs from base or trained (PARTS order).
+        odd = s if 2 * len(s) <= len(names) else frozenset(names) - s
+        return len(s), min((names.index(f) for f in odd), default=0)
+
+    return {cell_name(s, names): s for s in sorted(subsets, key=order)}
+
+
+def model_label(method: str, parts: Sequence[str], from_trained: frozenset[str]) -> str:
+    """The label a cell's model is stored and evaluated under: `base`, `method`, or a swap label
+    (LABEL_PATTERN) named by the actual parts, so a model is the same whatever `parts` says."""
+    groups = factors(parts)
+    taken = {p for f in from_trained for p in groups[f]}
+    if not taken:
+        return "base"
+    if len(taken) == len(PARTS):
+        return method
+    if len(taken) == 1:
+        return f"base_with_{method}_{next(iter(taken))}"
+    (kept,) = set(PARTS) - taken
+    return f"{method}_with_base_{kept}"
+
+
+def parse_label(label: str) -> tuple[str, str, str]:
+    """(target, source, part) of a swap label: the model the swap starts from, the model the part
+    comes from (`base` or a method label) and the part."""
+    if not re.fullmatch(LABEL_PATTERN, label):
+        raise ValueError(f"part swap: {label!r} is not a swap label ({LABEL_PATTERN})")
+    part = next(p for p in PARTS if label.endswith(f"_{p}"))
+    if label.startswith("base_with_"):
+        return "base", label.removeprefix("base_with_").removesuffix(f"_{part}"), part
+    return label.removesuffix(f"_with_base_{part}"), "base", part
+
+
+def _subsets(names: Sequence[str]) -> list[tuple[str, ...]]:
+    return [s for r in range(1, len(names) + 1) for s in itertools.combinations(names, r)]
+
+
+def effect_name(subset: Sequence[str]) -> str:
+    """Column of a factorial effect: `main_<f>`, or `interaction_<f>_x_<g>[_x_<h>]`."""
+    return f"main_{subset[0]}" if len(subset) == 1 else "interaction_" + "_x_".join(subset)
+
+
+def decompose(values: Mapping[frozenset[str], float], names: Sequence[str]) -> dict[str, float]:
+    """The factorial decomposition of `values` (factors taken from T -> score) over factors
+    `names` (module docstring): total, every effect, each factor's Shapley value and share, and
+    its put-back effect and share. The effects and the Shapley values each add up to total."""
+    full, none = frozenset(names), frozenset()
+    missing = [s for s in (frozenset(c) for c in [(), *_subsets(names)]) if s not in values]
+    if missing:
+        raise ValueError(f"decompose: no value for cell {sorted(missing[0])}")
+    total = values[full] - values[none]
+    out: dict[str, float] = {"total": total}
+    effects: dict[tuple[str, ...], float] = {}
+    for subset in _subsets(names):
+        effects[subset] = sum(
+            (-1) ** (len(subset) - len(r)) * values[frozenset(r)]
+            for k in range(len(subset) + 1)
+            for r in itertools.combinations(subset, k)
+        )
+        out[effect_name(subset)] = effects[subset]
+    loss = -total
+    for f in names:
+        shapley = sum(e / len(s) for s, e in effects.items() if f in s)
+        put_back = values[full - {f}] - values[full]
+        out[f"shapley_{f}"] = shapley
+        out[f"shapley_share_{f}"] = shapley / total if total != 0 else math.nan
+        out[f"put_back_{f}"] = put_back
+        out[f"put_back_share_{f}"] = put_back / loss if loss != 0 else math.nan
+    return out
+
+
+def decomposition_columns(names: Sequence[str]) -> list[str]:
+    """decompose's keys, in order."""
+    return list(decompose({frozenset(s): 0.0 for s in [(), *_subsets(names)]}, names))
+
+
+# --- the pipeline's paths ------------------------------------------------------------------------
+
+
+def swap_input_dirs(
+    results: Path | str,
+    models: Mapping[str, Mapping[str, Any]],
+    model: str,
+    corpus: str,
+    label: str,
+    seed: int,
+) -> dict[str, str]:
+    """The saved models a swapped model of run `seed` is made from: {"target", "source"} (`base`
+    is the run's own base, `rpb.specs.base_of_run`)."""
+
+    def folder(method: str) -> str:
+        if method == "base":
+            return results_path("base_model", model=base_of_run(models, model, seed))
+        return results_path("model", model=model, corpus=corpus, method=method, seed=seed)
+
+    target, source, _ = parse_label(label)
+    return {"target": f"{results}/{folder(target)}", "source": f"{results}/{folder(source)}"}
+
+
+def cell_eval_paths(
+    results: Path, spec: Mapping[str, Any], model: str, seed: int
+) -> dict[str, Path]:
+    """Cell -> the evaluation output of its model for run `seed` (the base: under the id its run's
+    base was evaluated with; the swapped models: under `spec["swap_tree"]`)."""
+    results = Path(results)
+    corpus, method = spec["corpus"], spec["method"]
+    parts = spec.get("parts") or PARTS
+    paths = {}
+    for cell, taken in cells(parts).items():
+        label = model_label(method, parts, taken)
+        if label == "base":
+            paths[cell] = eval_path(results, model, corpus, "base", RUN_STRIDE * base_index(seed))
+        elif label == method:
+            paths[cell] = eval_path(results, model, corpus, method, seed)
+        else:
+            paths[cell] = eval_path(results / spec["swap_tree"], model, corpus, label, seed)
+    return paths
+
+
+def table_inputs(results: Path | str, spec: Mapping[str, Any]) -> list[str]:
+    """Every evaluation output the table reads (the Snakefile's inputs of router_swap_table)."""
+    paths = [
+        str(path)
+        for model in spec["models"]
+        for seed in spec["seeds"]
+        for path in cell_eval_paths(Path(results), spec, model, seed).values()
+    ]
+    return list(dict.fromkeys(paths))
+
+
+# --- the table -----------------------------------------------------------------------------------
 
 
 def task_scores(result: dict[str, Any], tasks: Sequence[str], path: Path) -> dict[tuple, float]:
     """(task, metric) -> score of one evaluation output: each task's main score in percent
-    (exact match of `rpb_<task>`, or a standard task's metric), and for our eval sets also the
-    mean per-token log-likelihood of the target (`ll_per_token`, nats) of `rpb_<task>_ll`."""
+    (exact match of `rpb_<task>`, or a standard task's metric), and for our eval sets also, from
+    `rpb_<task>_ll`, p(target) in percent (the item mean of `p_target`, where the output has it)
+    and the mean per-token log-likelihood of the target (`ll_per_token`, nats)."""
     entries = result.get("tasks", {})
     scores: dict[tuple, float] = {}
     for task in tasks:
@@ -194,53 +433,53 @@ def task_scores(result: dict[str, Any], tasks: Sequence[str], path: Path) -> dic
         scores[(task, entries[key]["metric"])] = 100.0 * float(np.mean(entries[key]["items"]))
         ll = entries.get(f"rpb_{task}_ll")
         if ll is not None:
+            if "p_target" in ll:
+                scores[(task, "p_target")] = 100.0 * float(np.mean(ll["p_target"]))
             scores[(task, "ll_per_token")] = float(ll["score"])
     return scores
 
 
-def _cell_paths(results: Path, spec: dict[str, Any], model: str, seed: int) -> dict[str, Path]:
-    from rpb.run_records import eval_path
-
-    corpus, method = spec["corpus"], spec["method"]
-    swap_root = results / spec["swap_tree"]
-    labels = swap_labels(method)
-    return {
-        "base": eval_path(results, model, corpus, "base", 0),
-        "trained": eval_path(results, model, corpus, method, seed),
-        **{cell: eval_path(swap_root, model, corpus, labels[cell], seed) for cell in CELLS},
-    }
+def _with_groups(
+    scores: dict[tuple, float], groups: Mapping[str, Sequence[str]]
+) -> dict[tuple, float]:
+    """`scores` plus each group's mean over its tasks, per metric all its tasks have."""
+    out = dict(scores)
+    for metric in dict.fromkeys(m for _, m in scores):
+        for group, members in groups.items():
+            if all((t, metric) in scores for t in members):
+                out[(group, metric)] = float(np.mean([scores[(t, metric)] for t in members]))
+    return out
 
 
 def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
-    """One row per (model, seed, task, metric): the four cells and the decomposition, plus the
+    """One row per (model, seed, task, metric): the 2^k cells and their decomposition, plus the
     `in_domain` and `ood_mean` groups (means over their tasks; the decomposition is linear, so
-    their parts add up too)."""
-    from rpb.run_records import in_domain_tasks, read_json
-
+    their effects add up too)."""
     results = Path(results)
+    parts = spec.get("parts") or PARTS
+    names = list(factors(parts))
+    cell_sets = cells(parts)
     tasks = list(dict.fromkeys([*spec["in_domain"], *spec["ood"]]))
     groups = {"in_domain": in_domain_tasks(spec, spec["corpus"]), "ood_mean": list(spec["ood"])}
     rows = []
     for model in spec["models"]:
         for seed in spec["seeds"]:
-            cells = {
-                cell: task_scores(read_json(path, "the router-swap table"), tasks, path)
-                for cell, path in _cell_paths(results, spec, model, seed).items()
+            scores = {
+                cell: _with_groups(
+                    task_scores(read_json(path, "the router-swap table"), tasks, path), groups
+                )
+                for cell, path in cell_eval_paths(results, spec, model, seed).items()
             }
-            keys = list(cells["base"])
-            for cell, scores in cells.items():
-                if list(scores) != keys:
-                    raise ValueError(f"router swap: {cell} of {model} seed {seed} has other tasks")
-            metrics = list(dict.fromkeys(m for _, m in keys))
-            for group, members in groups.items():
-                for metric in metrics:
-                    if all((t, metric) in cells["base"] for t in members):
-                        for scores in cells.values():
-                            scores[(group, metric)] = float(
-                                np.mean([scores[(t, metric)] for t in members])
-                            )
-            for task, metric in cells["base"]:
-                values = {cell: cells[cell][(task, metric)] for cell in COLUMNS}
+            keys = list(scores["base"])
+            for cell, values in scores.items():
+                if list(values) != keys:
+                    raise ValueError(
+                        f"router swap: cell {cell} of {model} seed {seed} scores other tasks or "
+                        f"metrics than the base ({sorted(set(values) ^ set(keys))[0]})"
+                    )
+            for task, metric in keys:
+                values = {cell: scores[cell][(task, metric)] for cell in cell_sets}
+                parts_of = {cell_sets[c]: v for c, v in values.items()}
                 rows.append(
                     {
                         "model": model,
@@ -250,79 +489,106 @@ def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
                         "task": task,
                         "metric": metric,
                         **values,
-                        **decompose(*(values[c] for c in COLUMNS)),
+                        **decompose(parts_of, names),
                     }
                 )
     frame = pd.DataFrame(rows)
-    residual = (frame["total"] - frame[["routing", "non_routing", "interaction"]].sum(axis=1)).abs()
-    if len(frame) and float(residual.max()) > _ADD_UP_TOL * max(
-        1.0, float(frame["total"].abs().max())
-    ):
-        raise AssertionError(f"router swap: the parts do not add up (max {residual.max():.3g})")
+    _check_adds_up(frame, names)
     return frame
 
 
-def summarise(rows: pd.DataFrame) -> pd.DataFrame:
-    """Mean over seeds per (model, task, metric); routing_share recomputed from the means."""
+def _residuals(frame: pd.DataFrame, names: Sequence[str]) -> tuple[float, float]:
+    """Largest |total - sum of effects| and |total - sum of Shapley values| over the rows."""
+    if not len(frame):
+        return 0.0, 0.0
+    effects = [effect_name(s) for s in _subsets(names)]
+    by_effects = (frame["total"] - frame[effects].sum(axis=1)).abs().max()
+    by_shapley = (frame["total"] - frame[[f"shapley_{f}" for f in names]].sum(axis=1)).abs().max()
+    return float(by_effects), float(by_shapley)
+
+
+def _check_adds_up(frame: pd.DataFrame, names: Sequence[str]) -> None:
+    if not len(frame):
+        return
+    scale = max(1.0, float(frame["total"].abs().max()))
+    worst = max(_residuals(frame, names))
+    if worst > _ADD_UP_TOL * scale:
+        raise AssertionError(f"router swap: the effects do not add up (max {worst:.3g})")
+
+
+def summarise(rows: pd.DataFrame, parts: Sequence[str] = PARTS) -> pd.DataFrame:
+    """Mean over seeds per (model, task, metric) of the cells; the decomposition recomputed from
+    the means (so each share is a ratio of means, as the premise screen's R)."""
     keys = ["model", "method", "corpus", "task", "metric"]
-    mean = rows.groupby(keys, sort=False)[COLUMNS].mean().reset_index()
+    cell_sets = cells(parts)
+    names = list(factors(parts))
+    mean = rows.groupby(keys, sort=False)[list(cell_sets)].mean().reset_index()
     n = rows.groupby(keys, sort=False)["seed"].count().reset_index(drop=True)
-    parts = pd.DataFrame([decompose(*(r[c] for c in COLUMNS)) for _, r in mean.iterrows()])
-    return pd.concat([mean, parts, n.rename("n_seeds")], axis=1)
+    decomposition = pd.DataFrame(
+        [decompose({cell_sets[c]: r[c] for c in cell_sets}, names) for _, r in mean.iterrows()],
+        columns=decomposition_columns(names),
+    )
+    return pd.concat([mean, decomposition, n.rename("n_seeds")], axis=1)
 
 
 def build_router_swap_table(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """`router_swap.csv` (per model, seed, task, metric), `router_swap_summary.csv` (mean over
-    seeds) and `router_swap.md` from the four cells' evaluation outputs."""
+    seeds) and `router_swap.md` from the 2^k cells' evaluation outputs."""
     out_csv = Path(out_csv)
+    parts = spec.get("parts") or PARTS
     rows = router_swap_rows(results, spec)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
     rows.to_csv(out_csv, index=False, float_format="%.6g")
-    summary = summarise(rows)
+    summary = summarise(rows, parts)
     summary.to_csv(
         out_csv.with_name(f"{out_csv.stem}_summary.csv"), index=False, float_format="%.6g"
     )
-    residual = (rows["total"] - rows[["routing", "non_routing", "interaction"]].sum(axis=1)).abs()
-    out_csv.with_suffix(".md").write_text(_markdown(summary, spec, float(residual.max())))
+    residual = max(_residuals(rows, list(factors(parts))))
+    out_csv.with_suffix(".md").write_text(_markdown(summary, spec, parts, residual))
     return rows
 
 
-def _markdown(summary: pd.DataFrame, spec: dict[str, Any], residual: float) -> str:
+def _markdown(
+    summary: pd.DataFrame, spec: dict[str, Any], parts: Sequence[str], residual: float
+) -> str:
     m = spec["method"]
-    names = {
-        "base": "base",
-        "trained": m,
-        "trained_base_routers": f"{m} + base routers",
-        "base_trained_routers": f"base + {m} routers",
-        "total": "total",
-        "routing": "routing",
-        "non_routing": "non-routing",
-        "interaction": "interaction",
-        "routing_share": "routing share",
-    }
+    groups = factors(parts)
+    names = list(groups)
+    cell_sets = cells(parts)
+    rest = f" ({REST}: {', '.join(groups[REST])})" if REST in groups else ""
     text = (
-        f"Router-swap decomposition ({spec.get('scale')} scale, method {m}, corpus "
+        f"Router-swap decomposition by part ({spec.get('scale')} scale, method {m}, corpus "
         f"{spec['corpus']}, seeds {spec['seeds']}; mean over seeds, per-seed rows in "
-        "router_swap.csv). Four cells: the base, the trained model, the trained model with the "
-        "base's routers put back, and the base with the trained routers (routers found by class; "
-        "DeepSeek-V3 correction biases included). total = trained - base; routing = (base + "
-        "trained routers) - base; non-routing = (trained + base routers) - base; interaction = "
-        "the rest. The three parts add up to the total exactly, by construction (largest "
-        f"|total - sum of parts| over all rows: {residual:.2g}). routing share = (routing + "
-        "interaction / 2) / total, routing's Shapley share of the change. On an OOD task the "
-        "forgetting is -total, and routing explains the routing share of it.\n"
+        f"router_swap.csv). Factors: {', '.join(names)}{rest} (rpb.trainable.parameter_parts); "
+        f"{len(cell_sets)} cells, each factor's tensors from the base (B) or from {m} (T). total "
+        "= T - B; main = (B with T's part) - B; the main effects and interactions (in the CSV) "
+        "add up to the total exactly, by construction, and so do the Shapley values (largest "
+        f"rounding residual over all rows: {residual:.2g}). Shapley share = the part's mean "
+        "marginal contribution over all orders of putting the parts in, over total. put-back "
+        "share = ((T with B's part) - T) / (B - T), the share of the change that putting B's "
+        "part back undoes; for the routers on ood_mean p(target) it is the testbed's premise "
+        "gate R.\n"
     )
-    for metric, unit in (
-        ("exact_match", "exact match, percent"),
-        ("ll_per_token", "mean per-token log-likelihood of the target, nats"),
-    ):
-        part = summary[summary["metric"] == metric]
+    short = {c: c.replace("trained", m) for c in cell_sets}
+    for metric, unit in METRICS.items():
         if metric == "exact_match":  # standard tasks score by their own metric (acc)
-            part = summary[summary["metric"] != "ll_per_token"]
+            part = summary[~summary["metric"].isin([k for k in METRICS if k != metric])]
+        else:
+            part = summary[summary["metric"] == metric]
         if not len(part):
             continue
         for model, frame in part.groupby("model", sort=False):
-            table = frame[["task", *COLUMNS, *PARTS, "routing_share"]].rename(columns=names)
+            table = frame[["task", *cell_sets]].rename(columns=short)
             body = table.to_markdown(index=False, floatfmt=".3g")
-            text += f"\n{model}: {unit}\n\n{body}\n"
+            text += f"\n{model}: {unit}, cells\n\n{body}\n"
+            columns = {"task": "task", "total": "total"}
+            for f in names:
+                columns[f"main_{f}"] = f"{f} main"
+            for f in names:
+                columns[f"shapley_share_{f}"] = f"{f} Shapley share"
+            for f in names:
+                columns[f"put_back_share_{f}"] = f"{f} put-back share"
+            table = frame[list(columns)].rename(columns=columns)
+            body = table.to_markdown(index=False, floatfmt=".3g")
+            text += f"\n{model}: {unit}, by part\n\n{body}\n"
     return text

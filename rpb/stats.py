@@ -319,9 +319,11 @@ def paired_runs(
 
 def item_interval(per_task: Sequence[np.ndarray], confidence: float) -> tuple[float, float, float]:
     """Score (%) of ONE run (the mean of its task means) and the normal interval of its item
-    sampling: the only variance a single run (the base) has."""
+    sampling: the only variance a single run (the base) has. Items are fractions in [0, 1]:
+    0/1 exact match (their variance is the binomial m (1 - m)) or a probability (p(target))."""
     means = [float(np.mean(v)) for v in per_task]
-    var = sum(m * (1 - m) / max(len(v), 1) for m, v in zip(means, per_task, strict=True))
+    # np.var (ddof 0) of 0/1 items is m (1 - m) up to rounding: exact match keeps its interval.
+    var = sum(float(np.var(v)) / max(len(v), 1) for v in per_task)
     half = stats.norm.ppf((1 + confidence) / 2) * math.sqrt(var) / len(means)
     mean = float(np.mean(means))
     return 100 * mean, 100 * max(0.0, mean - half), 100 * min(1.0, mean + half)

@@ -20,6 +20,14 @@ The exploratory tables (sweep, drift, RPB readings) are in `rpb.exploratory`.
 Scores are percentages; retention metrics (NMI, ARI, cosine) and modularity are fractions.
 Intervals are run-level (docs/claims.md): a run's score is the mean over its benchmarks of each
 benchmark's item mean, and runs (seeds) are the unit of replication.
+
+Accuracy is shown in two measures side by side (`measures`): exact match (columns without a
+suffix, as ever) and, wherever the eval sets are the testbed's own (every scale but `paper`),
+p(target), the probability of the target answer and the end token (docs/claims.md, "The primary
+metric at tiny scale"). A p(target) column is named like its exact-match twin with `_p` after the
+score's name (`in_domain_p`, `in_domain_p_ci_low`, `ood_<task>_p`, `ood_mean_p`; in a paired
+comparison `method_score_p`, `diff_p`, `diff_p_ci_low`, `p_value_p`, `mde_p`, ...), and a long
+table keyed by an accuracy name (`metric`, `accuracy`) gets rows `in_domain_p`, `ood_mean_p`.
 """
 
 from __future__ import annotations
@@ -47,8 +55,6 @@ from rpb.run_records import (
     metric_tasks,
     read_json,
     run_record,
-    run_score,
-    run_scores,
 )
 from rpb.stats import (
     DEFAULT_POWER,
@@ -66,17 +72,110 @@ from rpb.stats import (
 PAPER_TABLE1 = {"rpb": 45.77, "lbl": 31.91, "none": 29.44}
 PAPER_FAMILY = "A"
 
-TABLE1_COLUMNS_HEAD = [
-    "model",
-    "method",
-    "n_seeds",
-    "in_domain",
-    "in_domain_ci_low",
-    "in_domain_ci_high",
-]
-TABLE1_COLUMNS_TAIL = ["ood_mean", "modularity", "community_nmi", "coact_cosine", "paper_in_domain"]
 # Layer-mean analysis metrics a method row carries (seed means).
 ROW_METRICS = ["modularity", *RETENTION, *DRIFT, "usage_entropy"]
+TABLE1_STRUCTURE = ["modularity", "community_nmi", "coact_cosine"]
+
+# --- the accuracy measures: exact match and p(target) ------------------------------------------
+
+EXACT_MATCH, P_TARGET = "exact_match", "p_target"
+# A p(target) column is its exact-match twin's name with this suffix after the score's name.
+SUFFIX = {EXACT_MATCH: "", P_TARGET: "_p"}
+MEASURE_NAMES = {EXACT_MATCH: "exact match", P_TARGET: "p(target)"}
+
+
+def measures(spec: dict[str, Any]) -> list[str]:
+    """The accuracy measures of `spec`'s scale, exact match first: p(target) beside it wherever
+    the eval sets are the testbed's own (every scale but `paper`, whose standard lm-eval tasks
+    have no loglikelihood twin carrying `p_target`)."""
+    return [EXACT_MATCH] if spec.get("scale") == "paper" else [EXACT_MATCH, P_TARGET]
+
+
+def primary_measure(spec: dict[str, Any]) -> str:
+    """The measure accuracy is judged on (docs/claims.md, "The primary metric at tiny scale"):
+    p(target) where it is measured (the tiny testbed, and the smoke run that exercises its
+    path), exact match, the standard tasks' own metric, at paper scale."""
+    return measures(spec)[-1]
+
+
+def accuracy_columns(spec: dict[str, Any]) -> list[str]:
+    """A run record's accuracy columns, each exact-match column followed by its p(target) twin:
+    `in_domain`, `in_domain_p`, `ood_mean`, `ood_mean_p` (ACCURACY alone at paper scale)."""
+    return [f"{column}{SUFFIX[m]}" for column in ACCURACY for m in measures(spec)]
+
+
+def measure_items(eval_result: dict[str, Any], task: str, path: Path, measure: str) -> np.ndarray:
+    """Per-item scores (fractions) of `task` in one evaluation output: exact match
+    (`rpb.run_records.exact_match_items`), or p(target), the `p_target` items of the eval set's
+    loglikelihood task `rpb_<task>_ll` (the same items in the same order)."""
+    if measure == EXACT_MATCH:
+        return exact_match_items(eval_result, task, path)
+    if measure != P_TARGET:
+        raise ValueError(f"unknown accuracy measure {measure!r} ({EXACT_MATCH} or {P_TARGET})")
+    entry = eval_result.get("tasks", {}).get(f"rpb_{task}_ll") or {}
+    if "p_target" not in entry:
+        raise ValueError(
+            f"{path}: no p_target items of task 'rpb_{task}_ll' in the evaluation output "
+            "(p(target) is read from the eval set's loglikelihood task; an output written "
+            "before p(target) needs its evaluation rerun)"
+        )
+    return np.asarray(entry["p_target"], dtype=float)
+
+
+def measure_score(
+    eval_result: dict[str, Any], tasks: Sequence[str], path: Path, measure: str
+) -> tuple[float, dict[str, float], int]:
+    """One run's score (%) on `measure` over `tasks`: the mean of each task's item mean (the
+    same two-level mean as `rpb.run_records.run_score`, docs/claims.md), each task's mean and
+    the item count."""
+    per_task = {t: measure_items(eval_result, t, path, measure) for t in tasks}
+    means = {t: 100.0 * float(items.mean()) for t, items in per_task.items()}
+    return float(np.mean(list(means.values()))), means, sum(v.size for v in per_task.values())
+
+
+def measure_scores(
+    results: Path,
+    spec: dict[str, Any],
+    model: str,
+    corpus: str,
+    label: str,
+    seeds: Sequence[int],
+    metric: str,
+    measure: str,
+) -> tuple[np.ndarray, int]:
+    """`rpb.run_records.run_scores` on `measure`: per-run scores (%) of `label` on `metric`
+    ("in_domain" or "ood"), one per seed, and the items per run (equal in every seed, else an
+    error naming the file)."""
+    tasks = metric_tasks(spec, corpus, metric)
+    scores, n_items = [], None
+    for seed in seeds:
+        path = eval_path(results, model, corpus, label, seed)
+        score, _, n = measure_score(read_json(path), tasks, path, measure)
+        if n_items is not None and n != n_items:
+            raise ValueError(f"{path}: {n} items, but seed {seeds[0]} has {n_items}")
+        scores.append(score)
+        n_items = n
+    return np.array(scores), int(n_items or 0)
+
+
+def accuracy_record(
+    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
+) -> dict[str, Any]:
+    """`rpb.run_records.run_record` (exact match and the analysis metrics) with the run's
+    p(target) beside its exact match where measured: `in_domain_p` (the mean over the corpus's
+    in-domain tasks) and `ood_mean_p` (the mean over the OOD tasks)."""
+    record = run_record(results, spec, model, corpus, label, seed)
+    if P_TARGET not in measures(spec):
+        return record
+    path = eval_path(results, model, corpus, label, seed)
+    result = read_json(path)
+    tasks = {"in_domain": in_domain_tasks(spec, corpus), "ood_mean": list(spec["ood"])}
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        out[key] = value
+        if key in tasks:
+            out[f"{key}_p"] = measure_score(result, tasks[key], path, P_TARGET)[0]
+    return out
 
 
 def _level_kwargs(spec: dict[str, Any]) -> dict[str, float]:
@@ -100,58 +199,131 @@ def _in_domain_text(tasks: Sequence[str]) -> str:
     )
 
 
+def measures_text(spec: dict[str, Any]) -> str:
+    """What the accuracy columns of a table measure, for its note (and Markdown)."""
+    if P_TARGET not in measures(spec):
+        return (
+            "Accuracy: exact match in percent (the standard tasks' own metric; p(target) is "
+            "measured on the tiny testbed's eval sets only)."
+        )
+    return (
+        "Accuracy in two measures, in percent: columns without a suffix are exact match "
+        "(greedy answer equals the target); columns with `_p` after the score's name "
+        "(in_domain_p, ood_<task>_p, ood_mean_p, diff_p, ...) are p(target), the probability of "
+        "the target answer and the end token, the mean over items (rows in_domain_p, ood_mean_p "
+        "where a table lists accuracies by row); p(target) is the primary metric at this scale "
+        "(docs/claims.md)."
+    )
+
+
 # --- the rows every table shares -----------------------------------------------------------------
+
+
+def _accuracy_cells(
+    evals: Sequence[tuple[Path, dict[str, Any]]],
+    tasks: Sequence[str],
+    ood: Sequence[str],
+    measure: str,
+    level: dict[str, float],
+) -> dict[str, float]:
+    """One measure's cells of a method row over its runs' eval outputs `evals`."""
+    s = SUFFIX[measure]
+    scores: list[float] = []
+    per_task: dict[str, list[float]] = {t: [] for t in tasks}
+    ood_means: dict[str, list[float]] = {t: [] for t in ood}
+    for path, result in evals:
+        score, means, _ = measure_score(result, tasks, path, measure)
+        scores.append(score)
+        for task, value in means.items():
+            per_task[task].append(value)
+        for task in ood:
+            ood_means[task].append(measure_score(result, [task], path, measure)[0])
+    if len(evals) == 1:
+        path, result = evals[0]
+        items = [measure_items(result, t, path, measure) for t in tasks]
+        estimate, low, high = item_interval(items, level["confidence"])
+    else:
+        interval = run_interval(scores, **level)
+        # A score lies in [0, 100]; so does its interval (cutting it there loses no coverage).
+        estimate, low, high = interval.estimate, max(0.0, interval.low), min(100.0, interval.high)
+    cells = {f"in_domain{s}": estimate, f"in_domain{s}_ci_low": low, f"in_domain{s}_ci_high": high}
+    for task, values in per_task.items():
+        cells[f"in_domain_{task}{s}"] = float(np.mean(values))
+    for task, values in ood_means.items():
+        cells[f"ood_{task}{s}"] = float(np.mean(values))
+    cells[f"ood_mean{s}"] = float(np.mean([cells[f"ood_{task}{s}"] for task in ood]))
+    return cells
 
 
 def method_row(
     results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seeds: Sequence[int]
 ) -> dict[str, Any]:
-    """One method's row over its runs (`seeds`; the base: [0]): in-domain (the mean of its
-    benchmarks) with a t-interval over the runs at `spec['confidence']` (a single run: the
-    interval of its item sampling), each in-domain benchmark `in_domain_<task>`, each OOD task
-    `ood_<task>` and `ood_mean`, and the seed means of the layer-mean analysis metrics
-    (ROW_METRICS; NaN where an output lacks one)."""
+    """One method's row over its runs (`seeds`; the base: [0]), in each measure (`measures`;
+    p(target)'s columns with `_p`): in-domain (the mean of its benchmarks) with a t-interval
+    over the runs at `spec['confidence']` (a single run: the interval of its item sampling),
+    each in-domain benchmark `in_domain_<task>`, each OOD task `ood_<task>` and `ood_mean`; and
+    the seed means of the layer-mean analysis metrics (ROW_METRICS; NaN where an output lacks
+    one)."""
     level = _level_kwargs(spec)
     tasks = in_domain_tasks(spec, corpus)
-    scores, per_task, single_items = [], {t: [] for t in tasks}, []
-    ood: dict[str, list[float]] = {task: [] for task in spec["ood"]}
+    evals = []
     analysis: dict[str, list[float]] = {key: [] for key in ROW_METRICS}
     for seed in seeds:
         path = eval_path(results, model, corpus, label, seed)
-        result = read_json(path)
-        score, means, _ = run_score(result, tasks, path)
-        scores.append(score)
-        for task, value in means.items():
-            per_task[task].append(value)
-        single_items = [exact_match_items(result, t, path) for t in tasks]
-        for task in spec["ood"]:
-            ood[task].append(exact_match_items(result, task, path).mean())
+        evals.append((path, read_json(path)))
         mean = analysis_mean(results, model, corpus, label, seed)
         for key, values in analysis.items():
             values.append(mean.get(key, math.nan))
-    if len(seeds) == 1:
-        estimate, low, high = item_interval(single_items, level["confidence"])
-    else:
-        interval = run_interval(scores, **level)
-        # A score lies in [0, 100]; so does its interval (cutting it there loses no coverage).
-        estimate, low, high = interval.estimate, max(0.0, interval.low), min(100.0, interval.high)
     row: dict[str, Any] = {"model": model, "method": label, "n_seeds": len(seeds)}
-    row |= {"in_domain": estimate, "in_domain_ci_low": low, "in_domain_ci_high": high}
-    for task, values in per_task.items():
-        row[f"in_domain_{task}"] = float(np.mean(values))
-    for task, values in ood.items():
-        row[f"ood_{task}"] = 100 * float(np.mean(values))
-    row["ood_mean"] = float(np.mean([row[f"ood_{task}"] for task in spec["ood"]]))
+    for measure in measures(spec):
+        row |= _accuracy_cells(evals, tasks, spec["ood"], measure, level)
     for key, values in analysis.items():
         row[key] = float(np.mean(values))
     return row
 
 
+def row_accuracy_columns(spec: dict[str, Any], corpus: str, per_task: bool = True) -> list[str]:
+    """A method row's accuracy columns in table order, each exact-match column followed by its
+    p(target) twin: in-domain with its interval, per in-domain benchmark (several only), per
+    OOD task (`per_task`), the OOD mean."""
+    suffixes = [SUFFIX[m] for m in measures(spec)]
+    tasks = in_domain_tasks(spec, corpus)
+    columns = [f"in_domain{s}{part}" for s in suffixes for part in ("", "_ci_low", "_ci_high")]
+    if len(tasks) > 1:
+        columns += [f"in_domain_{t}{s}" for t in tasks for s in suffixes]
+    if per_task:
+        columns += [f"ood_{t}{s}" for t in spec["ood"] for s in suffixes]
+    return columns + [f"ood_mean{s}" for s in suffixes]
+
+
 def comparison_row(
-    method: str, other: str, a: float, b: float, diff: Difference, other_name: str = "other"
+    method: str,
+    other: str,
+    a: float,
+    b: float,
+    diff: Difference,
+    other_name: str = "other",
+    suffix: str = "",
 ) -> dict[str, Any]:
     """A paired comparison's row: `method`, the `other` (column `other_name`), their mean scores
-    and the difference's columns (`Difference.as_dict`: estimate, interval, p-value, MDE)."""
+    and the difference's columns (`Difference.as_dict`: estimate, interval, p-value, MDE). With
+    a `suffix` (p(target): `_p`), the same columns of a second measure, named with it after the
+    score's name (`method_score_p`, `diff_p`, `diff_p_ci_low`, `p_value_p`, `mde_p`, ...) and
+    without the method names and counts, which the first measure's columns carry."""
+    if suffix:
+        d = f"diff{suffix}"
+        cells = diff.as_dict(d)
+        return {
+            f"method_score{suffix}": a,
+            f"{other_name}_score{suffix}": b,
+            d: cells[d],
+            f"{d}_ci_low": cells[f"{d}_ci_low"],
+            f"{d}_ci_high": cells[f"{d}_ci_high"],
+            f"p_value{suffix}": cells["p_value"],
+            f"{d}_sd": cells[f"{d}_sd"],
+            f"mde{suffix}": cells["mde"],
+            f"mde_equivalence{suffix}": cells["mde_equivalence"],
+        }
     return {
         "method": method,
         other_name: other,
@@ -176,10 +348,8 @@ def method_table_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
         paper = PAPER_TABLE1.get(row["method"])
         paper = paper if spec.get("family", PAPER_FAMILY) == PAPER_FAMILY else None
         row["paper_in_domain"] = paper if paper is not None else math.nan
-    tasks = in_domain_tasks(spec, corpus)
-    per_benchmark = [f"in_domain_{t}" for t in tasks] if len(tasks) > 1 else []
-    columns = TABLE1_COLUMNS_HEAD + per_benchmark + [f"ood_{t}" for t in spec["ood"]]
-    return pd.DataFrame(rows)[columns + TABLE1_COLUMNS_TAIL]
+    columns = ["model", "method", "n_seeds", *row_accuracy_columns(spec, corpus)]
+    return pd.DataFrame(rows)[[*columns, *TABLE1_STRUCTURE, "paper_in_domain"]]
 
 
 def build_method_table(
@@ -195,11 +365,14 @@ def build_method_table(
         "model": spec["model"],
         "corpus": spec["corpus"],
         "seeds": spec["seeds"],
+        "measures": measures(spec),
         "note": (
-            f"Scores in percent. in_domain: {_in_domain_text(tasks)}, {_level(spec)} t-interval "
-            "over the method's runs (a run per base and seed: run 1000 k + s is seed s on base k; "
-            "the base row, one run per base; a single run: the interval of its item sampling). "
-            "paper_in_domain: Moonlight-16B-A3B numbers reported by "
+            f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
+            f"{_level(spec)} t-interval over the method's runs (a run per base and seed: run "
+            "1000 k + s is seed s on base k; the base row, one run per base; a single run: the "
+            "interval of its item sampling)"
+            + ("; in_domain_p the same for p(target). " if P_TARGET in measures(spec) else ". ")
+            + "paper_in_domain: Moonlight-16B-A3B in-domain accuracy reported by "
             "arXiv:2609.08115 (family A only)"
             + (
                 ", beside the mean of the benchmarks: the paper does not say whether its number "
@@ -251,16 +424,18 @@ def compare(
     other: str,
     metric: str,
     seeds: Sequence[int],
+    measure: str = EXACT_MATCH,
 ) -> tuple[float, float, Difference]:
-    """`method` - `other` (percent) by paired per-run differences: one run per (corpus, seed),
-    its score the mean over `metric`'s tasks of each task's item mean ("in_domain": each
-    corpus's in-domain tasks, `in_domain_tasks`; "ood": the OOD tasks). The t-interval over the
-    runs at `spec['confidence']`, with its MDE at `spec['power']`. Returns (method's mean score,
-    other's mean score, the Difference)."""
+    """`method` - `other` (percent) on `measure` (exact match or p(target)) by paired per-run
+    differences: one run per (corpus, seed), its score the mean over `metric`'s tasks of each
+    task's item mean ("in_domain": each corpus's in-domain tasks, `in_domain_tasks`; "ood": the
+    OOD tasks). The t-interval over the runs at `spec['confidence']`, with its MDE at
+    `spec['power']`, the per-run spread floored by the items' own (`item_sd_of_difference`).
+    Returns (method's mean score, other's mean score, the Difference)."""
     a_runs, b_runs, n_items, item_pairs = [], [], 0, []
     for corpus in corpora:
-        a, n_items = run_scores(results, spec, model, corpus, method, seeds, metric)
-        b, n_other = run_scores(results, spec, model, corpus, other, seeds, metric)
+        a, n_items = measure_scores(results, spec, model, corpus, method, seeds, metric, measure)
+        b, n_other = measure_scores(results, spec, model, corpus, other, seeds, metric, measure)
         if n_other != n_items:
             raise ValueError(
                 f"{model}/{corpus}: {method} has {n_items} {metric} items per run, {other} "
@@ -275,7 +450,10 @@ def compare(
             ra, rb = read_json(pa), read_json(pb)
             item_pairs.append(
                 [
-                    (100 * exact_match_items(ra, t, pa), 100 * exact_match_items(rb, t, pb))
+                    (
+                        100 * measure_items(ra, t, pa, measure),
+                        100 * measure_items(rb, t, pb, measure),
+                    )
                     for t in tasks
                 ]
             )
@@ -284,6 +462,26 @@ def compare(
         a, b, n_items=n_items, item_sd=item_sd_of_difference(item_pairs), **_level_kwargs(spec)
     )
     return float(a.mean()), float(b.mean()), diff
+
+
+def compare_row(
+    results: Path,
+    spec: dict[str, Any],
+    model: str,
+    corpora: Sequence[str],
+    method: str,
+    other: str,
+    metric: str,
+    seeds: Sequence[int],
+    other_name: str = "other",
+) -> dict[str, Any]:
+    """`comparison_row` of `compare` in every measure of `spec`'s scale, side by side (exact
+    match's columns as ever, p(target)'s with `_p`)."""
+    row: dict[str, Any] = {}
+    for measure in measures(spec):
+        a, b, diff = compare(results, spec, model, corpora, method, other, metric, seeds, measure)
+        row |= comparison_row(method, other, a, b, diff, other_name, SUFFIX[measure])
+    return row
 
 
 # --- table 3: method vs reference on the independent corpus -----------------------------------
@@ -295,13 +493,20 @@ def table3_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
     rows = []
     for model in spec["models"]:
         for metric in ("in_domain", "ood"):
-            a, b, diff = compare(
-                Path(results), spec, model, [corpus], method, reference, metric, spec["seeds"]
-            )
             family = spec.get("families", {}).get(model, "")
             rows.append(
                 {"model": model, "family": family, "corpus": corpus, "metric": metric}
-                | comparison_row(method, reference, a, b, diff, other_name="reference")
+                | compare_row(
+                    Path(results),
+                    spec,
+                    model,
+                    [corpus],
+                    method,
+                    reference,
+                    metric,
+                    spec["seeds"],
+                    other_name="reference",
+                )
             )
     return pd.DataFrame(rows)
 
@@ -313,12 +518,12 @@ def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     note = (
         f"{spec['method']} minus {spec['reference']} after post-training on the independently "
         f"generated corpus `{spec['corpus']}` ({spec.get('scale')} scale, seeds "
-        f"{list(spec['seeds'])}). Scores in percent; diff: mean of the per-run (per-seed) paired "
+        f"{list(spec['seeds'])}). {measures_text(spec)} diff: mean of the per-run paired "
         f"differences (a run's in_domain: {_in_domain_text(in_domain_tasks(spec, spec['corpus']))}"
         "; ood: the mean of the OOD tasks), "
         f"{_level(spec)} t-interval over runs and the paired t-test's p-value, so p < 1 - level "
-        "exactly when the CI excludes zero; mde: the difference found with 80% power "
-        "(docs/claims.md)."
+        "exactly when the CI excludes zero; mde: the difference found with "
+        f"{100 * _level_kwargs(spec)['power']:g}% power (docs/claims.md)."
     )
     write_table(Path(out_csv), table, title="Table 3", note=note)
     return table
@@ -329,22 +534,24 @@ def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
 
 def table4_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
     """`runs` (per corpus, seed and method: scores and ranks within the block), `summary` (mean
-    score and rank per method), `consistency` (per metric: is any ordering consistent across
-    blocks?) and `pairs` (every pair's paired difference over seeds x items of all corpora)."""
+    score and rank per method), `consistency` (per accuracy column: is any ordering consistent
+    across blocks?) and `pairs` (every pair's paired difference over seeds x items of all
+    corpora), each accuracy in every measure of the scale (`accuracy_columns`)."""
     results = Path(results)
     model, methods = spec["model"], list(spec["methods"])
     corpora, seeds = list(spec["corpora"]), list(spec["seeds"])
     alpha = 1.0 - float(spec.get("confidence", 0.95))
     runs = pd.DataFrame(
         [
-            run_record(results, spec, model, corpus, label, seed)
+            accuracy_record(results, spec, model, corpus, label, seed)
             for corpus in corpora
             for seed in seeds
             for label in methods
         ]
     )
+    accuracy = accuracy_columns(spec)
     summary, consistency = [], []
-    for metric in ACCURACY:
+    for metric in accuracy:
         scores = runs.pivot(index=["corpus", "seed"], columns="method", values=metric)[methods]
         ranks = pd.DataFrame(block_ranks(scores.to_numpy()), index=scores.index, columns=methods)
         runs = runs.join(ranks.stack().rename(f"rank_{metric}"), on=["corpus", "seed", "method"])
@@ -374,9 +581,9 @@ def table4_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     for i, first in enumerate(methods):
         for second in methods[i + 1 :]:
             for metric in ("in_domain", "ood"):
-                a, b, diff = compare(results, spec, model, corpora, first, second, metric, seeds)
-                pairs.append({"metric": metric} | comparison_row(first, second, a, b, diff))
-    columns = ["model", "corpus", "seed", "method", *ACCURACY, "rank_in_domain", "rank_ood_mean"]
+                row = compare_row(results, spec, model, corpora, first, second, metric, seeds)
+                pairs.append({"metric": metric} | row)
+    columns = ["model", "corpus", "seed", "method", *accuracy, *(f"rank_{m}" for m in accuracy)]
     runs = runs[columns].sort_values(["corpus", "seed", "rank_in_domain"], kind="stable")
     return {
         "runs": runs.reset_index(drop=True),
@@ -403,8 +610,9 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     alpha = 1.0 - float(spec.get("confidence", 0.95))
     note = (
         f"Model {spec['model']}, corpora {list(spec['corpora'])}, seeds {list(spec['seeds'])} "
-        f"({spec.get('scale')} scale). Scores in percent; rank 1 = best within a (corpus, seed) "
-        "block, ties averaged. Consistency: Kendall's W across blocks and the Friedman test "
+        f"({spec.get('scale')} scale). {measures_text(spec)} rank_<column>: rank of that "
+        "column within a (corpus, seed) block, 1 = best, ties averaged. Consistency, per "
+        "accuracy column (metric): Kendall's W across blocks and the Friedman test "
         f"(consistent_ordering: p < {alpha:.2g}); identical_ranking: the same strict order in "
         "every block; same_best: one method first in every block. Pairs: mean paired per-run "
         f"difference, one run per (corpus, seed), {_level(spec)} t-interval, p-value and MDE."
@@ -476,27 +684,28 @@ def hard_labels(spec: dict[str, Any]) -> list[str]:
 def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
     """`table` (retention, modularity, accuracy and drift per method, base first), `runs` (every
     run of the methods and the correlated soft methods), `correlation` (Spearman of each
-    retention metric with each accuracy across the soft runs), `hard` (each hard method minus
-    each other method, paired) and `base` (the base's non-uniformity)."""
+    retention metric with each accuracy column across the soft runs), `hard` (each hard method
+    minus each other method, paired) and `base` (the base's non-uniformity); accuracy in every
+    measure of the scale."""
     results = Path(results)
     model, corpus = spec["model"], spec["corpus"]
     methods, seeds, soft = list(spec["methods"]), list(spec["seeds"]), list(spec["correlate"])
     level = _level_kwargs(spec)
     labels = list(dict.fromkeys([*methods, *soft]))
     runs = pd.DataFrame(
-        [run_record(results, spec, model, corpus, m, s) for m in labels for s in seeds]
+        [accuracy_record(results, spec, model, corpus, m, s) for m in labels for s in seeds]
     )
     rows = [
         method_row(results, spec, model, corpus, label, label_seeds)
         for label, label_seeds in [("base", base_runs(seeds)), *((m, seeds) for m in methods)]
     ]
-    columns = ["model", "method", "n_seeds", *RETENTION, "modularity", "in_domain"]
-    columns += ["in_domain_ci_low", "in_domain_ci_high", "ood_mean", *DRIFT]
+    columns = ["model", "method", "n_seeds", *RETENTION, "modularity"]
+    columns += [*row_accuracy_columns(spec, corpus, per_task=False), *DRIFT]
     table = pd.DataFrame(rows).reindex(columns=columns)
     soft_runs = runs[runs["method"].isin(soft)]
     correlation = []
     for retention in RETENTION:
-        for accuracy in ACCURACY:
+        for accuracy in accuracy_columns(spec):
             pts = soft_runs[[retention, accuracy, "seed"]].dropna()
             # Within each seed across the methods: runs of a seed share the initial model and
             # data order, so pooled runs are not independent points (docs/claims.md).
@@ -533,14 +742,15 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
                     if not (np.isfinite(a).all() and np.isfinite(b).all()):
                         continue  # NMI is undefined where the base has a single community
                     diff = paired_runs(a, b, **level)
-                    sa, sb = float(a.mean()), float(b.mean())
+                    row = comparison_row(h, other, float(a.mean()), float(b.mean()), diff)
                 else:
-                    sa, sb, diff = compare(results, spec, model, [corpus], h, other, metric, seeds)
-                hard_rows.append({"metric": metric} | comparison_row(h, other, sa, sb, diff))
+                    row = compare_row(results, spec, model, [corpus], h, other, metric, seeds)
+                hard_rows.append({"metric": metric} | row)
     return {
         "table": table,
         "runs": runs,
         "correlation": pd.DataFrame(correlation),
+        # NMI rows have no p(target) twin: their `_p` cells are NaN.
         "hard": pd.DataFrame(hard_rows),
         "base": base_nonuniformity(results, model, corpus),
     }
@@ -557,11 +767,12 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
         f"({spec.get('scale')} scale). Retention: the live model's co-activation structure "
         "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
-        "cosine of the co-activation matrices), mean over MoE layers; accuracy in percent. "
+        f"cosine of the co-activation matrices), mean over MoE layers. {measures_text(spec)} "
         f"Correlation: Spearman's rho across {list(spec['correlate'])} within each seed, the "
         f"mean over seeds with the {_level(spec)} t-interval over the per-seed rhos (an "
-        "association; runs of a seed are not independent). Hard: paired per-run difference "
-        "hard - other with its t-interval and MDE. Base: non-uniformity of the "
+        "association; runs of a seed are not independent), one row per retention metric and "
+        "accuracy column. Hard: paired per-run difference hard - other with its t-interval and "
+        "MDE (community_nmi rows: no p(target) twin). Base: non-uniformity of the "
         "base router against uniformly random top-k routing with the same experts, k and tokens."
     )
     write_table(

@@ -20,7 +20,9 @@ def write_json(path: Path, payload: dict) -> None:
 
 N_ITEMS = 40
 OOD_ALL = ["addition", "facts"]
-# label -> (in-domain accuracy, OOD accuracy, community NMI) of a "paper-like" world.
+# label -> (in-domain accuracy, OOD accuracy, community NMI) of a "paper-like" world. A level
+# tuple may carry two more entries, the p(target) levels (in-domain, OOD) where they differ
+# from exact match's (see `p_target_items`).
 PAPER_WORLD = {
     "base": (0.0, 0.9, 1.0),
     "none": (0.30, 0.40, 0.20),
@@ -63,13 +65,22 @@ def _base_layers(tokens: int, structured: bool) -> list[dict[str, Any]]:
     return rows
 
 
+def p_target_items(u: np.ndarray, w: np.ndarray, level: float) -> np.ndarray:
+    """Per-item p(target) of a run at p(target) `level`: 0.98 where the item's draw u is below
+    the level ("known"), 0.02 otherwise, plus a per-item wobble in (-0.01, 0.01) from the draw w
+    that every label of the seed shares. At the exact-match level it is an affine image of the
+    exact-match items (0.02 + 0.96 x), so a paired p(target) difference is 0.96 times exact
+    match's; at another level it moves on its own (a world where the two measures disagree)."""
+    return 0.02 + 0.96 * (u < level) + 0.02 * (w - 0.5)
+
+
 def write_run(
     root: Path,
     model: str,
     corpus: str,
     label: str,
     seed: int,
-    levels: tuple[float, float, float],
+    levels: tuple[float, ...],
     *,
     ood: list[str] = OOD_ALL,
     n_items: int = N_ITEMS,
@@ -77,16 +88,31 @@ def write_run(
     routing: dict[str, float] | None = None,
 ) -> None:
     """One (model, corpus, label, seed) as the pipeline lays it out: eval JSON with exact-match
-    items, analysis JSON with layer means (and, for the base, per-layer rows and the probe size)
-    and co-activation counts. Items are coupled across labels (item i is right when a fixed
-    per-seed uniform draw is below the label's accuracy), so paired differences are clean.
-    `routing` overrides layer-mean analysis entries (usage entropy, drift)."""
-    p_in, p_ood, nmi = levels
-    u = np.random.default_rng(1000 + seed).random(n_items)
-    tasks = {corpus: (u < p_in).astype(int).tolist()}
-    tasks |= {t: (u < p_ood).astype(int).tolist() for t in ood}
+    items (`rpb_<task>`) and their loglikelihood twins (`rpb_<task>_ll` with per-item
+    `p_target`, as rpb.evaluation writes them), analysis JSON with layer means (and, for the
+    base, per-layer rows and the probe size) and co-activation counts. Items are coupled across
+    labels (item i is right when a fixed per-seed uniform draw is below the label's accuracy),
+    so paired differences are clean. `levels`: (in-domain, OOD, NMI), and optionally the
+    p(target) levels (in-domain, OOD), else exact match's (`p_target_items`). `routing`
+    overrides layer-mean analysis entries (usage entropy, drift)."""
+    p_in, p_ood, nmi = levels[:3]
+    pt_in, pt_ood = levels[3:5] if len(levels) >= 5 else (p_in, p_ood)
+    rng = np.random.default_rng(1000 + seed)
+    u, w = rng.random(n_items), rng.random(n_items)
+    tasks = {corpus: ((u < p_in).astype(int).tolist(), p_target_items(u, w, pt_in))}
+    tasks |= {t: ((u < p_ood).astype(int).tolist(), p_target_items(u, w, pt_ood)) for t in ood}
     where = Path(model, corpus, label, f"seed{seed}.json")
-    payload = {f"rpb_{t}": {"items": v, "metric": "exact_match"} for t, v in tasks.items()}
+    payload: dict[str, Any] = {}
+    for t, (em, p_target) in tasks.items():
+        payload[f"rpb_{t}"] = {"items": em, "metric": "exact_match"}
+        ll_sum = np.log(p_target)
+        payload[f"rpb_{t}_ll"] = {
+            "metric": "ll_per_token",
+            "items": (ll_sum / 3).tolist(),  # three target tokens per item
+            "ll_sum": ll_sum.tolist(),
+            "p_target": p_target.tolist(),
+            "p_target_mean": float(p_target.mean()),
+        }
     write_json(root / "eval" / where, {"tasks": payload})
     jitter = 0.01 * seed
     tokens = 600
@@ -118,7 +144,7 @@ def write_run(
 
 def write_world(
     root: Path,
-    world: dict[str, tuple[float, float, float]],
+    world: dict[str, tuple[float, ...]],
     *,
     models: tuple[str, ...] = ("tinyA", "tinyB"),
     corpora: tuple[str, ...] = ("math", "math2"),

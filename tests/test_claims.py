@@ -1,7 +1,9 @@
 """The claims audit: each verdict rule on synthetic intervals (with and without power), and every
 claim's verdict on synthetic pipeline outputs: a world where the paper holds, one where it is
 reversed, one the evidence cannot decide (underpowered), worlds whose premises fail (not
-testable), and the controls (a placebo identical to plain fine-tuning yields no difference)."""
+testable), and the controls (a placebo identical to plain fine-tuning yields no difference).
+At tiny scale accuracy is judged on p(target) with exact match's estimate required to agree for
+"supported" (a world where the two disagree); at paper scale on exact match alone."""
 
 from __future__ import annotations
 
@@ -26,10 +28,11 @@ from rpb.claims import (
     compare_claims,
     direction_verdict,
     equivalence_verdict,
+    exact_match_agrees,
     exceeds_verdict,
     judged_part,
 )
-from rpb.stats import paired_runs, run_interval
+from rpb.stats import Difference, paired_runs, run_interval
 
 NAN = float("nan")
 
@@ -146,7 +149,7 @@ UNANCHORED = ("none", "lbl", "placebo", "rpb_permuted")
 
 def _spec(seeds: list[int] = SEEDS, **extra: object) -> dict:
     return {
-        "scale": "smoke",
+        "scale": "tiny",
         "ood": OOD_ALL,
         "method": "rpb",
         "reference": "lbl",
@@ -176,7 +179,7 @@ def _routing(world: dict) -> dict[str, dict[str, float]]:
     (and rpb, hard) halves the KL to the base router, hard selects exactly as the base; top-k
     overlap follows the label's NMI (so rpb anchors where its NMI lies between none and hard)."""
     out = {}
-    for label, (_, _, nmi) in world.items():
+    for label, (_, _, nmi, *_) in world.items():
         out[label] = {
             "usage_entropy": 0.95 if label == "lbl" else 0.90,
             "kl_to_base": 0.6 if label in UNANCHORED else 0.3,
@@ -221,9 +224,24 @@ def test_paper_world_supports_every_claim(tmp_path: Path) -> None:
     assert set(verdicts.values()) == {SUPPORTED}, table[["part", "verdict_detail"]]
     c1 = table[table["name"] == "tinyA/math in_domain rpb - lbl"].iloc[0]
     # Per part: the evidence with the measured numbers, estimate, interval, MDE and its checks.
-    assert re.search(r"tinyA/math in_domain rpb - lbl: [\d.]+ vs [\d.]+, diff \+", c1.evidence)
+    assert re.search(
+        r"tinyA/math in_domain rpb - lbl \(p\(target\)\): [\d.]+ vs [\d.]+, diff \+[\d.]+ pp .*; "
+        r"exact match: [\d.]+ vs [\d.]+, diff \+",
+        c1.evidence,
+    )
     low, high, estimate = (float(c1[k]) for k in ("ci_low", "ci_high", "estimate"))
     assert 0 < low < estimate < high and 0 < float(c1.mde) < 5.0
+    # Judged on p(target); exact match's numbers of the same comparison beside them, agreeing.
+    assert c1.metric == "p_target"
+    em_low, em_high, em_estimate = (float(c1[k]) for k in ("em_low", "em_high", "em_estimate"))
+    assert 0 < em_low < em_estimate < em_high and 0 < float(c1.em_mde) < 5.0
+    # The world's p(target) items are 0.02 + 0.96 x exact match's plus a shared wobble.
+    assert estimate == pytest.approx(0.96 * em_estimate)
+    accuracy = table[table["rule"].isin(["direction", "equivalence", "exceeds 5"])]
+    assert (accuracy["metric"] == "p_target").all()
+    assert accuracy["em_estimate"].astype(float).notna().all()
+    nmi = table[table["name"] == "hard - rpb community NMI"].iloc[0]
+    assert nmi.metric == "community_nmi" and nmi.em_estimate == ""  # no exact-match twin
     assert "M1 lbl flattens" in c1.checks and "M2 the configured rpb" in c1.checks
     assert "M5 headroom above lbl" in c1.checks and "FAILED" not in c1.checks
     assert "45.77" in c1.paper
@@ -231,6 +249,7 @@ def test_paper_world_supports_every_claim(tmp_path: Path) -> None:
     assert set(table["kind"]) == {"confirmatory"}
     md = (tmp_path / "claims.md").read_text()
     assert "## C5: supported" in md and "## Manipulation checks" in md
+    assert "Accuracy parts are judged on p(target)" in md
     n_parts = len(table)
     assert f"Tested: {n_parts} confirmatory parts: {n_parts} tested on an interval, 0 not" in md
 
@@ -246,6 +265,124 @@ REVERSED_WORLD = {
     "anchor_kl": (0.40, 0.40, 0.50),
     "hard": (0.80, 0.60, 0.95),  # keeps the structure but gains accuracy
 }
+
+
+@pytest.mark.parametrize(
+    ("rule", "estimate", "threshold", "agrees"),
+    [
+        ("direction", 0.1, 0.0, True),  # the supported sign, however small
+        ("direction", -0.1, 0.0, False),
+        ("direction", 0.0, 0.0, False),  # no sign is not the same sign
+        ("exceeds", 5.5, 5.0, True),
+        ("exceeds", 4.9, 5.0, False),
+        ("exceeds", 0.2, 0.0, True),  # C6's association: exact match's rho positive
+        ("equivalence", 4.9, 0.0, True),
+        ("equivalence", -4.9, 0.0, True),
+        ("equivalence", 5.0, 0.0, False),  # inside (-m, +m), open
+        ("direction", NAN, 0.0, False),
+    ],
+)
+def test_exact_match_agreement(rule: str, estimate: float, threshold: float, agrees: bool) -> None:
+    assert exact_match_agrees(rule, estimate, 5.0, threshold) is agrees
+
+
+def test_a_supported_p_target_part_needs_exact_match_to_agree() -> None:
+    """p(target) decides; exact match's estimate can only turn "supported" into inconclusive,
+    never "not supported" or "inconclusive" into anything else."""
+    up = paired_runs([60.0, 62.0, 61.0, 63.0], [40.0, 41.0, 40.5, 42.0])  # clearly above 0
+    down = paired_runs([40.0, 41.0, 40.5, 42.0], [60.0, 62.0, 61.0, 63.0])
+    agree = judged_part("x - y", up, "direction", 5.0, "e", metric="p_target", exact_match=up)
+    assert agree.verdict == SUPPORTED and agree.em_estimate == up.estimate
+    assert agree.metric == "p_target" and agree.em_low == up.low and agree.em_mde == up.mde
+    disagree = judged_part("x - y", up, "direction", 5.0, "e", metric="p_target", exact_match=down)
+    assert disagree.verdict == INCONCLUSIVE
+    assert (
+        disagree.detail == f"inconclusive (exact match disagrees: estimate {down.estimate:+.1f} pp)"
+    )
+    # Exact match tied in every run (at its floor): no sign, so no agreement.
+    tied = paired_runs([0.0, 0.0], [0.0, 0.0])
+    flat = judged_part("x - y", up, "direction", 5.0, "e", metric="p_target", exact_match=tied)
+    assert flat.detail == "inconclusive (exact match disagrees: estimate +0.0 pp)"
+    rho = judged_part(
+        "rho",
+        up,
+        "exceeds",
+        5.0,
+        "e",
+        unit="rho",
+        metric="p_target",
+        exact_match=Difference(NAN, NAN, NAN, NAN, 2, 6),
+    )
+    assert rho.detail == "inconclusive (exact match disagrees: estimate undefined)"
+    # p(target) not supported: exact match has no say, whatever it shows.
+    refuted = judged_part("x - y", down, "direction", 5.0, "e", metric="p_target", exact_match=up)
+    assert refuted.verdict == NOT_SUPPORTED
+    # The agreement is part of the rule: with a failed check it is what the waived verdict says.
+    failed = Check("M0", "the regime rule found a setting", False, "none")
+    part = judged_part(
+        "x - y", up, "direction", 5.0, "e", [failed], metric="p_target", exact_match=down
+    )
+    assert part.verdict == NOT_TESTABLE and part.checks_waived == INCONCLUSIVE
+    # Exact match judged alone (paper scale): its own numbers are the em_* ones.
+    alone = judged_part("x - y", down, "direction", 5.0, "e", metric="exact_match")
+    assert alone.verdict == NOT_SUPPORTED and alone.em_estimate == down.estimate
+    with pytest.raises(ValueError, match="needs exact match's estimate"):
+        judged_part("x - y", up, "direction", 5.0, "e", metric="p_target")
+
+
+# rpb's greedy answers are slightly worse than lbl's in-domain (exact match 0.55 vs 0.60) while
+# its p(target) is far higher (0.80 vs 0.35): p(target) resolves rpb > lbl, exact match points
+# the other way. Its OOD and the anchors' levels are the paper world's, so rpb is comparable to
+# the anchors on p(target) (0.80 each) but 25 points below them on exact match.
+DISAGREE_WORLD = {
+    **PAPER_WORLD,
+    "rpb": (0.55, 0.80, 0.70, 0.80, 0.80),
+    "lbl": (0.60, 0.50, 0.30, 0.35, 0.50),
+}
+
+
+def test_exact_match_disagreeing_makes_a_p_target_part_inconclusive(tmp_path: Path) -> None:
+    table = _build(tmp_path, DISAGREE_WORLD).set_index("name")
+    part = table.loc["tinyA/math in_domain rpb - lbl"]
+    # p(target) alone would support it: its interval lies above 0 ...
+    assert part.metric == "p_target" and float(part.ci_low) > 0
+    # ... but exact match's estimate of the same difference is negative.
+    em = float(part.em_estimate)
+    assert em < 0 and float(part.em_high) < 0
+    assert part.verdict == INCONCLUSIVE
+    assert part.verdict_detail == f"inconclusive (exact match disagrees: estimate {em:+.1f} pp)"
+    assert part.verdict_checks_waived == INCONCLUSIVE
+    # Equivalence: rpb and an anchor are equal on p(target), 25 points apart on exact match.
+    eq = table.loc["tinyA in_domain rpb - anchor_weight (corpora math+math2)"]
+    assert float(eq.ci_low) > -5.0 and float(eq.ci_high) < 5.0
+    assert float(eq.em_estimate) == pytest.approx(-25.0, abs=5.0)
+    assert eq.verdict_detail.startswith("inconclusive (exact match disagrees: estimate -2")
+    # Where the two agree, p(target) decides as ever: rpb - none and the OOD parts.
+    assert table.loc["tinyA/math in_domain rpb - none", "verdict"] == SUPPORTED
+    assert table.loc["tinyA/math ood rpb - lbl", "verdict"] == SUPPORTED
+    # No part is "not supported" for exact match's sake: p(target) alone decides that.
+    assert table.loc["tinyA/math in_domain rpb - lbl", "claim_verdict"] == INCONCLUSIVE
+    assert "exact match disagrees" in (tmp_path / "claims.md").read_text()
+
+
+def test_at_paper_scale_the_verdict_ignores_p_target(tmp_path: Path) -> None:
+    """scale: paper judges exact match alone: the disagreeing world's rpb - lbl is then not
+    supported (exact match resolves it below 0), and replacing every p(target) item changes
+    nothing in the audit."""
+    paper = _build(tmp_path / "a", DISAGREE_WORLD, spec=_spec(scale="paper"))
+    part = paper.set_index("name").loc["tinyA/math in_domain rpb - lbl"]
+    assert part.metric == "exact_match" and part.verdict == NOT_SUPPORTED
+    assert float(part.ci_high) < 0 and float(part.estimate) == float(part.em_estimate)
+    assert "exact match disagrees" not in " ".join(paper["verdict_detail"])
+    # The same exact-match items, p(target) planted at exact match's levels instead.
+    same_em = {label: levels[:3] for label, levels in DISAGREE_WORLD.items()}
+    other = _build(tmp_path / "b", same_em, spec=_spec(scale="paper"))
+    columns = ["verdict", "verdict_detail", "metric", "estimate", "ci_low", "ci_high", "mde"]
+    pd.testing.assert_frame_equal(paper[columns], other[columns])
+    # ... whereas at tiny scale the two worlds are judged differently.
+    tiny = _build(tmp_path / "c", same_em)
+    assert tiny.set_index("name").loc["tinyA/math in_domain rpb - lbl", "verdict"] == NOT_SUPPORTED
+    assert "Accuracy parts are judged on exact match" in (tmp_path / "a" / "claims.md").read_text()
 
 
 def test_reversed_world_supports_no_claim(tmp_path: Path) -> None:
@@ -296,7 +433,8 @@ def test_a_reading_that_does_not_anchor_makes_rpb_claims_not_testable(tmp_path: 
 
 
 def test_failed_premises_name_their_check(tmp_path: Path) -> None:
-    world = {**PAPER_WORLD, "lbl": (0.97, 0.50, 0.30)}  # lbl near the ceiling
+    # lbl near the ceiling of p(target), the measure M5 reads at tiny scale.
+    world = {**PAPER_WORLD, "lbl": (0.97, 0.50, 0.30, 1.0, 0.50)}
     routing = _routing(world)
     routing["lbl"]["usage_entropy"] = 0.90  # lbl does not flatten routing
     routing["hard"]["topk_overlap_with_base"] = 0.999  # hard does not route as the base
@@ -306,7 +444,10 @@ def test_failed_premises_name_their_check(tmp_path: Path) -> None:
     rpb_none, rpb_lbl = c1.iloc[0], c1.iloc[1]
     assert rpb_lbl.verdict == NOT_TESTABLE
     assert "M1 lbl flattens routing vs none (tinyA) failed" in rpb_lbl.verdict_detail
-    assert "M5 headroom above lbl (tinyA/math) failed, lbl in-domain 9" in rpb_lbl.verdict_detail
+    assert (
+        "M5 headroom above lbl (tinyA/math) failed, lbl in-domain 98.0% (p(target))"
+        in rpb_lbl.verdict_detail
+    )
     assert rpb_none.verdict == SUPPORTED  # judged: none is flattened by nothing
     c5 = table[table["claim"] == "C5"]
     with_kl = c5[c5["name"].str.contains("anchor_kl")]

@@ -1,7 +1,8 @@
 """rpb.exploratory: the softness sweep (strength axis, protocols, table, figure), table 4 at
 strengths matched on routing, the training-drift curves, and the rule that picks the default RPB
 reading (positions between the bounds, both metrics required, order of preference, the
-undetermined case, and no say for accuracy)."""
+undetermined case, and no say for accuracy in either measure); p(target) beside exact match in
+every table that shows accuracy."""
 
 from __future__ import annotations
 
@@ -100,6 +101,21 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
     assert rpb.set_index("label").loc["rpb_l4", "community_nmi"] == pytest.approx(0.805)
     anchor = df[df["curve"] == "anchor_kl"].set_index("label")
     assert anchor.loc["anchor_kl", "strength"] == 1.0
+    # p(target) beside exact match: the seed mean of each run's planted p_target items.
+    assert [c for c in df.columns if c.startswith(("in_domain", "ood"))] == [
+        "in_domain",
+        "in_domain_p",
+        "ood_mean",
+        "ood_mean_p",
+    ]
+    planted = [
+        np.mean(json.loads(path.read_text())["tasks"]["rpb_math_ll"]["p_target"])
+        for path in sorted((tmp_path / "eval" / "tinyA" / "math" / "rpb_l4").glob("seed*.json"))
+    ]
+    assert len(planted) == 2
+    assert rpb.set_index("label").loc["rpb_l4", "in_domain_p"] == pytest.approx(
+        100 * np.mean(planted)
+    )
     assert (df["n_seeds"] == 2).all()
     runs = pd.read_csv(tmp_path / "sweep_runs.csv")
     assert len(runs) == (6 + 4) * 2 and set(runs["protocol"]) == {OWN_ROUTER, KEPT_AT_EVAL}
@@ -114,6 +130,11 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
     assert matched.loc["anchor_kl", "matched_label"] == "anchor_kl"  # 0.3/0.75 beats 0.5/0.75
     assert matched.loc["rpb", "default_in_domain"] == pytest.approx(80, abs=15)
     assert matched.loc["rpb", "matched_rank_in_domain"] == 1.0  # 0.8 vs anchor_kl's 0.7
+    assert matched.loc["rpb", "matched_rank_in_domain_p"] == 1.0  # p(target) the same order
+    assert matched.loc["rpb", "default_in_domain_p"] == pytest.approx(
+        rpb.set_index("label").loc["rpb", "in_domain_p"]
+    )
+    assert "are p(target)" in (tmp_path / "sweep.md").read_text()
     for side in ("consistency", "pairs"):
         assert set(pd.read_csv(tmp_path / f"sweep_table4_matched_{side}.csv")["strengths"]) == {
             "default",
@@ -261,10 +282,13 @@ def _readings_spec(methods: list[str]) -> dict:
     }
 
 
-def _readings_world(root: Path, nmi: dict[str, float], accuracy: float = 0.5) -> None:
+def _readings_world(
+    root: Path, nmi: dict[str, float], accuracy: float = 0.5, p_target: float | None = None
+) -> None:
+    p = accuracy if p_target is None else p_target
     for label, value in nmi.items():
         for seed in READING_SEEDS:
-            write_run(root, "m", "math", label, seed, (accuracy, accuracy, value))
+            write_run(root, "m", "math", label, seed, (accuracy, accuracy, value, p, p))
 
 
 def _set_overlap(root: Path, label: str, value: float) -> None:
@@ -313,13 +337,16 @@ def test_no_gap_between_the_bounds_is_undetermined(tmp_path: Path) -> None:
     assert "no reading anchors" in (tmp_path / "r.md").read_text()
 
 
-@pytest.mark.parametrize("accuracy", [0.1, 0.9])
-def test_accuracy_has_no_say(tmp_path: Path, accuracy: float) -> None:
+@pytest.mark.parametrize(("accuracy", "p_target"), [(0.1, 0.9), (0.9, 0.1)])
+def test_accuracy_has_no_say(tmp_path: Path, accuracy: float, p_target: float) -> None:
     _readings_world(tmp_path, {"none": 0.2, "hard": 1.0}, accuracy=0.5)
-    _readings_world(tmp_path, {"a": 0.3, "b": 0.7}, accuracy=accuracy)
+    _readings_world(tmp_path, {"a": 0.3, "b": 0.7}, accuracy=accuracy, p_target=p_target)
     table = build_readings(tmp_path, _readings_spec(["a", "b"]), tmp_path / "r.csv")
     rows = _by_method(table)
     assert rows["a"]["in_domain"] == pytest.approx(100 * accuracy, abs=15)
+    # p(target) is listed beside exact match (0.02 + 0.96 x the planted level), in neither rule.
+    assert rows["a"]["in_domain_p"] == pytest.approx(100 * (0.02 + 0.96 * p_target), abs=15)
+    assert list(table.columns[-4:]) == ["in_domain", "in_domain_p", "ood_mean", "ood_mean_p"]
     assert (rows["a"]["anchors"], rows["b"]["anchors"]) == ("no", "yes")
 
 

@@ -1,37 +1,72 @@
-"""Router swap and the routing-sensitive regime on tiny random models: swapping routers moves
-exactly the router tensors (twice: the original, bitwise), the 2x2 decomposition adds up and
-recovers a known answer, and `trainable: routed_experts_and_routers` leaves every other parameter
-bitwise unchanged while the trainable ones move."""
+"""Part swap and the routing-sensitive regime on tiny random models: swapping a part (routers,
+routed experts, trunk) moves exactly that part's tensors (twice: the original, bitwise), in memory
+and through saved folders; the 2^k factorial decomposition recovers planted effects, exact Shapley
+shares and the put-back effect, and its cells add up; `all` schedules the cells; and
+`trainable: routed_experts_and_routers` leaves every other parameter bitwise unchanged while the
+trainable ones move."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import math
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
-import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import ARCHS, make_batch, make_model, perturb_routers
+from conftest import ARCHS, make_batch, make_model
 from transformers import AutoModelForCausalLM
 
 from rpb.architectures import random_model
 from rpb.config_check import ConfigError, check_config
 from rpb.router_swap import (
+    LABEL_PATTERN,
+    PARTS,
     build_router_swap_table,
+    cell_eval_paths,
+    cells,
     decompose,
+    factors,
+    model_label,
+    parse_label,
+    part_state,
     router_state,
-    swap_labels,
+    swap_input_dirs,
+    swap_parts,
     swap_routers,
-    swap_saved_routers,
+    swap_saved_parts,
+    table_inputs,
 )
 from rpb.routing import find_routers
-from rpb.trainable import TRAINABLE, select_trainable
+from rpb.trainable import TRAINABLE, parameter_parts, select_trainable
 from rpb.training import TokenizedExamples, TrainSpec, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
+# The families of the part tests: fused experts with a shared expert and a correction bias
+# (DeepSeek-V3), fused experts alone (Qwen3-MoE), Mixtral's experts.
+PART_ARCHS = ["deepseek_v3", "qwen3_moe", "mixtral"]
+# Names that must land in each part (a misclassified tensor would swap with the wrong part).
+EXPECTED = {
+    "deepseek_v3": {
+        "routers": [r"\.mlp\.gate\.weight$", r"\.mlp\.gate\.e_score_correction_bias$"],
+        "routed_experts": [r"\.mlp\.experts\."],
+        "trunk": [r"\.mlp\.shared_experts\.", r"self_attn", r"embed_tokens", r"^lm_head"],
+    },
+    "qwen3_moe": {
+        "routers": [r"\.mlp\.gate\.weight$"],
+        "routed_experts": [r"\.mlp\.experts\."],
+        "trunk": [r"self_attn", r"embed_tokens", r"layernorm"],
+    },
+    "mixtral": {
+        "routers": [r"\.mlp\.gate\.weight$"],
+        "routed_experts": [r"\.mlp\.experts\."],
+        "trunk": [r"self_attn", r"embed_tokens", r"layernorm"],
+    },
+}
 
 
 def _state(model) -> dict[str, torch.Tensor]:
@@ -42,56 +77,78 @@ def _equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], keys) -> bool
     return all(torch.equal(a[k], b[k]) for k in keys)
 
 
-def _trained_from(base, seed: int = 1, routers: bool = True, others: bool = True):
-    """A copy of `base` moved as post-training would: its routers and/or its other weights."""
+def _trained_from(base, parts=PARTS, seed: int = 1):
+    """A copy of `base` with every tensor of `parts` moved, as post-training would move them."""
     trained = copy.deepcopy(base)
-    names = set(router_state(trained))
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        if routers:
-            perturb_routers(trained, seed=seed)
-            for handle in find_routers(trained):
-                bias = handle.correction_bias
-                if bias is not None:
-                    bias.add_(0.1 * torch.randn(bias.shape, generator=g))
-        if others:
-            for name, param in trained.named_parameters():
-                if name not in names:
-                    param.add_(0.05 * torch.randn(param.shape, generator=g))
+        for tensor in part_state(trained, parts).values():
+            if tensor.is_floating_point():
+                tensor.add_(0.05 * torch.randn(tensor.shape, generator=g, dtype=tensor.dtype))
     return trained
 
 
-@pytest.mark.parametrize("arch", list(ARCHS))
-def test_swap_moves_exactly_the_routers_and_twice_is_the_original(arch: str) -> None:
+def _names(model, part: str) -> set[str]:
+    return {n for n, p in parameter_parts(model).items() if p == part}
+
+
+def test_parts_are_the_trainable_parts() -> None:
+    from rpb.trainable import PARTS as TRAINABLE_PARTS
+
+    assert PARTS == TRAINABLE_PARTS
+
+
+@pytest.mark.parametrize("part", PARTS)
+@pytest.mark.parametrize("arch", PART_ARCHS)
+def test_swapping_a_part_moves_exactly_its_tensors(arch: str, part: str) -> None:
     base = make_model(arch)
     trained = _trained_from(base)
-    routers = set(router_state(base))
-    others = set(base.state_dict()) - routers
-    # DeepSeek-V3's correction bias is a buffer of the router and travels with it.
-    has_bias = any(h.correction_bias is not None for h in find_routers(base))
-    assert any(k.endswith("e_score_correction_bias") for k in routers) == has_bias
+    names = _names(base, part)
+    others = set(base.state_dict()) - names
+    for pattern in EXPECTED[arch][part]:
+        assert any(re.search(pattern, n) for n in names), (part, pattern)
     original, donor = _state(trained), copy.deepcopy(trained)
-    swapped = swap_routers(trained, base)
-    assert set(swapped) == routers
+    assert set(swap_parts(trained, base, [part])) == names
     now = _state(trained)
-    assert _equal(now, _state(base), routers)  # the base's routers
-    assert _equal(now, original, others)  # everything else still trained's
-    assert not _equal(now, original, routers)
-    base_with_trained = copy.deepcopy(base)
-    swap_routers(base_with_trained, donor)
-    assert _equal(_state(base_with_trained), original, routers)
-    assert _equal(_state(base_with_trained), _state(base), others)
-    swap_routers(trained, base_with_trained)  # the second swap puts trained's routers back
+    assert _equal(now, _state(base), names)  # the base's part
+    assert _equal(now, original, others)  # everything else still trained's, bitwise
+    assert not any(torch.equal(now[n], original[n]) for n in names)  # and the part did move
+    base_with_part = copy.deepcopy(base)
+    swap_parts(base_with_part, donor, [part])
+    assert _equal(_state(base_with_part), original, names)
+    assert _equal(_state(base_with_part), _state(base), others)
+    swap_parts(trained, base_with_part, [part])  # the second swap puts trained's part back
     assert _equal(_state(trained), original, original)  # bitwise the original, every tensor
 
 
-def test_swap_refuses_models_with_other_routers() -> None:
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_swap_routers_is_the_routers_part(arch: str) -> None:
+    """The earlier callers' swap_routers moves what swap_parts(["routers"]) moves."""
+    base = make_model(arch)
+    trained = _trained_from(base)
+    routers = set(router_state(base))
+    has_bias = any(h.correction_bias is not None for h in find_routers(base))
+    assert any(k.endswith("e_score_correction_bias") for k in routers) == has_bias
+    original = _state(trained)
+    assert set(swap_routers(trained, base)) == routers == _names(base, "routers")
+    now = _state(trained)
+    assert _equal(now, _state(base), routers)
+    assert _equal(now, original, set(original) - routers)
+
+
+def test_swap_refuses_other_models_and_unknown_parts() -> None:
     a = make_model("qwen3_moe")
     b = random_model("qwen3_moe", seed=0, num_experts=4)
-    with pytest.raises(ValueError, match="shape"):
+    with pytest.raises(ValueError, match="in the target"):
         swap_routers(a, b)
+    with pytest.raises(ValueError, match="in the target"):
+        swap_parts(a, b, ["routed_experts"])
     with pytest.raises(ValueError, match="OlmoeForCausalLM's routers cannot go into a Qwen3"):
         swap_routers(a, make_model("olmoe"))
+    with pytest.raises(ValueError, match="OlmoeForCausalLM's trunk cannot go into a Qwen3"):
+        swap_parts(a, make_model("olmoe"), ["trunk"])
+    with pytest.raises(ValueError, match=r"parts: \['experts'\] must be"):
+        swap_parts(a, make_model("qwen3_moe"), ["experts"])
 
 
 def _nll(model, batch) -> float:
@@ -99,117 +156,336 @@ def _nll(model, batch) -> float:
         return float(model(**batch).loss)
 
 
-def _cells(base, trained, tmp_path: Path) -> dict[str, float]:
-    """The four cells' loss on a fixed batch, the swapped ones saved and reloaded."""
-    dirs = {"base": tmp_path / "base", "trained": tmp_path / "trained"}
+def _saved_cells(base, trained, tmp_path: Path, parts=PARTS) -> dict[str, Path]:
+    """Every cell of the factorial over `parts` as a saved model folder, each swapped one made as
+    the pipeline makes it (its label's target, source and part)."""
+    dirs = {"base": tmp_path / "base", "none": tmp_path / "none"}
     base.save_pretrained(dirs["base"])
-    trained.save_pretrained(dirs["trained"])
-    swap_saved_routers(dirs["trained"], dirs["base"], tmp_path / "trained_base_routers")
-    swap_saved_routers(dirs["base"], dirs["trained"], tmp_path / "base_trained_routers")
-    batch = make_batch(seed=4)
-    return {
-        name: _nll(AutoModelForCausalLM.from_pretrained(tmp_path / name), batch)
-        for name in ("base", "trained", "trained_base_routers", "base_trained_routers")
-    }
+    trained.save_pretrained(dirs["none"])
+    out = {}
+    for cell, taken in cells(parts).items():
+        label = model_label("none", parts, taken)
+        if label not in dirs:
+            target, source, part = parse_label(label)
+            swap_saved_parts(dirs[target], dirs[source], [part], tmp_path / label)
+            dirs[label] = tmp_path / label
+        out[cell] = dirs[label]
+    return out
 
 
-@pytest.mark.parametrize("arch", ["deepseek_v3", "qwen3_moe"])
-def test_saved_swap_is_bitwise_and_the_parts_add_up(arch: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("arch", PART_ARCHS)
+def test_saved_cells_hold_each_part_from_its_model_bitwise(arch: str, tmp_path: Path) -> None:
     base = make_model(arch)
     trained = _trained_from(base)
-    cells = _cells(base, trained, tmp_path)
-    parts = decompose(*cells.values())
-    assert parts["total"] == pytest.approx(cells["trained"] - cells["base"])
-    assert parts["routing"] + parts["non_routing"] + parts["interaction"] == pytest.approx(
-        parts["total"], abs=1e-12
-    )
-    # Saved and reloaded: the swapped model holds the donor's routers and its own other weights.
-    swapped = AutoModelForCausalLM.from_pretrained(tmp_path / "trained_base_routers")
-    routers = set(router_state(base))
-    assert _equal(_state(swapped), _state(base), routers)
-    assert _equal(_state(swapped), _state(trained), set(_state(trained)) - routers)
+    folders = _saved_cells(base, trained, tmp_path)
+    assert len(folders) == 8 and len(set(folders.values())) == 8
+    b, t = _state(base), _state(trained)
+    batch = make_batch(seed=4)
+    loss = {}
+    for cell, folder in folders.items():
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        state = _state(model)
+        for part in PARTS:
+            source = t if part in cells(PARTS)[cell] else b
+            assert _equal(state, source, _names(base, part)), (cell, part)
+        loss[cell] = _nll(model, batch)
+    summary = json.loads((folders["trained_with_base_trunk"] / "swap.json").read_text())
+    assert summary["parts"] == ["trunk"] and summary["distance"]["trunk"] > 0
     # Swapping back on disk gives the trained model bitwise.
-    swap_saved_routers(tmp_path / "trained_base_routers", tmp_path / "trained", tmp_path / "back")
-    back = AutoModelForCausalLM.from_pretrained(tmp_path / "back")
-    assert _equal(_state(back), _state(trained), _state(trained))
-    assert json.loads((tmp_path / "back" / "router_swap.json").read_text())["router_distance"] > 0
+    swap_saved_parts(
+        folders["trained_with_base_trunk"], tmp_path / "none", ["trunk"], tmp_path / "b"
+    )
+    assert _equal(_state(AutoModelForCausalLM.from_pretrained(tmp_path / "b")), t, t)
+    # Real losses: the effects and the Shapley values add up to the change.
+    parts = decompose({cells(PARTS)[c]: v for c, v in loss.items()}, list(PARTS))
+    assert parts["total"] == pytest.approx(loss["trained"] - loss["base"], abs=1e-12)
+    effects = [v for k, v in parts.items() if k.startswith(("main_", "interaction_"))]
+    assert len(effects) == 7 and sum(effects) == pytest.approx(parts["total"], abs=1e-12)
+    shapley = sum(parts[f"shapley_{p}"] for p in PARTS)
+    assert shapley == pytest.approx(parts["total"], abs=1e-12)
 
 
-def test_decomposition_recovers_a_known_answer(tmp_path: Path) -> None:
-    """A model that differs from its base only in its routers: routing is the whole change; one
-    that differs only elsewhere: routing is none of it."""
+@pytest.mark.parametrize("moved", PARTS)
+def test_a_model_that_moved_one_part_is_all_that_part(moved: str, tmp_path: Path) -> None:
+    """Known answer on a real model: trained differs from its base only in `moved`, so that part's
+    main effect, Shapley value and put-back are the whole change, and every other effect is 0."""
     base = make_model("deepseek_v3")
-    only_routers = _cells(base, _trained_from(base, others=False), tmp_path / "r")
-    parts = decompose(*only_routers.values())
+    folders = _saved_cells(base, _trained_from(base, [moved]), tmp_path)
+    batch = make_batch(seed=4)
+    loss = {c: _nll(AutoModelForCausalLM.from_pretrained(f), batch) for c, f in folders.items()}
+    parts = decompose({cells(PARTS)[c]: v for c, v in loss.items()}, list(PARTS))
     assert parts["total"] != 0
-    assert parts["non_routing"] == 0 and parts["interaction"] == 0
-    assert parts["routing"] == parts["total"] and parts["routing_share"] == 1.0
-    only_others = _cells(base, _trained_from(base, routers=False), tmp_path / "o")
-    parts = decompose(*only_others.values())
-    assert parts["routing"] == 0 and parts["interaction"] == 0 and parts["routing_share"] == 0.0
+    for key, value in parts.items():
+        if key in (f"main_{moved}", f"shapley_{moved}", "total"):
+            assert value == parts["total"], key
+        elif key == f"put_back_{moved}":
+            assert value == -parts["total"]
+        elif key in (f"shapley_share_{moved}", f"put_back_share_{moved}"):
+            assert value == 1.0, key
+        else:
+            assert value == 0.0, key
 
 
-def test_decompose_is_the_2x2_factorial() -> None:
-    parts = decompose(base=90.0, trained=30.0, trained_base_routers=50.0, base_trained_routers=80.0)
-    assert parts == {
-        "total": -60.0,
-        "routing": -10.0,
-        "non_routing": -40.0,
-        "interaction": -10.0,
-        "routing_share": pytest.approx(15.0 / 60.0),
+# --- the factorial, on planted scores ----------------------------------------------------------
+
+
+def _shapley_by_orders(v: dict[frozenset, float], names: list[str]) -> dict[str, float]:
+    """Each factor's marginal contribution averaged over the k! orders of putting them in (the
+    definition, independent of rpb.router_swap's formula)."""
+    out = dict.fromkeys(names, 0.0)
+    orders = list(itertools.permutations(names))
+    for order in orders:
+        have: frozenset = frozenset()
+        for f in order:
+            out[f] += (v[have | {f}] - v[have]) / len(orders)
+            have = have | {f}
+    return out
+
+
+def _planted(base: float, effects: dict[tuple[str, ...], float]) -> dict[frozenset, float]:
+    """v(S) = base + the planted effects of every non-empty U in S: the effects are v's by
+    construction."""
+    return {
+        frozenset(s): base + sum(e for u, e in effects.items() if set(u) <= set(s))
+        for r in range(len(PARTS) + 1)
+        for s in itertools.combinations(PARTS, r)
     }
-    assert np.isnan(decompose(1.0, 1.0, 0.0, 2.0)["routing_share"])  # no change to explain
 
 
-def _eval_json(path: Path, scores: dict[str, float], ll: float) -> None:
-    """An evaluation output with exact-match items giving `scores` (fractions of 4 items)."""
+R, E, T = PARTS
+# Per metric: the base's score and the planted effects (exact match in steps of 12.5 points, the
+# resolution of 8 items; p(target) as a fraction).
+PLANTED = {
+    "exact_match": (
+        100.0,
+        {(R,): -12.5, (E,): -25.0, (T,): -12.5, (R, E): 12.5, (R, T): 0, (E, T): 0, (R, E, T): 0},
+    ),
+    "p_target": (
+        0.8,
+        {
+            (R,): -0.05,
+            (E,): -0.2,
+            (T,): -0.1,
+            (R, E): 0.03,
+            (R, T): 0.0,
+            (E, T): 0.02,
+            (R, E, T): -0.01,
+        },
+    ),
+}
+
+
+def test_decompose_recovers_planted_effects_and_exact_shapley() -> None:
+    base, effects = PLANTED["p_target"]
+    v = _planted(base, effects)
+    out = decompose(v, list(PARTS))
+    assert out["total"] == pytest.approx(sum(effects.values()))
+    for subset, effect in effects.items():
+        name = f"main_{subset[0]}" if len(subset) == 1 else "interaction_" + "_x_".join(subset)
+        assert out[name] == pytest.approx(effect, abs=1e-12), name
+    by_orders = _shapley_by_orders(v, list(PARTS))
+    for f in PARTS:
+        assert out[f"shapley_{f}"] == pytest.approx(by_orders[f], abs=1e-12)
+        assert out[f"shapley_share_{f}"] == pytest.approx(by_orders[f] / out["total"])
+        put_back = v[frozenset(PARTS) - {f}] - v[frozenset(PARTS)]
+        assert out[f"put_back_{f}"] == pytest.approx(put_back, abs=1e-12)
+        assert out[f"put_back_share_{f}"] == pytest.approx(put_back / -out["total"])
+    # By hand: routers' Shapley value = -0.05 + 0.03/2 + 0/2 - 0.01/3; its put-back undoes
+    # -(-0.05 + 0.03 + 0 - 0.01) = 0.03 of the loss 0.31.
+    assert out["shapley_routers"] == pytest.approx(-0.05 + 0.015 - 0.01 / 3)
+    assert out["put_back_share_routers"] == pytest.approx(0.03 / 0.31)
+    no_change = decompose(dict.fromkeys(v, 1.0), list(PARTS))
+    assert math.isnan(no_change["shapley_share_routers"])
+
+
+def test_two_factors_are_the_earlier_2x2() -> None:
+    """`parts: [routers]`: routers against the rest, the earlier decomposition and labels."""
+    assert factors(["routers"]) == {"routers": ("routers",), "rest": ("routed_experts", "trunk")}
+    grid = cells(["routers"])
+    assert list(grid) == [
+        "base",
+        "base_with_trained_routers",
+        "trained_with_base_routers",
+        "trained",
+    ]
+    labels = {c: model_label("none", ["routers"], s) for c, s in grid.items()}
+    assert labels["trained_with_base_routers"] == "none_with_base_routers"
+    assert labels["base_with_trained_routers"] == "base_with_none_routers"
+    v = {
+        frozenset(): 90.0,
+        frozenset({"routers", "rest"}): 30.0,
+        frozenset({"rest"}): 50.0,  # trained with the base's routers
+        frozenset({"routers"}): 80.0,  # base with the trained routers
+    }
+    out = decompose(v, ["routers", "rest"])
+    assert (out["total"], out["main_routers"], out["main_rest"]) == (-60.0, -10.0, -40.0)
+    assert out["interaction_routers_x_rest"] == -10.0
+    assert out["shapley_share_routers"] == pytest.approx(15.0 / 60.0)  # (routing + x / 2) / total
+    assert out["put_back_share_routers"] == pytest.approx(20.0 / 60.0)
+
+
+def test_labels_name_the_actual_parts_whatever_the_factors() -> None:
+    full = {model_label("rpb_l0p25", PARTS, s) for s in cells(PARTS).values()}
+    assert full == {
+        "base",
+        "rpb_l0p25",
+        *(f"base_with_rpb_l0p25_{p}" for p in PARTS),
+        *(f"rpb_l0p25_with_base_{p}" for p in PARTS),
+    }
+    # Two listed parts and `rest`: the same 8 models under the same labels (shared in the tree).
+    assert {model_label("rpb_l0p25", [R, T], s) for s in cells([R, T]).values()} == full
+    for label in full - {"base", "rpb_l0p25"}:
+        assert re.fullmatch(LABEL_PATTERN, label)
+        target, source, part = parse_label(label)
+        assert {target, source} == {"base", "rpb_l0p25"}
+        assert label == (
+            f"base_with_rpb_l0p25_{part}" if target == "base" else f"rpb_l0p25_with_base_{part}"
+        )
+    # A method whose name ends like a part keeps its name.
+    assert parse_label("base_with_x_routed_routers") == ("base", "x_routed", "routers")
+    assert parse_label("x_trunk_with_base_routed_experts") == ("x_trunk", "base", "routed_experts")
+    with pytest.raises(ValueError, match="not a swap label"):
+        parse_label("none_with_base_experts")
+
+
+def test_a_run_on_a_replicate_base_swaps_with_its_own_base(tmp_path: Path) -> None:
+    models = {"tinyA": {"replicates": [1]}}
+    dirs = swap_input_dirs("res", models, "tinyA", "math", "none_with_base_trunk", 1002)
+    assert dirs == {
+        "target": "res/runs/tinyA/math/none/seed1002/model",
+        "source": "res/models/tinyA_p1/base/model",
+    }
+    spec = {"corpus": "math", "method": "none", "swap_tree": "diagnostic/router_swap"}
+    paths = cell_eval_paths(tmp_path, spec, "tinyA", 1002)
+    assert paths["base"] == tmp_path / "eval/tinyA/math/base/seed1000.json"
+    assert paths["trained"] == tmp_path / "eval/tinyA/math/none/seed1002.json"
+    assert paths["base_with_trained_trunk"] == (
+        tmp_path / "diagnostic/router_swap/eval/tinyA/math/base_with_none_trunk/seed1002.json"
+    )
+
+
+def _eval_json(path: Path, em: dict[str, float], p: dict[str, float], ll: float) -> None:
+    """An evaluation output: per task 8 exact-match items scoring `em` (percent) and 8 items of
+    p(target) whose mean is `p` (a fraction; spread so that only the mean is right)."""
     tasks = {}
-    for task, score in scores.items():
-        hits = round(4 * score)
-        tasks[f"rpb_{task}"] = {"metric": "exact_match", "items": [1.0] * hits + [0.0] * (4 - hits)}
-        tasks[f"rpb_{task}_ll"] = {"metric": "ll_per_token", "score": ll}
+    for task in em:
+        hits = round(8 * em[task] / 100)
+        items = [p[task] + d for d in (-0.01, 0.01) * 4]
+        tasks[f"rpb_{task}"] = {"metric": "exact_match", "items": [1.0] * hits + [0.0] * (8 - hits)}
+        tasks[f"rpb_{task}_ll"] = {
+            "metric": "ll_per_token",
+            "score": ll,
+            "items": [ll] * 8,
+            "p_target": items,
+            "p_target_mean": sum(items) / 8,
+        }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"tasks": tasks}))
 
 
-def test_table_reads_the_four_cells_per_seed_and_task(tmp_path: Path) -> None:
-    spec = {
-        "models": ["tinyA"],
-        "corpus": "math",
-        "method": "none",
-        "seeds": [0, 1],
-        "in_domain": ["math"],
-        "ood": ["addition", "facts"],
-        "swap_tree": "diagnostic/router_swap",
-        "scale": "smoke",
-    }
-    labels = swap_labels("none")
-    ev = tmp_path / "eval" / "tinyA" / "math"
-    swap = tmp_path / "diagnostic" / "router_swap" / "eval" / "tinyA" / "math"
-    _eval_json(ev / "base" / "seed0.json", {"math": 0, "addition": 1, "facts": 1}, -0.1)
+SPEC = {
+    "models": ["tinyA"],
+    "corpus": "math",
+    "method": "none",
+    "seeds": [0, 1],
+    "in_domain": ["math"],
+    "ood": ["addition", "facts"],
+    "swap_tree": "diagnostic/router_swap",
+    "scale": "smoke",
+    "parts": list(PARTS),
+}
+
+
+def _world(tmp_path: Path) -> dict:
+    """Planted cells on disk: facts follows PLANTED, addition other effects, math's scores are
+    fixed; seed 1's effects are seed 0's doubled (the base is shared)."""
+    truth = {}
+    for seed, k in ((0, 1.0), (1, 2.0)):
+        for metric, (base, effects) in PLANTED.items():
+            scaled = {u: k * e for u, e in effects.items()}
+            truth[(seed, "facts", metric)] = _planted(base, scaled)
+            # addition: half of facts' p(target) effects; on exact match the trunk and its
+            # interaction with the routers only (8 items resolve 12.5 points)
+            halved = {u: e / 2 for u, e in scaled.items()}
+            em = {(T,): -25.0 * k, (R, T): 12.5 * k}
+            truth[(seed, "addition", metric)] = _planted(
+                base, halved if metric == "p_target" else em
+            )
+        for cell, path in cell_eval_paths(tmp_path, SPEC, "tinyA", seed).items():
+            s = cells(PARTS)[cell]
+            em = {
+                "math": 50.0,
+                **{t: truth[(seed, t, "exact_match")][s] for t in ("addition", "facts")},
+            }
+            p = {"math": 0.5, **{t: truth[(seed, t, "p_target")][s] for t in ("addition", "facts")}}
+            ll = -1.0 - len(s)  # three factors at -1 nat each, no interaction
+            if seed == 1 and cell == "base":
+                continue  # shared with seed 0
+            _eval_json(path, em, p, ll)
+    return truth
+
+
+def test_table_recovers_planted_effects_per_seed_and_metric(tmp_path: Path) -> None:
+    truth = _world(tmp_path)
+    rows = build_router_swap_table(tmp_path, SPEC, tmp_path / "router_swap.csv")
+    # seeds x (3 tasks + in_domain + ood_mean) x (exact match, p(target), ll per token)
+    assert len(rows) == 2 * 5 * 3
+    assert sorted(set(rows.metric)) == ["exact_match", "ll_per_token", "p_target"]
     for seed in (0, 1):
-        _eval_json(
-            ev / "none" / f"seed{seed}.json", {"math": 1, "addition": 0.25, "facts": 0.5}, -2
-        )
-        cells = {
-            "trained_base_routers": {"math": 0.75, "addition": 0.5, "facts": 0.75},
-            "base_trained_routers": {"math": 0, "addition": 1, "facts": 0.75},
-        }
-        for cell, scores in cells.items():
-            _eval_json(swap / labels[cell] / f"seed{seed}.json", scores, -1)
-    rows = build_router_swap_table(tmp_path, spec, tmp_path / "router_swap.csv")
-    assert len(rows) == 2 * (3 + 2) * 2  # seeds x (tasks + in_domain, ood_mean) x metrics
-    facts = rows[(rows.task == "facts") & (rows.metric == "exact_match") & (rows.seed == 1)].iloc[0]
-    assert (facts.base, facts.trained) == (100.0, 50.0)
-    assert (facts.routing, facts.non_routing, facts.interaction) == (-25.0, -25.0, 0.0)
-    ood = rows[(rows.task == "ood_mean") & (rows.metric == "exact_match")].iloc[0]
-    assert ood.total == pytest.approx(-62.5) and ood.routing == pytest.approx(-12.5)
+        for task in ("facts", "addition"):
+            for metric, scale in (("exact_match", 1.0), ("p_target", 100.0)):
+                row = rows[(rows.task == task) & (rows.metric == metric) & (rows.seed == seed)]
+                row = row.iloc[0]
+                v = {s: scale * x for s, x in truth[(seed, task, metric)].items()}
+                expected = decompose(v, list(PARTS))
+                for key, value in expected.items():
+                    assert row[key] == pytest.approx(value, abs=1e-9), (seed, task, metric, key)
+                shapley = _shapley_by_orders(v, list(PARTS))
+                for f in PARTS:
+                    assert row[f"shapley_{f}"] == pytest.approx(shapley[f], abs=1e-9)
+    # The planted numbers themselves, for p(target) on facts, seed 0, in points.
+    facts = rows[(rows.task == "facts") & (rows.metric == "p_target") & (rows.seed == 0)].iloc[0]
+    assert facts.base == pytest.approx(80.0) and facts.trained == pytest.approx(49.0)
+    assert facts.main_routed_experts == pytest.approx(-20.0)
+    assert facts.interaction_routers_x_routed_experts == pytest.approx(3.0)
+    assert facts.put_back_share_routers == pytest.approx(3.0 / 31.0)
+    # The OOD group is the mean of its tasks, cell by cell, and its effects add up too.
+    ood = rows[(rows.task == "ood_mean") & (rows.metric == "p_target") & (rows.seed == 0)].iloc[0]
+    assert ood.total == pytest.approx((-31.0 - 15.5) / 2)
+    effects = [c for c in rows.columns if c.startswith(("main_", "interaction_"))]
+    assert len(effects) == 7
+    assert (rows["total"] - rows[effects].sum(axis=1)).abs().max() < 1e-9
+    ll = rows[(rows.task == "math") & (rows.metric == "ll_per_token")]
+    assert list(ll.total) == [-3.0, -3.0]
+    assert list(ll.shapley_share_trunk) == pytest.approx([1 / 3, 1 / 3])
+    # The summary: cells averaged over seeds, shares recomputed as ratios of the means.
     summary = pd.read_csv(tmp_path / "router_swap_summary.csv")
     assert set(summary.n_seeds) == {2}
-    assert "base + none routers" in (tmp_path / "router_swap.md").read_text()
-    (swap / labels["base_trained_routers"] / "seed1.json").unlink()
-    with pytest.raises(FileNotFoundError, match=r"base_with_none_routers/seed1.json"):
-        build_router_swap_table(tmp_path, spec, tmp_path / "again.csv")
+    s = summary[(summary.task == "facts") & (summary.metric == "p_target")].iloc[0]
+    per_seed = rows[(rows.task == "facts") & (rows.metric == "p_target")]
+    assert s.put_back_share_routers == pytest.approx(
+        per_seed.put_back_routers.mean() / -per_seed.total.mean(), rel=1e-5
+    )
+    md = (tmp_path / "router_swap.md").read_text()
+    assert "none_with_base_routers" in md and "routers put-back share" in md
+    assert "p(target), percent, by part" in md
+
+
+def test_table_names_a_missing_cell_and_refuses_mixed_metrics(tmp_path: Path) -> None:
+    _world(tmp_path)
+    paths = cell_eval_paths(tmp_path, SPEC, "tinyA", 1)
+    assert set(table_inputs(tmp_path, SPEC)) == {
+        str(p) for seed in (0, 1) for p in cell_eval_paths(tmp_path, SPEC, "tinyA", seed).values()
+    }
+    result = json.loads(paths["trained_with_base_trunk"].read_text())
+    for entry in result["tasks"].values():
+        entry.pop("p_target", None)  # an output from before p(target) was recorded
+    paths["trained_with_base_trunk"].write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="cell trained_with_base_trunk of tinyA seed 1 scores"):
+        build_router_swap_table(tmp_path, SPEC, tmp_path / "t.csv")
+    paths["trained_with_base_trunk"].unlink()
+    with pytest.raises(FileNotFoundError, match=r"none_with_base_trunk/seed1.json"):
+        build_router_swap_table(tmp_path, SPEC, tmp_path / "t.csv")
 
 
 # --- the routing-sensitive regime --------------------------------------------------------------
@@ -279,6 +555,12 @@ def test_config_diagnostics_errors_name_the_key() -> None:
         )
     with pytest.raises(ConfigError, match=r"diagnostics.router_swap.models: 'tinyC'"):
         check_config(_config(router_swap={"models": ["tinyC"], "corpus": "math"}), schema)
+    config = _config(router_swap={"models": ["tinyA"], "corpus": "math"})
+    check_config(config, schema)
+    assert config["diagnostics"]["router_swap"]["parts"] == list(PARTS)  # the default: all three
+    with pytest.raises(ConfigError, match=r"diagnostics.router_swap.parts"):
+        swap = {"models": ["tinyA"], "corpus": "math", "parts": ["routers", "experts"]}
+        check_config(_config(router_swap=swap), schema)
     regime = {"trainable": "routed_experts_and_routers", "model": "tinyA", "corpus": "math"}
     with pytest.raises(ConfigError, match=r"diagnostics.regime.methods: 'nope'"):
         check_config(_config(regime=regime | {"methods": ["none", "nope"]}), schema)
@@ -345,5 +627,33 @@ def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> N
     assert all('"trainable": "all"' in c for c in commands if c not in diagnostic)
     for target in ("router_swap.csv", "diagnostic_table1.csv"):
         assert str(results / target) in proc.stdout
-    swaps = [line for line in proc.stdout.splitlines() if " router-swap --name " in line]
-    assert len(swaps) == 2  # tinyA, seed 0: none with base routers, base with none routers
+    # tinyA, seed 0: the 6 swapped cells of the three parts, each made from the right folders.
+    swaps = _swap_commands(proc.stdout)
+    runs, base = f"{results}/runs/tinyA/math/none/seed0/model", f"{results}/models/tinyA/base/model"
+    assert swaps == {
+        **{f"base_with_none_{p}": (base, runs, p) for p in PARTS},
+        **{f"none_with_base_{p}": (runs, base, p) for p in PARTS},
+    }
+    for label in swaps:  # and each is evaluated for the table
+        assert f"{results}/diagnostic/router_swap/eval/tinyA/math/{label}/seed0.json" in proc.stdout
+    # `parts: [routers]` schedules the earlier 2x2's two models.
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", str(results / "router_swap.csv"), "-n", "-p",
+         "--cores", "1", "--configfile", "config/smoke.yaml", "--config",
+         f"results_dir={results}", "diagnostics={'router_swap': {'parts': ['routers']}}"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert _swap_commands(proc.stdout) == {
+        "base_with_none_routers": (base, runs, "routers"),
+        "none_with_base_routers": (runs, base, "routers"),
+    }
+
+
+def _swap_commands(stdout: str) -> dict[str, tuple[str, str, str]]:
+    """label -> (--target, --source, --parts) of each `rpb router-swap` command of a dry run."""
+    out = {}
+    for line in stdout.splitlines():
+        if " router-swap --name " in line:
+            flags = dict(re.findall(r"--([a-z-]+) (\S+)", line))
+            out[flags["label"]] = (flags["target"], flags["source"], flags["parts"])
+    return out

@@ -1,5 +1,6 @@
 """Tables 1-5 built from synthetic pipeline outputs (tests/result_worlds.py): columns, rows,
-the numbers against the inputs, intervals, paired comparisons, ranks, retention and the base."""
+the numbers against the inputs, intervals, paired comparisons, ranks, retention and the base;
+p(target) beside exact match in every table (columns `<score>_p`), absent at paper scale."""
 
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ LEVELS["rpb"] = (0.8, 0.6, 0.28)
 
 
 def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
-    """Eval and analysis JSONs laid out as the pipeline writes them; returns what was written."""
+    """Eval and analysis JSONs laid out as the pipeline writes them; returns what was written:
+    per label and seed the exact-match items (`tasks`), the p(target) items of their
+    loglikelihood twins (`p_target`, drawn independently of them) and the layer means."""
     rng = np.random.default_rng(0)
+    p_rng = np.random.default_rng(1)  # its own stream: exact match's draws stay as they were
     written: dict[str, dict[int, dict]] = {}
     for label in ["base", *spec["methods"]]:
         p_in, p_ood, modularity = LEVELS[label]
@@ -53,6 +57,7 @@ def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
         for seed in [0] if label == "base" else spec["seeds"]:
             tasks = {"math": (rng.random(25) < p_in).astype(int).tolist()}
             tasks |= {t: (rng.random(10) < p_ood).astype(int).tolist() for t in spec["ood"]}
+            p_target = {t: p_rng.random(len(v)).tolist() for t, v in tasks.items()}
             mean = {
                 "modularity": modularity + 0.01 * seed,
                 "community_nmi": 0.5 + 0.1 * seed,
@@ -60,6 +65,7 @@ def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
             }
             where = Path(spec["model"], spec["corpus"], label, f"seed{seed}.json")
             payload = {f"rpb_{t}": {"items": v, "metric": "exact_match"} for t, v in tasks.items()}
+            payload |= {f"rpb_{t}_ll": {"p_target": v} for t, v in p_target.items()}
             write_json(root / "eval" / where, {"tasks": payload})
             write_json(root / "analysis" / where, {"mean": mean})
             # The analysis job's co-activation counts [layers, experts, experts] beside its JSON.
@@ -67,7 +73,7 @@ def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
             counts = torch.from_numpy(counts + counts.transpose(0, 2, 1))
             counts_path = (root / "analysis" / where).with_suffix(".safetensors")
             save_file({"counts": counts}, str(counts_path))
-            written[label][seed] = {"tasks": tasks, "mean": mean}
+            written[label][seed] = {"tasks": tasks, "p_target": p_target, "mean": mean}
     return written
 
 
@@ -87,9 +93,15 @@ def test_table1_columns_and_rows(table: tuple[pd.DataFrame, dict, Path]) -> None
         "in_domain",
         "in_domain_ci_low",
         "in_domain_ci_high",
+        "in_domain_p",
+        "in_domain_p_ci_low",
+        "in_domain_p_ci_high",
         "ood_addition",
+        "ood_addition_p",
         "ood_facts",
+        "ood_facts_p",
         "ood_mean",
+        "ood_mean_p",
         "modularity",
         "community_nmi",
         "coact_cosine",
@@ -101,8 +113,12 @@ def test_table1_columns_and_rows(table: tuple[pd.DataFrame, dict, Path]) -> None
     on_disk = pd.read_csv(out)
     assert list(on_disk.columns) == list(df.columns)
     np.testing.assert_allclose(on_disk["in_domain"], df["in_domain"], atol=1e-4)
-    assert "Table 1" in out.with_suffix(".md").read_text()
-    assert json.loads(out.with_suffix(".meta.json").read_text())["seeds"] == [0, 1]
+    md = out.with_suffix(".md").read_text()
+    assert "Table 1" in md
+    # The Markdown says which measure each column is.
+    assert "columns without a suffix are exact match" in md and "are p(target)" in md
+    meta = json.loads(out.with_suffix(".meta.json").read_text())
+    assert meta["seeds"] == [0, 1] and meta["measures"] == ["exact_match", "p_target"]
     assert list((out.parent / "figures").glob("table1_coactivation*"))
 
 
@@ -122,11 +138,27 @@ def test_table1_numbers_are_percentages_of_the_inputs(
             assert row[key] == pytest.approx(np.mean([s["mean"][key] for s in per_seed.values()]))
         assert row["in_domain_ci_low"] <= row["in_domain"] <= row["in_domain_ci_high"]
         assert row["in_domain_ci_low"] >= 0 and row["in_domain_ci_high"] <= 100
+        # p(target): the same two-level means of the planted per-item p_target values.
+        p_math = [np.mean(s["p_target"]["math"]) for s in per_seed.values()]
+        assert row["in_domain_p"] == pytest.approx(100 * np.mean(p_math))
+        p_ood = {
+            t: 100 * np.mean([np.mean(s["p_target"][t]) for s in per_seed.values()]) for t in OOD
+        }
+        for task, value in p_ood.items():
+            assert row[f"ood_{task}_p"] == pytest.approx(value)
+        assert row["ood_mean_p"] == pytest.approx(np.mean(list(p_ood.values())))
+        assert row["in_domain_p"] != pytest.approx(row["in_domain"])  # not exact match's numbers
         if label != "base":  # the t-interval over the runs' scores, cut to [0, 100]
-            runs = [100 * np.mean(s["tasks"]["math"]) for s in per_seed.values()]
-            ci = stats.ttest_1samp(runs, 0.0).confidence_interval(0.95)
-            assert row["in_domain_ci_low"] == pytest.approx(max(0.0, ci.low))
-            assert row["in_domain_ci_high"] == pytest.approx(min(100.0, ci.high))
+            for column, key in (("in_domain", "tasks"), ("in_domain_p", "p_target")):
+                runs = [100 * np.mean(s[key]["math"]) for s in per_seed.values()]
+                ci = stats.ttest_1samp(runs, 0.0).confidence_interval(0.95)
+                assert row[f"{column}_ci_low"] == pytest.approx(max(0.0, ci.low))
+                assert row[f"{column}_ci_high"] == pytest.approx(min(100.0, ci.high))
+        else:  # one run: the normal interval of its items, their variance, not a binomial's
+            items = np.array(per_seed[0]["p_target"]["math"])
+            half = stats.norm.ppf(0.975) * items.std() / np.sqrt(items.size)
+            assert row["in_domain_p_ci_low"] == pytest.approx(100 * (items.mean() - half))
+            assert row["in_domain_p_ci_high"] == pytest.approx(100 * (items.mean() + half))
 
 
 def test_table1_honours_the_confidence_level(tmp_path: Path) -> None:
@@ -142,7 +174,8 @@ def test_table1_honours_the_confidence_level(tmp_path: Path) -> None:
 
 def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) -> None:
     """At paper scale the eval outputs hold lm-eval's own task names (gsm8k, ...), and a corpus is
-    scored in-domain on the items of every task `corpus_tasks` lists for it, pooled."""
+    scored in-domain on the items of every task `corpus_tasks` lists for it, pooled; the standard
+    tasks have no p(target), and the table has no `_p` column."""
     results = tmp_path / "results"
     written = _fake_results(results, SPEC)
     bench = {"gsm8k": [1, 1, 0, 0], "minerva_math500": [1, 0]}
@@ -151,9 +184,11 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
             path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
             tasks = {t: {"items": v} for t, v in entry["tasks"].items() if t != "math"}
             write_json(path, {"tasks": tasks | {t: {"items": v} for t, v in bench.items()}})
-    spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}}
+    spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}, "scale": "paper"}
     out = results / "table1.csv"
     table = build_table1(results, spec, out).set_index("method")
+    assert not [c for c in table.columns if c.endswith("_p") or "_p_" in c]
+    assert "p(target) is measured on the tiny testbed" in out.with_suffix(".md").read_text()
     # Per benchmark, and their mean (not the pooled items, 3 / 6): each benchmark weighs the same.
     assert table.loc["rpb", "in_domain_gsm8k"] == pytest.approx(50.0)
     assert table.loc["rpb", "in_domain_minerva_math500"] == pytest.approx(50.0)
@@ -171,7 +206,50 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     assert table.loc["rpb", "ood_mean"] == pytest.approx(100 * ood)
     assert "gsm8k, minerva_math500" in out.with_suffix(".meta.json").read_text()
     with pytest.raises(ValueError, match="no task 'rpb_math' or 'math'"):
-        build_table1(results, SPEC, out)
+        build_table1(results, SPEC | {"scale": "paper"}, out)
+
+
+def test_several_benchmarks_have_their_p_target_beside_exact_match(tmp_path: Path) -> None:
+    """corpus_tasks with two of our eval sets: in_domain_<task>_p per benchmark and in_domain_p
+    their mean (each benchmark weighs the same), as exact match."""
+    results = tmp_path / "results"
+    written = _fake_results(results, SPEC)
+    for label, seeds in written.items():
+        for seed in seeds:
+            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            result = json.loads(path.read_text())
+            result["tasks"]["rpb_math2"] = {"items": [1, 0]}
+            result["tasks"]["rpb_math2_ll"] = {"p_target": [0.9, 0.7]}
+            path.write_text(json.dumps(result))
+    spec = SPEC | {"corpus_tasks": {"math": ["math", "math2"]}}
+    table = build_table1(results, spec, results / "t.csv")
+    columns = list(table.columns)
+    i = columns.index("in_domain_math")
+    assert columns[i : i + 4] == [
+        "in_domain_math",
+        "in_domain_math_p",
+        "in_domain_math2",
+        "in_domain_math2_p",
+    ]
+    rpb = table.set_index("method").loc["rpb"]
+    assert rpb["in_domain_math2_p"] == pytest.approx(80.0)
+    p_math = 100 * np.mean([np.mean(written["rpb"][s]["p_target"]["math"]) for s in (0, 1)])
+    assert rpb["in_domain_math_p"] == pytest.approx(p_math)
+    assert rpb["in_domain_p"] == pytest.approx((p_math + 80.0) / 2)
+
+
+def test_an_output_without_p_target_names_file_and_task(tmp_path: Path) -> None:
+    """At tiny scale p(target) is required: an eval output from before it is an error naming
+    the file and the loglikelihood task, not a table without it."""
+    _fake_results(tmp_path, SPEC)
+    path = tmp_path / "eval" / "tinyA" / "math" / "rpb" / "seed1.json"
+    result = json.loads(path.read_text())
+    del result["tasks"]["rpb_facts_ll"]
+    path.write_text(json.dumps(result))
+    with pytest.raises(
+        ValueError, match=re.escape(f"{path}: no p_target items of task 'rpb_facts_ll'")
+    ):
+        build_table1(tmp_path, SPEC | {"scale": "tiny"}, tmp_path / "t.csv")
 
 
 def test_paper_numbers_only_for_family_a(tmp_path: Path) -> None:
@@ -250,6 +328,22 @@ def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     assert ood["n_items"] == 400 * len(OOD_ALL)  # the items of every OOD task per run
     on_disk = pd.read_csv(tmp_path / "table3.csv")
     assert list(on_disk.columns) == list(df.columns)
+    # p(target) beside exact match: the world's p_target items are 0.02 + 0.96 x exact match plus
+    # a wobble every label shares, so each paired p(target) difference is 0.96 times exact
+    # match's, and each score the planted items' two-level mean.
+    p_columns = ["method_score_p", "reference_score_p", "diff_p", "diff_p_ci_low"]
+    p_columns += ["diff_p_ci_high", "p_value_p", "diff_p_sd", "mde_p", "mde_equivalence_p"]
+    assert list(df.columns[-len(p_columns) :]) == p_columns
+    for _, r in df.iterrows():
+        assert r["diff_p"] == pytest.approx(0.96 * r["diff"])
+        assert r["diff_p"] == pytest.approx(r["method_score_p"] - r["reference_score_p"])
+        assert r["diff_p_ci_low"] <= r["diff_p"] <= r["diff_p_ci_high"] and r["mde_p"] > 0
+    p_rpb = [
+        np.mean(json.loads(path.read_text())["tasks"]["rpb_math2_ll"]["p_target"])
+        for path in sorted((tmp_path / "eval" / "tinyA" / "math2" / "rpb").glob("seed*.json"))
+    ]
+    assert len(p_rpb) == 5 and row["method_score_p"] == pytest.approx(100 * np.mean(p_rpb))
+    assert "are p(target)" in (tmp_path / "table3.md").read_text()
 
 
 def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
@@ -266,11 +360,19 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
     spec["methods"] = methods
     df = build_table4(tmp_path, spec, tmp_path / "table4.csv")
     assert len(df) == 2 * 2 * 4
+    assert list(df.columns) == [
+        *["model", "corpus", "seed", "method", "in_domain", "in_domain_p", "ood_mean"],
+        *["ood_mean_p", "rank_in_domain", "rank_in_domain_p", "rank_ood_mean", "rank_ood_mean_p"],
+    ]
     best = df[df["rank_in_domain"] == 1]
     assert set(best["method"]) == {"anchor_weight"} and len(best) == 4
+    # p(target) follows the same planted order: its ranks are exact match's.
+    assert (df["rank_in_domain_p"] == df["rank_in_domain"]).all()
     # OOD is a four-way tie in every block: average rank 2.5.
     assert (df["rank_ood_mean"] == 2.5).all()
     consistency = pd.read_csv(tmp_path / "table4_consistency.csv").set_index("metric")
+    assert list(consistency.index) == ["in_domain", "in_domain_p", "ood_mean", "ood_mean_p"]
+    assert consistency.loc["in_domain_p", "same_best"] == "anchor_weight"
     assert consistency.loc["in_domain", "identical_ranking"]
     assert consistency.loc["in_domain", "consistent_ordering"]
     assert consistency.loc["in_domain", "same_best"] == "anchor_weight"
@@ -282,6 +384,11 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
     # One paired run per (corpus, seed): 2 corpora x 2 seeds, N_ITEMS items each.
     assert first[first["metric"] == "in_domain"]["n_seeds"].item() == 4
     assert first[first["metric"] == "in_domain"]["n_items"].item() == N_ITEMS
+    in_domain = first[first["metric"] == "in_domain"].iloc[0]
+    assert in_domain["diff_p"] == pytest.approx(0.96 * in_domain["diff"])
+    assert in_domain["diff_p_ci_high"] < 0
+    summary = pd.read_csv(tmp_path / "table4_summary.csv")
+    assert set(summary["metric"]) == {"in_domain", "in_domain_p", "ood_mean", "ood_mean_p"}
     assert "Is any ordering consistent?" in (tmp_path / "table4.md").read_text()
 
 
@@ -292,15 +399,26 @@ def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
     spec["correlate"] = ["none", "lbl", "rpb", "anchor_weight", "anchor_logit", "anchor_kl"]
     df = build_table5(tmp_path, spec, tmp_path / "table5.csv")
     assert list(df["method"]) == ["base", "none", "lbl", "rpb", "hard"]
+    accuracy = ["in_domain", "in_domain_ci_low", "in_domain_ci_high", "in_domain_p"]
+    accuracy += ["in_domain_p_ci_low", "in_domain_p_ci_high", "ood_mean", "ood_mean_p"]
+    assert [c for c in df.columns if c.startswith(("in_domain", "ood"))] == accuracy
     hard = df.set_index("method").loc["hard"]
     assert hard["community_nmi"] == pytest.approx(0.955)  # mean over seeds 0 and 1
+    assert hard["in_domain_p_ci_low"] <= hard["in_domain_p"] <= hard["in_domain_p_ci_high"]
     corr = pd.read_csv(tmp_path / "table5_correlation.csv").set_index(["retention", "accuracy"])
     row = corr.loc[("community_nmi", "in_domain")]
     assert row["n_runs"] == 12 and row["spearman_rho"] > 0.7 and row["rho_ci_low"] > 0
+    p_row = corr.loc[("community_nmi", "in_domain_p")]
+    assert p_row["n_runs"] == 12 and p_row["spearman_rho"] > 0.7
+    assert len(corr) == 3 * 4  # every retention metric with each accuracy column
     comparisons = pd.read_csv(tmp_path / "table5_hard.csv")
     vs_rpb = comparisons[(comparisons["other"] == "rpb")].set_index("metric")
     assert vs_rpb.loc["in_domain", "diff_ci_high"] < 0
     assert vs_rpb.loc["community_nmi", "diff"] == pytest.approx(0.25)
+    assert vs_rpb.loc["in_domain", "diff_p"] == pytest.approx(
+        0.96 * vs_rpb.loc["in_domain", "diff"]
+    )
+    assert math.isnan(vs_rpb.loc["community_nmi", "diff_p"])  # NMI has no p(target) twin
     base = pd.read_csv(tmp_path / "table5_base.csv").set_index("layer")
     assert base.loc["mean", "modularity"] > base.loc["mean", "uniform_modularity"]
     assert base.loc["mean", "top_k"] == 2 and base.loc["mean", "experts"] == 4

@@ -1,16 +1,27 @@
 # Diagnostics beyond the paper (docs/testbed.md), in their own results tree `{RESULTS}/diagnostic/`
 # so the main DAG is unchanged:
-# - the router-swap decomposition: a method's trained models with the base's routers put back and
-#   the base with their routers, evaluated like every model -> router_swap.csv/.md;
+# - the router-swap decomposition by part: for each of a method's trained models T and its base B,
+#   the models with each part (diagnostics.router_swap.parts: routers, routed experts, trunk) from
+#   B or T, evaluated like every model -> router_swap.csv/.md (rpb.router_swap names the cells,
+#   their models and the paths, so the rules and the table builder agree);
 # - the routing-sensitive regime: table 1's methods post-trained with another posttrain.trainable
 #   (routed experts and routers only) -> diagnostic_table1.csv/.md.
 # The training, evaluation and analysis rules are the main ones, re-targeted with `use rule`
 # (`with:` replaces a rule's input and output wholesale but merges params by name).
 
+# Imported as a module: every rule file shares one namespace (common.smk has a `table_inputs`).
+import rpb.router_swap as part_swap
 
+
+# One swapped model: the target's folder with one part of the source (labels `base_with_<m>_<part>`
+# and `<m>_with_base_<part>`; `base` is the run's own base).
 rule router_swap:
     input:
-        unpack(swap_inputs),
+        unpack(
+            lambda wc: part_swap.swap_input_dirs(
+                RESULTS, config["models"], wc.model, wc.corpus, wc.label, int(wc.seed)
+            )
+        ),
         ancient(TRACKING_READY),
     output:
         model=directory(
@@ -21,18 +32,20 @@ rule router_swap:
     benchmark:
         f"{BENCHMARKS}/router_swap/{{model}}_{{corpus}}_{{label}}_seed{{seed}}.tsv"
     wildcard_constraints:
-        label="[a-z][a-z0-9_]*_with_base_routers|base_with_[a-z][a-z0-9_]*_routers",
+        label=part_swap.LABEL_PATTERN,
     conda:
         CONDA_ENV
     threads: THREADS
     resources:
         mem_mb=4000,
     params:
+        part=lambda wc: part_swap.parse_label(wc.label)[2],
         track=DIAGNOSTIC_TRACK,
     shell:
         "rpb router-swap --name {wildcards.model} --label {wildcards.label}"
-        " --seed {wildcards.seed} --corpus-name {wildcards.corpus} --weights {input.weights}"
-        " --routers {input.routers} --out {output.model} {params.track} > {log} 2>&1"
+        " --seed {wildcards.seed} --corpus-name {wildcards.corpus} --target {input.target}"
+        " --source {input.source} --parts {params.part} --out {output.model}"
+        " {params.track} > {log} 2>&1"
 
 
 use rule evaluate as router_swap_evaluate with:
@@ -56,9 +69,13 @@ use rule evaluate as router_swap_evaluate with:
         track=DIAGNOSTIC_TRACK,
 
 
+# The table's spec: common.smk's plus the factors (`parts`, default all three by the schema).
 rule router_swap_table:
     input:
-        router_swap_inputs,
+        lambda wc: part_swap.table_inputs(
+            RESULTS,
+            router_swap_spec() | {"parts": DIAGNOSTICS["router_swap"]["parts"]},
+        ),
     output:
         csv=f"{RESULTS}/router_swap.csv",
         summary=f"{RESULTS}/router_swap_summary.csv",
@@ -69,7 +86,9 @@ rule router_swap_table:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(router_swap_spec()),
+        spec=lambda wc: as_json(
+            router_swap_spec() | {"parts": DIAGNOSTICS["router_swap"]["parts"]}
+        ),
         results=parent_dir(0),
     shell:
         "rpb router_swap_table --results {params.results} --spec {params.spec}"
