@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -123,11 +123,16 @@ def _pct(x: float) -> float:
 
 
 def run_score(
-    result: dict[str, Any], tasks: Sequence[str], path: Path
+    result: dict[str, Any],
+    tasks: Sequence[str],
+    path: Path,
+    items: Callable[[dict[str, Any], str, Path], np.ndarray] | None = None,
 ) -> tuple[float, dict[str, float], int]:
     """One run's score (%) over `tasks`: the mean of each task's item mean, so every benchmark
-    weighs the same whatever its size; also each task's mean and the item count."""
-    per_task = {t: exact_match_items(result, t, path) for t in tasks}
+    weighs the same whatever its size; also each task's mean and the item count. `items` reads
+    a task's per-item scores (default: exact match; rpb.tables passes p(target)'s)."""
+    items = exact_match_items if items is None else items
+    per_task = {t: items(result, t, path) for t in tasks}
     means = {t: _pct(items.mean()) for t, items in per_task.items()}
     return float(np.mean(list(means.values()))), means, sum(v.size for v in per_task.values())
 

@@ -55,6 +55,7 @@ from rpb.run_records import (
     metric_tasks,
     read_json,
     run_record,
+    run_score,
 )
 from rpb.stats import (
     DEFAULT_POWER,
@@ -128,9 +129,12 @@ def measure_score(
     """One run's score (%) on `measure` over `tasks`: the mean of each task's item mean (the
     same two-level mean as `rpb.run_records.run_score`, docs/claims.md), each task's mean and
     the item count."""
-    per_task = {t: measure_items(eval_result, t, path, measure) for t in tasks}
-    means = {t: 100.0 * float(items.mean()) for t, items in per_task.items()}
-    return float(np.mean(list(means.values()))), means, sum(v.size for v in per_task.values())
+    return run_score(
+        eval_result,
+        tasks,
+        path,
+        lambda result, task, where: measure_items(result, task, where, measure),
+    )
 
 
 def measure_scores(
