@@ -365,13 +365,14 @@ def test_a_truncated_prior_stops_the_invocation_and_loses_nothing(
 def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_copy: Path) -> None:
     """Before: table1.csv, table1.md and the figure were deleted, then the table job failed with
     "Unterminated string starting at: line 755 column 9", naming no file. The evaluation output
-    has no integrity record (rpb.evaluation writes it): the format check catches it."""
+    has an integrity record (rpb.evaluation.save_results writes it) whose size no longer matches;
+    without one, the JSON format check would catch it."""
     evaluation = smoke_copy / "eval" / "tinyA" / "math" / "none" / "seed0.json"
     before = _finished(smoke_copy)
     _truncate(evaluation, keep=0.6)
     proc, _ = _snakemake(smoke_copy, "--cores", "2", str(smoke_copy / "table1.csv"))
     line = _one_error_line(proc)
-    assert line.startswith(f"integrity error: {evaluation}: not valid JSON (")
+    assert line.startswith(f"integrity error: {evaluation}: ")
     assert line.endswith(f" --force -- {evaluation}")
     after = _finished(smoke_copy)
     damaged = evaluation.relative_to(smoke_copy).as_posix()
