@@ -25,6 +25,12 @@ from typing import Any
 from rpb.specs import TRAINABLE
 
 log = logging.getLogger("rpb")
+# What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
+# them says which extra to install.
+PIPELINE_PACKAGES = frozenset(
+    {"mlflow", "lm_eval", "snakemake", "datasets", "pandas", "scipy", "matplotlib", "yaml",
+     "jsonschema", "tabulate", "sklearn", "networkx"}
+)  # fmt: skip
 
 
 def _json_arg(text: str) -> Any:
@@ -835,6 +841,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     _offline()
     try:
         args.func(args)
+    except ModuleNotFoundError as err:
+        # A core-only install (`pip install rpb`) has the library, not the pipeline's packages.
+        if (err.name or "").split(".")[0] not in PIPELINE_PACKAGES:
+            raise
+        print(
+            f"rpb {args.command}: error: needs {err.name}, which the pipeline extra installs: "
+            "pip install 'rpb[pipeline]'",
+            file=sys.stderr,
+        )
+        return 2
     except Exception as err:
         # Bad input, a damaged input file, a full disk, an unreadable file, a locked tracking
         # store: one line naming the file, key or store and what to do; the MLflow run has already

@@ -231,3 +231,30 @@ def test_out_of_vocabulary_symbol_names_file_and_line(
     )
     assert _run(world, command, corpus, f"oov_{command}") == 2
     assert f"{corpus}:2:" in _one_error_line(capsys, command)
+
+
+@pytest.mark.parametrize(
+    ("name", "ours"), [("mlflow", True), ("lm_eval.api", True), ("foo", False)]
+)
+def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, ours) -> None:
+    """In a core-only install a pipeline subcommand fails in one line naming `rpb[pipeline]`;
+    any other missing module stays an error with its traceback."""
+    from types import SimpleNamespace
+
+    import rpb.cli as cli
+
+    def missing(args) -> None:
+        raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+    parsed = SimpleNamespace(command="table1", verbose=False, func=missing)
+    monkeypatch.setattr(cli, "build_parser", lambda: SimpleNamespace(parse_args=lambda a: parsed))
+    if not ours:
+        with pytest.raises(ModuleNotFoundError):
+            cli.main([])
+        return
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"rpb table1: error: needs {name}, which the pipeline extra installs: "
+        "pip install 'rpb[pipeline]'"
+    ]
