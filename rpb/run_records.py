@@ -145,15 +145,17 @@ def run_scores(
     label: str,
     seeds: Sequence[int],
     metric: str,
+    items: Callable[[dict[str, Any], str, Path], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Per-run scores (%) of `label` on `metric` ("in_domain": the corpus's in-domain tasks;
     "ood": the OOD tasks), one per seed in order, and the items per run. A seed whose item count
-    differs from the first seed's is an error naming its file (runs must be paired item by item)."""
+    differs from the first seed's is an error naming its file (runs must be paired item by item).
+    `items` as in `run_score`."""
     tasks = metric_tasks(spec, corpus, metric)
     scores, n_items = [], None
     for seed in seeds:
         path = eval_path(results, model, corpus, label, seed)
-        score, _, n = run_score(read_json(path), tasks, path)
+        score, _, n = run_score(read_json(path), tasks, path, items)
         if n_items is not None and n != n_items:
             raise ValueError(f"{path}: {n} items, but seed {seeds[0]} has {n_items}")
         scores.append(score)

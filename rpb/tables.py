@@ -56,6 +56,7 @@ from rpb.run_records import (
     read_json,
     run_record,
     run_score,
+    run_scores,
 )
 from rpb.stats import (
     DEFAULT_POWER,
@@ -148,18 +149,17 @@ def measure_scores(
     measure: str,
 ) -> tuple[np.ndarray, int]:
     """`rpb.run_records.run_scores` on `measure`: per-run scores (%) of `label` on `metric`
-    ("in_domain" or "ood"), one per seed, and the items per run (equal in every seed, else an
-    error naming the file)."""
-    tasks = metric_tasks(spec, corpus, metric)
-    scores, n_items = [], None
-    for seed in seeds:
-        path = eval_path(results, model, corpus, label, seed)
-        score, _, n = measure_score(read_json(path), tasks, path, measure)
-        if n_items is not None and n != n_items:
-            raise ValueError(f"{path}: {n} items, but seed {seeds[0]} has {n_items}")
-        scores.append(score)
-        n_items = n
-    return np.array(scores), int(n_items or 0)
+    ("in_domain" or "ood"), one per seed, and the items per run."""
+    return run_scores(
+        results,
+        spec,
+        model,
+        corpus,
+        label,
+        seeds,
+        metric,
+        lambda result, task, where: measure_items(result, task, where, measure),
+    )
 
 
 def accuracy_record(
