@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install table1 smoke test test-fast bench lint format clean-results
+.PHONY: install table1 smoke check-config test test-fast bench lint format clean-results
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,7 +28,14 @@ table1: install
 	snakemake --cores $(CORES) results/table1.csv
 
 smoke: install
+	rpb check-config config/smoke.yaml
 	snakemake --cores $(CORES) --configfile config/smoke.yaml -- results/smoke/table1.csv
+
+# Snakemake reads a --configfile before any workflow code runs, and its message for a YAML syntax
+# error names neither the file nor the line; this names both: make check-config CONFIGS=my.yaml
+CONFIGS ?= config/config.yaml config/smoke.yaml
+check-config: install
+	rpb check-config $(CONFIGS)
 
 test: install
 	pytest

@@ -31,7 +31,6 @@ include: "workflow/rules/evaluate.smk"
 include: "workflow/rules/tables.smk"
 include: "workflow/rules/controls.smk"
 include: "workflow/rules/diagnostics.smk"
-include: "workflow/rules/regime.smk"
 
 
 # Before Snakemake builds its DAG (and compares timestamps): a damaged artifact stops everything.

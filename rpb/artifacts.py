@@ -43,12 +43,14 @@ __all__ = [
     "Invocation",
     "Problem",
     "ResultsBusy",
+    "atomic_folder",
     "atomic_path",
     "check_results",
     "failure_line",
     "hold_results_lock",
     "integrity_message",
     "parse_invocation",
+    "partial_folder",
     "record_artifact",
     "record_folder",
     "release_results_lock",
@@ -154,6 +156,77 @@ def save_figure(fig: Any, path: str | os.PathLike[str], **kwargs: Any) -> Path:
     with atomic_path(path) as tmp:
         fig.savefig(tmp, format=path.suffix.lstrip("."), **kwargs)
     return path
+
+
+def partial_folder(path: str | os.PathLike[str]) -> Path:
+    """The temporary folder `atomic_folder` writes the folder `path` into: hidden, beside it, and
+    one name per folder (no pid), so every rank of a multi-process launch names the same one and
+    a rerun replaces what a killed writer left."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.partial")
+
+
+def _fsync_tree(folder: Path) -> None:
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        elif path.is_dir():
+            _fsync_dir(path)
+
+
+def _drop_folder_records(folder: Path) -> None:
+    """Remove the integrity records of every file under `folder` (it is being replaced)."""
+    found = _results_root(folder)
+    if found is not None:
+        shutil.rmtree(Path(found[0]) / RECORDS / found[1], ignore_errors=True)
+
+
+@contextlib.contextmanager
+def atomic_folder(path: str | os.PathLike[str], *, record: bool = True) -> Iterator[Path]:
+    """Yield an empty temporary folder (`partial_folder`) to write the folder `path` into (a model
+    `save_pretrained` writes); once the block ends, flushed, it takes `path`'s place by rename.
+
+    A reader never sees a folder without its weights or config: a kill, a full disk or an error
+    leaves `path` as it was (absent, or its previous content) and removes the temporary folder.
+    An `OSError` naming a file of the temporary folder is raised again naming that file under
+    `path`. With `record`, every file of the new folder under the results folder gets its
+    integrity record; records of the folder's previous files (and of files an atomic writer
+    recorded inside the temporary folder) are dropped first.
+    """
+    path = Path(path)
+    tmp, old = partial_folder(path), path.with_name(f".{path.name}.old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        shutil.rmtree(old, ignore_errors=True)
+        if path.exists():  # a directory rename does not replace a non-empty folder
+            os.replace(path, old)
+        try:
+            os.replace(tmp, path)
+        except BaseException:
+            if old.exists() and not path.exists():
+                os.replace(old, path)
+            raise
+    except BaseException as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _drop_folder_records(tmp)
+        name = os.fspath(err.filename) if isinstance(err, OSError) and err.filename else None
+        if isinstance(err, OSError) and err.errno is not None:
+            if name is None:
+                raise OSError(err.errno, err.strerror, str(path)) from err
+            with contextlib.suppress(ValueError):
+                inside = Path(name).relative_to(tmp)
+                raise OSError(err.errno, err.strerror, str(path / inside)) from err
+        raise
+    _fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)
+    if record:
+        _drop_folder_records(tmp)
+        _drop_folder_records(path)
+        record_folder(path)
 
 
 # --- integrity records ---------------------------------------------------------------------------
@@ -279,6 +352,16 @@ def model_dir_problem(folder: Path) -> str | None:
     return None
 
 
+def _model_folder_of(base: Path, path: Path) -> Path | None:
+    """The `model` folder under `base` that `path` lies in, or None."""
+    for folder in path.parents:
+        if folder == base or base not in folder.parents:
+            return None
+        if folder.name == "model":
+            return folder
+    return None
+
+
 def _skipped(name: str) -> bool:
     # Hidden folders too: the records, a hub download's `.cache`.
     return name in SKIP_DIRS or name.endswith(".work") or name.startswith(".")
@@ -318,10 +401,18 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
         return []
     problems: list[Problem] = []
     recorded: set[str] = set()
+    lost: set[Path] = set()  # model folders with a recorded file missing (named file by file)
     records = base / RECORDS
     for record in sorted(records.rglob("*.json")) if records.is_dir() else []:
         relative = record.relative_to(records).as_posix().removesuffix(".json")
         target = base / relative
+        folder = _model_folder_of(base, target)
+        if not target.exists() and folder is not None and folder.is_dir():
+            # A file of a model folder that is still there: lost (Snakemake removes a model
+            # folder whole before its job rewrites it, and the job replaces it whole).
+            lost.add(folder)
+            problems.append(Problem(str(target), "missing, recorded when its folder was written"))
+            continue
         if not target.is_file():
             # Gone: Snakemake deleted the output of a job it reruns; the job writes a new record.
             if update and not target.exists():
@@ -334,7 +425,7 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
     for folder, dirs, files in os.walk(base):
         dirs[:] = sorted(d for d in dirs if not _skipped(d))
         here = Path(folder)
-        if here.name == "model" and here != base:
+        if here.name == "model" and here != base and here not in lost:
             what = model_dir_problem(here)
             if what:
                 problems.append(Problem(str(here), what))

@@ -21,10 +21,13 @@ equivalence part; otherwise "inconclusive (exact match disagrees: estimate x)");
 exact match, the standard tasks' own metric, alone (docs/claims.md, "The primary metric at tiny
 scale"). Every accuracy part reports both measures' estimate, interval and MDE.
 
-Before any of that, manipulation checks (M1-M6) test the premises: a part whose premise fails is
-"not testable", naming the check and its value. A claim is not supported when any testable part
-is, otherwise not testable when any part is, supported when every part is, and inconclusive
-otherwise. Controls (P1 placebo, P2 permuted prior) are exploratory parts judged by the same rules.
+Before any of that, checks test the premises. M0 is the testbed's premise (the premise screen,
+docs/testbed.md): a part on a family whose premise was not met reads "premise not met". The
+manipulation checks (M1-M6) test that each method did what it claims: a part whose check fails is
+"not testable", naming the check and its value. A claim is not supported when any judged part
+is, otherwise "premise not met" when any part is, not testable when any part is, supported when
+every part is, and inconclusive otherwise. Controls (P1 placebo, P2 permuted prior) are
+exploratory parts judged by the same rules.
 Only the paper's reported numbers (C1's three) are constants here; every measured number is read
 from this run's outputs through `rpb.run_records` and the tables' frames (`rpb.tables`).
 """
@@ -43,11 +46,13 @@ import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
 from rpb.exploratory import ANCHOR_METRICS
+from rpb.report_html import write_claims_html
 from rpb.run_records import analysis_mean
 from rpb.specs import base_index
 from rpb.stats import (
     DEFAULT_POWER,
     Difference,
+    describe_interval,
     friedman_power,
     paired_runs,
     rank_consistency,
@@ -71,7 +76,9 @@ SUPPORTED = "supported"
 NOT_SUPPORTED = "not supported"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE)
+PREMISE_NOT_MET = "premise not met"
+VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE, PREMISE_NOT_MET)
+PREMISE_CHECK = "M0"  # the testbed's premise; a failed one reads PREMISE_NOT_MET
 CONFIRMATORY = "confirmatory"
 EXPLORATORY = "exploratory"
 NONE = "none"  # the unanchored plain fine-tuning every check compares against
@@ -167,8 +174,9 @@ def exceeds_verdict(low: float, high: float, threshold: float) -> str:
 
 
 def combine(verdicts: Sequence[str]) -> str:
-    """A claim from its parts: any part not supported -> not supported; else any not testable ->
-    not testable; all supported -> supported; otherwise inconclusive."""
+    """A claim from its parts: any part not supported -> not supported; else any premise not met
+    -> premise not met; else any not testable -> not testable; all supported -> supported;
+    otherwise inconclusive."""
     if not verdicts:
         raise ValueError("a claim needs at least one part")
     unknown = [v for v in verdicts if v not in VERDICTS]
@@ -176,6 +184,8 @@ def combine(verdicts: Sequence[str]) -> str:
         raise ValueError(f"unknown verdict {unknown[0]!r} (known: {', '.join(VERDICTS)})")
     if NOT_SUPPORTED in verdicts:
         return NOT_SUPPORTED
+    if PREMISE_NOT_MET in verdicts:
+        return PREMISE_NOT_MET
     if NOT_TESTABLE in verdicts:
         return NOT_TESTABLE
     if all(v == SUPPORTED for v in verdicts):
@@ -241,8 +251,8 @@ class Part:
     @property
     def detail(self) -> str:
         """The verdict as claims.md prints it: with its reason where it has one."""
-        if self.verdict == NOT_TESTABLE:
-            return f"{NOT_TESTABLE}: {self.note}"
+        if self.verdict in (NOT_TESTABLE, PREMISE_NOT_MET):
+            return f"{self.verdict}: {self.note}"
         return f"{self.verdict} ({self.note})" if self.note else self.verdict
 
 
@@ -345,12 +355,15 @@ def judged_part(
 
 
 def _checked(part: Part) -> Part:
-    """`part` made not testable if one of its checks failed, its rule's verdict kept aside."""
+    """`part` made "premise not met" if the testbed's premise (M0) failed, else not testable if
+    one of its checks failed, its rule's verdict kept aside."""
     failed = [c for c in part.checks if not c.passed]
     if not failed:
         return part
     note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
-    return replace(part, verdict=NOT_TESTABLE, note=note, checks_waived=part.verdict)
+    premise = any(c.id == PREMISE_CHECK for c in failed)
+    verdict = PREMISE_NOT_MET if premise else NOT_TESTABLE
+    return replace(part, verdict=verdict, note=note, checks_waived=part.verdict)
 
 
 def _diff_text(where: str, a: float, b: float, diff: Difference, unit: str = "pp") -> str:
@@ -553,17 +566,20 @@ class Audit:
         return self._cached(("M4", anchor), compute)
 
     # M0 -------------------------------------------------------------------------------------
-    def regime_checks(self, model: str) -> list[Check]:
-        """The regime rule's verdict on `model`'s family, when it found none for it
-        (`calibration.not_testable`, docs/regime.md): a failed premise of every part on it that
-        compares accuracy (not of hard's structure retention, nor of the placebo control)."""
-        reason = (self.spec.get("not_testable") or {}).get(model)
+    def premise_checks(self, model: str) -> list[Check]:
+        """The testbed's premise on `model`'s family, when the premise screen found it not met
+        (`calibration.premise_not_met`, docs/testbed.md, "Testbed v2"): a failed premise of every
+        part on it that compares accuracy (not of hard's structure retention, nor of the
+        placebo control), which then reads "premise not met"."""
+        reason = (self.spec.get("premise_not_met") or {}).get(model)
         if reason is None:
             return []
         return [
             self._cached(
-                ("M0", model),
-                lambda: Check("M0", f"the regime rule found a setting for {model}", False, reason),
+                (PREMISE_CHECK, model),
+                lambda: Check(
+                    PREMISE_CHECK, f"the testbed's premise holds for {model}", False, reason
+                ),
             )
         ]
 
@@ -663,7 +679,7 @@ def _direction_part(
 
 
 def _premises(audit: Audit, model: str, other: str) -> list[Check]:
-    checks = [*audit.regime_checks(model), audit.method_anchors()]
+    checks = [*audit.premise_checks(model), audit.method_anchors()]
     if other == audit.reference:
         checks.insert(0, audit.reference_flattens(model))
     return checks
@@ -743,7 +759,7 @@ def claim_c5(audit: Audit) -> list[Part]:
     methods, corpora = list(t4["methods"]), list(t4["corpora"])
 
     def checks_for(labels: Sequence[str]) -> list[Check]:
-        out = audit.regime_checks(t4["model"])
+        out = audit.premise_checks(t4["model"])
         out += [audit.method_anchors()] if audit.method in labels else []
         return out + [audit.anchor_reduces_drift(m) for m in labels if m != audit.method]
 
@@ -836,7 +852,7 @@ def claim_c6(audit: Audit) -> list[Part]:
     t5 |= {k: spec[k] for k in ("confidence", "n_resamples", "scale") if k in spec}
     t5 |= {"power": audit.power, "corpus_tasks": spec.get("corpus_tasks") or {}}
     frames = table5_frames(audit.results, t5)
-    regime = audit.regime_checks(t5["model"])
+    premise = audit.premise_checks(t5["model"])
     structured = audit.base_structured(frames)
     parts = []
     corr = frames["correlation"].set_index(["retention", "accuracy"])
@@ -864,7 +880,7 @@ def claim_c6(audit: Audit) -> list[Part]:
                 "exceeds",
                 audit.rho_margin,
                 text,
-                [*regime, structured],
+                [*premise, structured],
                 unit="rho",
                 metric=audit.measure,
                 exact_match=em if audit.measure != EXACT_MATCH else None,
@@ -908,7 +924,7 @@ def claim_c6(audit: Audit) -> list[Part]:
                     "exceeds",
                     audit.nmi_margin,
                     text,
-                    [m3],  # structure, not accuracy: the regime premise (M0) does not apply
+                    [m3],  # structure, not accuracy: the testbed's premise (M0) does not apply
                     threshold=-audit.nmi_margin,
                     unit="NMI",
                     metric="community_nmi",
@@ -928,7 +944,7 @@ def claim_c6(audit: Audit) -> list[Part]:
                 "exceeds",
                 audit.margin,
                 text,
-                [*regime, m3],
+                [*premise, m3],
                 threshold=audit.margin,
                 metric=audit.measure,
                 exact_match=em[2] if em else None,
@@ -987,14 +1003,14 @@ def _row_difference(row: Any, audit: Audit, flip: bool = False, suffix: str = ""
 
 def control_placebo(audit: Audit) -> list[Part]:
     """P1: the placebo arm - none, in-domain and OOD, on table 1's model and corpus. A false
-    positive is a property of the statistics, not of the regime: no M0 premise."""
+    positive is a property of the statistics, not of the testbed: no M0 premise."""
     return _control(audit, audit.spec["placebo"], NONE, [])
 
 
 def control_permuted_prior(audit: Audit) -> list[Part]:
     """P2: rpb - rpb trained with the expert-permuted prior, in-domain and OOD."""
     t1 = audit.spec["table1"]
-    return _control(audit, audit.method, audit.spec["permuted"], audit.regime_checks(t1["model"]))
+    return _control(audit, audit.method, audit.spec["permuted"], audit.premise_checks(t1["model"]))
 
 
 def _control(audit: Audit, method: str, other: str, checks: list[Check]) -> list[Part]:
@@ -1128,9 +1144,10 @@ def claims_frame(parts: dict[str, list[Part]]) -> pd.DataFrame:
 def _count_line(parts: dict[str, list[Part]], kind: str) -> str:
     judged = [p for c, ps in parts.items() if KINDS[c] == kind for p in ps]
     untestable = sum(p.verdict == NOT_TESTABLE for p in judged)
+    unmet = sum(p.verdict == PREMISE_NOT_MET for p in judged)
     return (
-        f"{len(judged)} {kind} parts: {len(judged) - untestable} tested on an interval, "
-        f"{untestable} not testable"
+        f"{len(judged)} {kind} parts: {len(judged) - untestable - unmet} tested on an interval, "
+        f"{unmet} premise not met, {untestable} not testable"
     )
 
 
@@ -1164,17 +1181,26 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     out_csv = Path(out_csv)
     with atomic_path(out_csv) as tmp:
         table.to_csv(tmp, index=False)
-    level = f"{100 * audit.confidence:g}%"
-    lines = [
-        f"# Claims audit ({spec.get('scale')} scale)",
-        "",
-        f"Verdict rules: docs/claims.md. {level} t-intervals over (base, seed) runs, paired, "
-        f"minimum detectable effects at {100 * audit.power:g}% power; margin "
-        f"±{audit.margin:g} pp, NMI margin {audit.nmi_margin:g}, rho margin {audit.rho_margin:g}.",
-        "",
+    # The audit's caption, in claims.md and on its report pages (rpb.report_html).
+    title = f"Claims audit ({spec.get('scale')} scale)"
+    summary = [
+        "Verdict rules: docs/claims.md. Each part is judged on one interval: the "
+        f"{describe_interval(audit.confidence, '(base, seed) runs')} of a paired per-run "
+        "difference, or for an association the "
+        f"{describe_interval(audit.confidence, 'the per-seed rhos')}; minimum detectable "
+        f"effects at {100 * audit.power:g}% power; margin ±{audit.margin:g} pp, NMI margin "
+        f"{audit.nmi_margin:g}, rho margin {audit.rho_margin:g}.",
         _measure_line(audit.measure),
-        "",
         f"Tested: {_count_line(parts, CONFIRMATORY)}; {_count_line(parts, EXPLORATORY)}.",
+    ]
+    lines = [
+        f"# {title}",
+        "",
+        summary[0],
+        "",
+        summary[1],
+        "",
+        summary[2],
         "",
         "## Manipulation checks (judged before any accuracy verdict)",
         "",
@@ -1229,6 +1255,7 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
             )
         lines.append("")
     write_text(out_csv.with_suffix(".md"), "\n".join(lines))
+    write_claims_html(out_csv, table, audit.checks, title, summary)
     return table
 
 

@@ -157,6 +157,11 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_prior(args: argparse.Namespace) -> None:
+    if args.name is None:  # `rpb prior --model DIR --data FILE --out ...` (rpb.user_cli)
+        from rpb.user_cli import cmd_prior as prior_for_people
+
+        prior_for_people(args)
+        return
     import mlflow
 
     from rpb.analysis import extract_prior_from_corpus
@@ -258,93 +263,6 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
                 **{f"distance_{p}": d for p, d in summary["distance"].items()},
             }
         )
-
-
-def cmd_regime(args: argparse.Namespace) -> None:
-    import dataclasses
-
-    import mlflow
-
-    from rpb.data import SIZE_PRESETS, preset_sizes, write_corpora
-    from rpb.regime import (
-        AllWorkload,
-        MissingRuns,
-        RegimeRule,
-        RegimeWalk,
-        task_name,
-        write_report,
-    )
-    from rpb.testbed import stage_durations
-    from rpb.tracking import resolve_tracking_uri, tracked_run
-
-    spec = args.spec
-    rule = RegimeRule.from_dict(spec.get("rule") or {})
-    root = args.out.parent
-    preset = spec["data"]["preset"]
-    corpus = spec["corpus"]
-    # The preset's own size is the rule-1 task (same corpora, same cached runs).
-    pairs = tuple(None if n == SIZE_PRESETS[preset][corpus] else n for n in rule.post_pairs)
-    rule = dataclasses.replace(rule, post_pairs=pairs)
-    data_dirs = {}
-    # The corpora of every task (cheap; pretraining depends on no level, size or hold-out).
-    for level in rule.levels:
-        for n in rule.post_pairs or (None,):
-            for holdout in rule.post_holdouts or (None,):
-                task = (level, n, holdout)
-                data_dirs[task] = root / "data" / task_name(*task)
-                if not (data_dirs[task] / "manifest.json").is_file():
-                    write_corpora(
-                        data_dirs[task],
-                        seed=spec["data"]["seed"],
-                        sizes=preset_sizes(preset, n),
-                        level=level,
-                        holdout=holdout,
-                    )
-    durations = stage_durations(resolve_tracking_uri(args.tracking_uri), args.experiment)
-    pretrain_s = max(
-        (max(durations.get(f"pretrain/{m}", [float("nan")])) for m in spec["table1_models"]),
-        default=float("nan"),
-    )
-    walk = RegimeWalk(
-        rule=rule,
-        models=spec["models"],
-        data_dirs=data_dirs,
-        corpus=spec["corpus"],
-        posttrain=spec["posttrain"],
-        runs_root=root / "runs",
-        cores=args.cores,
-        cached_only=args.cached_only,
-        on_progress=lambda partial: write_report(
-            partial,
-            rule,
-            args.out.with_suffix(".partial.json"),
-            args.out.with_suffix(".partial.md"),
-        ),
-    )
-    with tracked_run(
-        stage="regime",
-        model=",".join(spec["models"]),
-        params={"rule": json.dumps(spec.get("rule") or {})},
-        run_dir=root,
-        **_track_kwargs(args),
-    ):
-        try:
-            workload = AllWorkload(**spec["all_workload"]) if spec.get("all_workload") else None
-            decision = walk.walk(len(spec["table1_methods"]), pretrain_s, workload)
-        except MissingRuns as stop:  # --cached-only: what the finished runs decide so far
-            tried = [t.row() for t in walk.tried]
-            decision = {"chosen": None, "partial": True, "stopped": str(stop), "tried": tried}
-        write_report(decision, rule, args.out, args.out.with_suffix(".md"))
-        if decision["tried"]:
-            from rpb.figures import plot_regime_walk
-
-            plot_regime_walk(decision["tried"], args.out.with_suffix(""), rule.accuracy_range)
-        chosen = decision.get("chosen") or {}
-        mlflow.log_metrics(
-            {"candidates_tried": float(len(decision["tried"])), "chosen": float(bool(chosen))}
-            | {k: float(chosen[k]) for k in ("steps", "runs_needed") if k in chosen}
-        )
-        mlflow.log_artifact(str(args.out.with_suffix(".md")))
 
 
 def _model_job_run(args: argparse.Namespace, stage: str):
@@ -597,6 +515,26 @@ def cmd_permute_prior(args: argparse.Namespace) -> None:
     write_permuted_prior(args.prior, args.out, seed=args.seed)
 
 
+def cmd_check_config(args: argparse.Namespace) -> None:
+    """The YAML syntax of config files, one line per bad file (no MLflow run). Snakemake reads
+    `--configfile` files itself, before any workflow code runs, and its message for a syntax
+    error names neither the file nor the line: check a config file with this first."""
+    from rpb.config_check import ConfigError, check_yaml_syntax
+
+    problems = []
+    for path in args.files:
+        try:
+            if not path.is_file():
+                raise ConfigError(f"{path}: no such config file")
+            check_yaml_syntax(path)
+        except ConfigError as err:
+            problems.append(err)
+    for err in problems[:-1]:
+        print(f"rpb {args.command}: error: {err}", file=sys.stderr)
+    if problems:
+        raise problems[-1]
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     import importlib
 
@@ -671,12 +609,15 @@ def _add_tracking(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rpb import user_cli
+
     parser = argparse.ArgumentParser(prog="rpb", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
+    user_cli.add_finetune(sub)  # the verbs for people: finetune, prior (rpb.user_cli)
 
-    def add(name: str, func: Callable[[argparse.Namespace], None], help_: str):
-        p = sub.add_parser(name, help=help_)
+    def add(name: str, func: Callable[[argparse.Namespace], None], help_: str, **kwargs: Any):
+        p = sub.add_parser(name, help=help_, **kwargs)
         p.set_defaults(func=func)
         _add_tracking(p)
         return p
@@ -708,12 +649,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     _add_compute(p, threads=True)
 
-    p = add("prior", cmd_prior, "extract the base router prior over a corpus")
-    p.add_argument("--name", required=True)
-    p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--corpus", type=Path, required=True)
-    p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--batch-size", type=int, default=128)
+    p = add(
+        "prior",
+        cmd_prior,
+        "extract a MoE checkpoint's router prior over a JSONL file",
+        description="Extract the router prior of a Hugging Face MoE checkpoint folder over a "
+        "JSONL file.",
+        epilog=user_cli.PRIOR_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    user_cli.one_line_errors(p)
+    p.add_argument(
+        "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
+    )
+    p.add_argument(
+        "--data",
+        "--corpus",
+        dest="corpus",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help=user_cli.DATA_HELP,
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
+    p.add_argument("--batch-size", type=int, default=128, metavar="N", help="texts per forward")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="(pipeline jobs) the model's name in the config: the job then runs as the rules "
+        "run it, an MLflow run over a prompt/completion corpus",
+    )
+    p.add_argument(
+        "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
+    )
+    p.add_argument(
+        "--max-length", type=int, default=1024, metavar="N", help="tokens per text (without --name)"
+    )
+    user_cli.add_mlflow(p, uri=False)
     _add_trust(p)
     _add_compute(p)
 
@@ -786,22 +758,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
 
-    p = add("regime", cmd_regime, "apply the testbed regime rule (docs/regime.md) on `none`")
-    p.add_argument("--spec", type=_json_arg, required=True)
-    p.add_argument("--out", type=Path, required=True, help="regime.json (regime.md beside it)")
-    p.add_argument("--cores", type=int, default=2, help="calibration runs side by side")
-    p.add_argument(
-        "--cached-only",
-        action="store_true",
-        help="train nothing: report what the finished calibration runs decide so far",
-    )
-
     p = add(
         "permute-prior", cmd_permute_prior, "a router prior with its experts permuted per layer"
     )
     p.add_argument("--prior", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
+
+    # Not a job: no tracking options.
+    p = sub.add_parser(
+        "check-config",
+        help="check the YAML syntax of config files (a --configfile before snakemake reads it)",
+    )
+    p.set_defaults(func=cmd_check_config)
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
 
     for name, (_, help_) in REPORT_JOBS.items():
         p = add(name, cmd_report, help_)

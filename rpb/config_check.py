@@ -52,6 +52,10 @@ METHOD_OPTIONS: dict[str, dict[str, Any]] = {
     for name, spec in METHOD_SPECS.items()
 }
 RESERVED_METHOD_LABELS = ("base",)
+# The one text strength: the coefficient of the model family's own load-balancing loss, read
+# from the model's config when the method attaches (rpb.methods.LBL); only these families take it.
+FAMILY_STRENGTH = "family"
+FAMILY_STRENGTH_METHODS = ("lbl",)
 # The tiny testbed's eval sets (rpb.data); any other evaluation name is a standard lm-eval task.
 TINY_EVAL_SETS = EVAL_SETS
 # Must match the `model` wildcard constraint in workflow/rules/common.smk, or no rule would match.
@@ -208,6 +212,32 @@ def _schema_errors(config: Any, schema: Mapping[str, Any]) -> None:
     raise ConfigError(f"{format_key_path(path)}: {problem}{more}")
 
 
+def _check_text_strength(label: str, family: str, strength: Any) -> None:
+    """A strength given as text (the schema leaves text to this check): `family` for the methods
+    that take it, passed on unchanged to rpb.methods.make_method; any other text is refused."""
+    if not isinstance(strength, str):
+        return
+    where = f"methods.{label}.strength"
+    if _YAML_FLOAT_TEXT.fullmatch(strength):
+        raise ConfigError(
+            f"{where}: {strength!r} is text, not a number: YAML needs a dot in exponent notation "
+            f"(write {float(strength)!r})"
+        )
+    takes_family = family in FAMILY_STRENGTH_METHODS
+    if strength != FAMILY_STRENGTH:
+        if takes_family:
+            problem = f"is neither a number >= 0 nor {FAMILY_STRENGTH!r}"
+        else:
+            problem = "is not of type 'number'"  # as the schema says it of other values
+        raise ConfigError(f"{where}: {strength!r} {problem}")
+    if not takes_family:
+        raise ConfigError(
+            f"{where}: {FAMILY_STRENGTH!r} (the model family's own load-balancing coefficient) "
+            f"is a strength of method {' or '.join(map(repr, FAMILY_STRENGTH_METHODS))} only; "
+            f"give method '{family}' a number"
+        )
+
+
 def _check_method(label: str, entry: Mapping[str, Any]) -> None:
     family = entry.get("kind", label)
     if label in RESERVED_METHOD_LABELS:
@@ -221,6 +251,7 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
         )
     if family in NO_STRENGTH and entry.get("strength") is not None:
         raise ConfigError(f"methods.{label}.strength: method '{family}' takes no strength")
+    _check_text_strength(label, family, entry.get("strength"))
     limit, strength = MAX_STRENGTH.get(family), entry.get("strength")
     if limit is not None and _is_number(None, strength) and strength > limit:
         raise ConfigError(f"methods.{label}.strength: method '{family}' takes at most {limit}")
@@ -377,8 +408,8 @@ def _check_hub_model_type(name: str, spec: Mapping[str, Any]) -> None:
 
 
 def _check_calibration(config: Mapping[str, Any]) -> None:
-    """data.level and the regime rule's levels must be levels of the generator; the rule's bases
-    must be pretrained models of this config."""
+    """data.level must be a level of the generator; the families recorded as not testable must
+    be models the tables name."""
     from rpb.data import POST_LEVELS
 
     known = ", ".join(map(str, POST_LEVELS))
@@ -388,28 +419,13 @@ def _check_calibration(config: Mapping[str, Any]) -> None:
     section = config.get("calibration")
     if section is None:
         return
-    for i, name in enumerate(section["models"]):
-        entry = config["models"].get(name)
-        if entry is None or entry["source"] != "pretrain":
-            raise ConfigError(
-                f"calibration.models[{i}]: '{name}' is not a pretrained model of models "
-                f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
-            )
-    for name in section.get("not_testable") or {}:
+    for name in section.get("premise_not_met") or {}:
         entry = config["models"].get(name)
         if entry is None or "replicate_of" in entry:
             raise ConfigError(
-                f"calibration.not_testable: '{name}' is not a model the tables name "
+                f"calibration.premise_not_met: '{name}' is not a model the tables name "
                 f"({_suggest(name, config['models'])}models: {', '.join(config['models'])})"
             )
-    for i, lvl in enumerate((section.get("rule") or {}).get("levels") or []):
-        if lvl not in POST_LEVELS:
-            raise ConfigError(
-                f"calibration.rule.levels[{i}]: {lvl} is not a difficulty level (known: {known})"
-            )
-    low, high = (section.get("rule") or {}).get("accuracy_range") or (0.0, 1.0)
-    if low >= high:
-        raise ConfigError(f"calibration.rule.accuracy_range: [{low}, {high}] is empty")
 
 
 def _cross_key_errors(config: Mapping[str, Any]) -> None:

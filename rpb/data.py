@@ -17,8 +17,8 @@ format, with template tokens never seen in pretraining:
 - ``math2``: an independent generator for claim C4: its own tokens (Add, To, Plus, !), two word
   orders ("Add35To47!", "35Plus47!") and a carry-balanced operand distribution.
 
-Difficulty levels of the post-training tasks (``POST_LEVELS``, fixed before the regime rule of
-docs/regime.md was run): the operands' digit counts grow while the template stays, so a level asks
+Difficulty levels of the post-training tasks (``POST_LEVELS``, fixed before the regime walk of
+docs/testbed.md was run): the operands' digit counts grow while the template stays, so a level asks
 the base's 2-digit addition skill to stretch further. Level 1 is the 2-digit task above; level 2
 pairs a 3-digit with a 2-digit operand (either order), level 3 two 3-digit operands, level 4 a
 4-digit with a 3-digit one. Pretraining is the same at every level.
@@ -202,7 +202,8 @@ def _as_sizes(sizes: Mapping[str, int] | CorpusSizes) -> CorpusSizes:
 
 def preset_sizes(preset: str, post_pairs: int | None = None) -> dict[str, int]:
     """A size preset's line counts, with every post-training corpus cut to `post_pairs` pairs
-    (the first pairs of the same stream: data-limited post-training, docs/regime.md rule 2)."""
+    (the first pairs of the same stream: data-limited post-training, docs/testbed.md, the regime
+    walk's rule 2)."""
     if preset not in SIZE_PRESETS:
         raise ValueError(f"unknown size preset {preset!r} (known: {sorted(SIZE_PRESETS)})")
     sizes = dict(SIZE_PRESETS[preset])
@@ -211,11 +212,11 @@ def preset_sizes(preset: str, post_pairs: int | None = None) -> dict[str, int]:
     return dataclasses.asdict(_as_sizes(sizes))  # the sizes' own checks, one place
 
 
-# Post-training hold-outs (docs/regime.md, rule 3): a region of the 2-digit operand space that
-# no post-training pair comes from, while dev and eval items still span all of it, so items differ
-# in difficulty by construction. "corner<T>": no pair with both operands >= T (each operand value
-# is taught, some combinations never); "below<B>": only pairs with both operands < B (operand
-# values >= B are never taught in the new template).
+# Post-training hold-outs (docs/testbed.md; the regime walk's rule 3): a region of the 2-digit
+# operand space that no post-training pair comes from, while dev and eval items still span all of
+# it, so items differ in difficulty by construction. "corner<T>": no pair with both operands >= T
+# (each operand value is taught, some combinations never); "below<B>": only pairs with both
+# operands < B (operand values >= B are never taught in the new template).
 HOLDOUT_KINDS = ("corner", "below")
 _HOLDOUT_RE = re.compile(r"(corner|below)(\d\d)")
 

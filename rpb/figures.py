@@ -20,7 +20,6 @@ from rpb.coactivation import communities
 __all__ = [
     "plot_coactivation_heatmaps",
     "plot_curves",
-    "plot_regime_walk",
     "plot_retention_vs_accuracy",
     "plot_sweep",
 ]
@@ -243,49 +242,4 @@ def plot_sweep(
             if r == len(names) - 1:
                 ax.set_xlabel(f"{x} (0 = none)")
     fig.suptitle("Softness sweep (mean ± std over seeds)")
-    return _save(fig, path_stem)
-
-
-def plot_regime_walk(
-    tried: Sequence[Mapping],
-    path_stem: str | Path,
-    accuracy_range: tuple[float, float] = (0.40, 0.85),
-) -> list[Path]:
-    """The regime rule's calibration runs (`rpb.regime`, rows of `CandidateResult.row`): `none`'s
-    final dev accuracy against post-training steps, one panel per (model, lr fraction), one line
-    per task (difficulty level and post-training pairs; the seed mean), each seed a dot, R2's
-    range shaded."""
-    from rpb.regime import task_name
-
-    if not tried:
-        raise ValueError("no calibration candidate tried")
-    df = pd.DataFrame(list(tried))
-    _require_columns(df, ["model", "lr_fraction", "level", "steps", "finals"])
-    panels = list(dict.fromkeys(zip(df["model"], df["lr_fraction"], strict=True)))
-    fig = Figure(figsize=(3.6 * len(panels), 3.2))
-    axes = fig.subplots(1, len(panels), sharey=True, squeeze=False)[0]
-    for ax, (model, frac) in zip(axes, panels, strict=True):
-        ax.axhspan(*accuracy_range, color="0.9", zorder=0)
-        sub = df[(df["model"] == model) & (df["lr_fraction"] == frac)]
-        none = pd.Series(None, index=sub.index)
-        pairs, holdouts = sub.get("post_pairs", none), sub.get("post_holdout", none)
-        tasks = [
-            task_name(lv, None if pd.isna(n) else int(n), None if pd.isna(h) else h)
-            for lv, n, h in zip(sub["level"], pairs, holdouts, strict=True)
-        ]
-        for task, rows in sub.groupby(tasks, sort=False):
-            rows = rows.sort_values("steps")
-            line = ax.plot(rows["steps"], [np.mean(f) for f in rows["finals"]], marker="o")[0]
-            line.set_label(task)
-            for steps, finals in zip(rows["steps"], rows["finals"], strict=True):
-                ax.scatter([steps] * len(finals), finals, s=8, color=line.get_color(), alpha=0.5)
-        ax.set_xscale("log", base=2)
-        ticks = sorted(sub["steps"].unique())
-        ax.set_xticks(ticks, [str(t) for t in ticks])
-        ax.minorticks_off()
-        ax.set_title(f"{model}, lr {frac:.3g} x pretraining peak", fontsize=9)
-        ax.set_xlabel("post-training steps")
-        ax.legend(fontsize=7, loc="upper left")
-    axes[0].set_ylabel("none: final dev accuracy")
-    axes[0].set_ylim(-0.03, 1.03)
     return _save(fig, path_stem)

@@ -1,8 +1,10 @@
-"""Writing a table: its CSV, side CSVs, Markdown, provenance side file and co-activation
-heatmaps, the same way for every table (the build_* entry points of rpb.tables and
+"""Writing a table: its CSV, side CSVs, Markdown, HTML page, provenance side file and
+co-activation heatmaps, the same way for every table (the build_* entry points of rpb.tables and
 rpb.exploratory compute frames and hand them here).
 
-CSVs carry 4 decimals; Markdown is `<title>. <note>` followed by each section's table.
+CSVs carry 4 decimals; Markdown is `<title>. <note>` followed by each section's table; the HTML
+page (`rpb.report_html`, the report's rendering) has the same title, note as its caption and
+sections.
 """
 
 from __future__ import annotations
@@ -17,7 +19,14 @@ import pandas as pd
 from rpb.artifacts import atomic_path, write_text
 from rpb.run_records import coactivation_counts
 
-__all__ = ["coactivation_figure", "side_path", "write_csv", "write_markdown", "write_table"]
+__all__ = [
+    "coactivation_figure",
+    "run_figures",
+    "side_path",
+    "write_csv",
+    "write_markdown",
+    "write_table",
+]
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -57,8 +66,9 @@ def write_table(
     floatfmt: str = ".3g",
 ) -> Path:
     """Write `table` to `out_csv`, each `side` frame to `<stem>_<part>.csv`, with a `title` the
-    Markdown `<stem>.md` (`sections`, default the table alone) and with `meta` the provenance
-    `<stem>.meta.json`. Returns the stem (for figure names)."""
+    Markdown `<stem>.md` and the HTML page `<stem>.html` (`sections`, default the table alone;
+    the note is the page's caption) and with `meta` the provenance `<stem>.meta.json`. Returns
+    the stem (for figure names)."""
     out_csv = Path(out_csv)
     write_csv(table, out_csv)
     for part, frame in (side or {}).items():
@@ -66,7 +76,11 @@ def write_table(
     if meta is not None:
         write_text(out_csv.with_suffix(".meta.json"), json.dumps(meta, indent=2) + "\n")
     if title is not None:
-        write_markdown(out_csv.with_suffix(".md"), title, note, sections or [("", table)], floatfmt)
+        from rpb.report_html import write_table_html
+
+        parts = sections or [("", table)]
+        write_markdown(out_csv.with_suffix(".md"), title, note, parts, floatfmt)
+        write_table_html(out_csv.with_suffix(".html"), title, note, parts, floatfmt)
     return out_csv.with_suffix("")
 
 
@@ -79,3 +93,22 @@ def coactivation_figure(
     named = coactivation_counts(results, model, corpus, methods, seed)
     path_stem.parent.mkdir(parents=True, exist_ok=True)
     return plot_coactivation_heatmaps(named, path_stem, base="base")
+
+
+def run_figures(
+    results: Path,
+    model: str,
+    corpora: Sequence[str],
+    methods: Sequence[str],
+    seeds: Sequence[int],
+    folder: Path,
+) -> list[Path]:
+    """Every run's heatmaps, not the first seed's alone: per corpus and seed the base and each
+    method at that seed, `<folder>/<corpus>_seed<seed>.{png,pdf}` (the report shows the folder,
+    workflow/rules/tables.smk)."""
+    paths: list[Path] = []
+    for corpus in corpora:
+        for seed in seeds:
+            stem = Path(folder) / f"{corpus}_seed{seed}"
+            paths += coactivation_figure(results, model, corpus, methods, seed, stem)
+    return paths

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from rpb.artifacts import atomic_folder, atomic_path, write_text
 from rpb.run_records import eval_path, in_domain_tasks, read_json
 from rpb.specs import RUN_STRIDE, base_index, base_of_run, results_path
 
@@ -221,17 +222,15 @@ def swap_saved_parts(
 
     Both must be saved models of the same architecture that route natively at evaluation. The
     tokenizer and other non-weight files come from `target_dir`. Returns a summary (the tensors
-    swapped, and per part how far the two models are apart), also written to `swap.json`.
+    swapped, and per part how far the two models are apart), also written to `swap.json`. The
+    folder appears whole, replacing any previous one, with its integrity records
+    (`rpb.artifacts.atomic_folder`).
     """
     target_dir, source_dir, out_dir = Path(target_dir), Path(source_dir), Path(out_dir)
     _check_parts(parts)
     model, donor = _load(target_dir), _load(source_dir)
     distance = part_distances(model, donor, parts)
     swapped = swap_parts(model, donor, parts)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    _copy_non_weight_files(target_dir, out_dir)
-    model.save_pretrained(out_dir)
     summary = {
         "target": str(target_dir),
         "source": str(source_dir),
@@ -239,7 +238,10 @@ def swap_saved_parts(
         "swapped": swapped,
         "distance": distance,
     }
-    (out_dir / "swap.json").write_text(json.dumps(summary, indent=2) + "\n")
+    with atomic_folder(out_dir) as folder:
+        _copy_non_weight_files(target_dir, folder)
+        model.save_pretrained(folder)
+        (folder / "swap.json").write_text(json.dumps(summary, indent=2) + "\n")
     log.info("part swap: %d tensors (%s) of %s into %s", len(swapped), parts, source_dir, out_dir)
     return summary
 
@@ -537,14 +539,14 @@ def build_router_swap_table(results: Path, spec: dict[str, Any], out_csv: Path) 
     out_csv = Path(out_csv)
     parts = spec.get("parts") or PARTS
     rows = router_swap_rows(results, spec)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    rows.to_csv(out_csv, index=False, float_format="%.6g")
     summary = summarise(rows, parts)
-    summary.to_csv(
-        out_csv.with_name(f"{out_csv.stem}_summary.csv"), index=False, float_format="%.6g"
-    )
     residual = max(_residuals(rows, list(factors(parts))))
-    out_csv.with_suffix(".md").write_text(_markdown(summary, spec, parts, residual))
+    # Atomic and recorded (rpb.artifacts): a full disk or a kill leaves no partial table.
+    with atomic_path(out_csv) as tmp:
+        rows.to_csv(tmp, index=False, float_format="%.6g")
+    with atomic_path(out_csv.with_name(f"{out_csv.stem}_summary.csv")) as tmp:
+        summary.to_csv(tmp, index=False, float_format="%.6g")
+    write_text(out_csv.with_suffix(".md"), _markdown(summary, spec, parts, residual))
     return rows
 
 

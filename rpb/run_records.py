@@ -201,9 +201,10 @@ def coactivation_counts(
 ) -> dict[str, np.ndarray]:
     """Co-activation counts [layers, experts, experts] of the base and of each method's run at
     `seed`, named for a figure (`base`, `<label> (seed <seed>)`)."""
-    # The base analysis is per (model, corpus); a corpus without one (math2) uses the base counts
-    # that every analysis stores beside its own (the same base, the same probe set).
-    base_file = _path("analysis_counts", results, model, corpus, "base", 0)
+    # The base analysis is per (model, corpus) and base (run `seed` starts from base
+    # `base_index(seed)`, evaluated as run RUN_STRIDE * k); a corpus without one (math2) uses the
+    # base counts that every analysis stores beside its own (the same base, the same probe set).
+    base_file = _path("analysis_counts", results, model, corpus, "base", base_runs([seed])[0])
     if base_file.is_file():
         base = _load_counts(base_file)
     else:

@@ -29,16 +29,26 @@ DEFAULT_RESAMPLES = 2000
 DEFAULT_POWER = 0.8
 MAX_SEEDS = 1000
 
+# The kinds of interval the tables and verdicts compute: `t_interval` (and `run_interval` built on
+# it) over runs, and `item_interval`, a single run's normal interval of its item sampling. Every
+# caption names them through `describe_interval` (rpb.tables' notes, rpb.report_html), so a
+# caption cannot name another interval than the one computed (tests/test_report_html.py).
+RUN_INTERVAL = "t-interval"
+ITEM_INTERVAL = "normal interval"
+
 __all__ = [
     "DEFAULT_POWER",
     "DEFAULT_RESAMPLES",
+    "ITEM_INTERVAL",
     "MAX_SEEDS",
+    "RUN_INTERVAL",
     "Correlation",
     "Difference",
     "FriedmanPower",
     "RankConsistency",
     "block_ranks",
     "bootstrap_p_value",
+    "describe_interval",
     "friedman_power",
     "item_interval",
     "item_sd_of_difference",
@@ -168,6 +178,16 @@ def _check_level(confidence: float, power: float = DEFAULT_POWER) -> None:
         raise ValueError(f"confidence must be in [0.5, 1), got {confidence}")
     if not 0 < power < 1:
         raise ValueError(f"power must be in (0, 1), got {power}")
+
+
+def describe_interval(confidence: float, over: str = "runs", kind: str = RUN_INTERVAL) -> str:
+    """A caption's name of the interval computed at `confidence`: `kind` (RUN_INTERVAL for
+    `t_interval` / `run_interval`, ITEM_INTERVAL for `item_interval`) over `over`, e.g.
+    "95% t-interval over runs"."""
+    _check_level(confidence)
+    if kind not in (RUN_INTERVAL, ITEM_INTERVAL):
+        raise ValueError(f"unknown interval kind {kind!r} ({RUN_INTERVAL}, {ITEM_INTERVAL})")
+    return f"{100 * confidence:g}% {kind} over {over}"
 
 
 def t_interval(

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpb.render import coactivation_figure, write_table
+from rpb.render import coactivation_figure, run_figures, write_table
 from rpb.run_records import (
     ACCURACY,
     DRIFT,
@@ -60,8 +60,11 @@ from rpb.run_records import (
 )
 from rpb.stats import (
     DEFAULT_POWER,
+    ITEM_INTERVAL,
+    RUN_INTERVAL,
     Difference,
     block_ranks,
+    describe_interval,
     item_interval,
     item_sd_of_difference,
     paired_runs,
@@ -190,8 +193,10 @@ def _level_kwargs(spec: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _level(spec: dict[str, Any]) -> str:
-    return f"{100 * float(spec.get('confidence', 0.95)):g}%"
+def _interval(spec: dict[str, Any], over: str, kind: str = RUN_INTERVAL) -> str:
+    """The caption's name of the interval computed at `spec['confidence']` over `over`
+    (`rpb.stats.describe_interval`), e.g. "95% t-interval over runs"."""
+    return describe_interval(float(spec.get("confidence", 0.95)), over, kind)
 
 
 def _in_domain_text(tasks: Sequence[str]) -> str:
@@ -359,11 +364,13 @@ def method_table_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
 def build_method_table(
     results: Path, spec: dict[str, Any], out_csv: Path, title: str = "Table 1"
 ) -> pd.DataFrame:
-    """One row per method (base first) on one model and corpus: CSV, Markdown, provenance side
-    file and the co-activation heatmaps `figures/<csv stem>_coactivation.{png,pdf}`."""
+    """One row per method (base first) on one model and corpus: CSV, Markdown, HTML, provenance
+    side file and the co-activation heatmaps `figures/<csv stem>_coactivation.{png,pdf}` (the
+    first seed), every run's in `figures/<csv stem>_coactivation_runs/`."""
     table = method_table_frame(results, spec)
     out_csv = Path(out_csv)
     tasks = in_domain_tasks(spec, spec["corpus"])
+    over_runs = _interval(spec, "the method's runs")
     provenance = {
         "scale": spec.get("scale"),
         "model": spec["model"],
@@ -372,9 +379,9 @@ def build_method_table(
         "measures": measures(spec),
         "note": (
             f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
-            f"{_level(spec)} t-interval over the method's runs (a run per base and seed: run "
+            f"{over_runs} (a run per base and seed: run "
             "1000 k + s is seed s on base k; the base row, one run per base; a single run: the "
-            "interval of its item sampling)"
+            f"{_interval(spec, 'its items', ITEM_INTERVAL)})"
             + ("; in_domain_p the same for p(target). " if P_TARGET in measures(spec) else ". ")
             + "paper_in_domain: Moonlight-16B-A3B in-domain accuracy reported by "
             "arXiv:2609.08115 (family A only)"
@@ -401,6 +408,14 @@ def build_method_table(
     stem = out_csv.parent / "figures" / f"{out_csv.stem}_coactivation"
     coactivation_figure(
         results, spec["model"], spec["corpus"], spec["methods"], spec["seeds"][0], stem
+    )
+    run_figures(
+        results,
+        spec["model"],
+        [spec["corpus"]],
+        spec["methods"],
+        spec["seeds"],
+        stem.with_name(f"{stem.name}_runs"),
     )
     return table
 
@@ -525,7 +540,7 @@ def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"{list(spec['seeds'])}). {measures_text(spec)} diff: mean of the per-run paired "
         f"differences (a run's in_domain: {_in_domain_text(in_domain_tasks(spec, spec['corpus']))}"
         "; ood: the mean of the OOD tasks), "
-        f"{_level(spec)} t-interval over runs and the paired t-test's p-value, so p < 1 - level "
+        f"{_interval(spec, 'runs')} and the paired t-test's p-value, so p < 1 - level "
         "exactly when the CI excludes zero; mde: the difference found with "
         f"{100 * _level_kwargs(spec)['power']:g}% power (docs/claims.md)."
     )
@@ -619,7 +634,7 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         "accuracy column (metric): Kendall's W across blocks and the Friedman test "
         f"(consistent_ordering: p < {alpha:.2g}); identical_ranking: the same strict order in "
         "every block; same_best: one method first in every block. Pairs: mean paired per-run "
-        f"difference, one run per (corpus, seed), {_level(spec)} t-interval, p-value and MDE."
+        f"difference, one run per (corpus, seed), {_interval(spec, 'runs')}, p-value and MDE."
     )
     write_table(
         out_csv,
@@ -641,6 +656,14 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         spec["methods"],
         spec["seeds"][0],
         out_csv.parent / "figures" / f"{out_csv.stem}_coactivation",
+    )
+    run_figures(
+        results,
+        spec["model"],
+        spec["corpora"],
+        spec["methods"],
+        spec["seeds"],
+        out_csv.parent / "figures" / f"{out_csv.stem}_coactivation_runs",
     )
     return frames["runs"]
 
@@ -773,10 +796,11 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
         f"cosine of the co-activation matrices), mean over MoE layers. {measures_text(spec)} "
         f"Correlation: Spearman's rho across {list(spec['correlate'])} within each seed, the "
-        f"mean over seeds with the {_level(spec)} t-interval over the per-seed rhos (an "
+        f"mean over seeds with the {_interval(spec, 'the per-seed rhos')} (an "
         "association; runs of a seed are not independent), one row per retention metric and "
-        "accuracy column. Hard: paired per-run difference hard - other with its t-interval and "
-        "MDE (community_nmi rows: no p(target) twin). Base: non-uniformity of the "
+        "accuracy column. Hard: paired per-run difference hard - other with its "
+        f"{_interval(spec, 'runs')} and MDE (community_nmi rows: no p(target) twin). Base: "
+        "non-uniformity of the "
         "base router against uniformly random top-k routing with the same experts, k and tokens."
     )
     write_table(
@@ -808,5 +832,13 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         spec["methods"],
         spec["seeds"][0],
         figures / f"{out_csv.stem}_coactivation",
+    )
+    run_figures(
+        results,
+        spec["model"],
+        [spec["corpus"]],
+        spec["methods"],
+        spec["seeds"],
+        figures / f"{out_csv.stem}_coactivation_runs",
     )
     return frames["table"]

@@ -10,12 +10,13 @@ answer-only loss. Seeds fix the data order, so every method sees the same batche
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,11 +86,17 @@ class TrainSpec:
 
 @dataclass
 class MethodSpec:
-    """Which router method to attach, at what strength, with which options."""
+    """Which router method to attach, at what strength, with which options. `strength` None is
+    the method's default; `lbl` also takes "family" (the model's own coefficient, read when the
+    method attaches). The config's entry reaches it unchanged (`rpb train --method`)."""
 
     name: str
-    strength: float | None = None
+    strength: float | str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+
+    def build(self) -> RouterMethod:
+        """The (unattached) router method this spec names."""
+        return make_method(self.name, strength=self.strength, **self.options)
 
 
 class TokenizedExamples(Dataset):
@@ -322,11 +329,14 @@ def run_training(
     *,
     save_to: Path | None = None,
     callbacks: Sequence[TrainerCallback] = (),
+    complete_model: Callable[[Path], None] | None = None,
 ) -> list[dict[str, float]]:
     """Train `model` in place with `method` attached; resumes from the newest checkpoint.
 
     Under a multi-process launch every rank calls this; only the main process writes (and logs
-    to its MLflow run, the only one open). `save_to` saves the final model and tokenizer there.
+    to its MLflow run, the only one open). `save_to` saves the final model and tokenizer there,
+    as one folder that appears whole (`rpb.artifacts.atomic_folder`) with its integrity records;
+    `complete_model` (main process) adds files to the folder before it appears.
     """
     torch.set_num_threads(max(1, spec.threads))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -363,7 +373,7 @@ def run_training(
     with method:
         trainer.train(resume_from_checkpoint=str(last) if last else None)
     if save_to is not None:
-        _save_model(trainer, tokenizer, save_to)
+        _save_model(trainer, tokenizer, save_to, complete_model)
     return history
 
 
@@ -441,8 +451,8 @@ def posttrain(
     `trust_remote_code` applies to the tokenizer only (Moonlight's); the model always loads with
     transformers' own class. `experts_implementation` picks transformers' experts kernel (None:
     its default). Every rank of a multi-process launch calls this; the main process writes the
-    outputs while the others wait. `callbacks` join the Trainer's (the regime rule's dev-accuracy
-    readings); `save_model` false keeps no model (calibration runs need only their readings).
+    outputs while the others wait. `callbacks` join the Trainer's (e.g. dev-accuracy
+    readings); `save_model` false keeps no model (for runs that need only their readings).
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code)
     torch.manual_seed(spec.seed)
@@ -464,7 +474,7 @@ def posttrain(
     prior = RouterPrior.load(prior_path) if prior_path else None
     if prior is not None:
         prior.check_compatible(model)
-    method = make_method(method_spec.name, strength=method_spec.strength, **method_spec.options)
+    method = method_spec.build()
     method.attach(model, prior)
     history = run_training(
         model,
@@ -475,6 +485,9 @@ def posttrain(
         out_dir,
         save_to=out_dir / "model" if save_model else None,
         callbacks=callbacks,
+        # A method that keeps steering at evaluation (hard, keep_bias_at_eval) travels with the
+        # model: written into the folder before it appears, so no model lacks its routing.
+        complete_model=lambda folder: save_eval_routing(folder, method, prior),
     )
     summary = {
         "final": history[-1] if history else {},
@@ -482,10 +495,6 @@ def posttrain(
         "method": asdict(method_spec),
     }
     if is_main_process():
-        # A method that keeps steering at evaluation (hard, keep_bias_at_eval) travels with the
-        # model.
-        if save_model:
-            save_eval_routing(out_dir / "model", method, prior)
         _write_json(out_dir / "train_history.json", {"history": history, **summary})
         remove_checkpoints(out_dir / "checkpoints")
     PartialState().wait_for_everyone()
@@ -505,20 +514,36 @@ def unseen_token_ids(tokenizer: PreTrainedTokenizerBase, dataset: TokenizedExamp
     return sorted(vocab[t] for t in vocab if t not in seen and vocab[t] in used)
 
 
-def _save_model(trainer: Trainer, tokenizer: PreTrainedTokenizerBase, path: Path) -> None:
-    """Save the trained model and tokenizer from the main process (every rank calls this)."""
+def _save_model(
+    trainer: Trainer,
+    tokenizer: PreTrainedTokenizerBase,
+    path: Path,
+    complete: Callable[[Path], None] | None = None,
+) -> None:
+    """Save the trained model and tokenizer from the main process (every rank calls this).
+
+    The main process writes into a temporary folder beside `path` that replaces `path` once
+    complete, and records every file (`rpb.artifacts.atomic_folder`): a job killed or failing
+    while saving leaves no folder that looks finished, and the results check before the next
+    invocation names a truncated or lost weights file of a finished one."""
+    from rpb.artifacts import atomic_folder, partial_folder
+
     trainer.model.eval()
     main = trainer.is_world_process_zero()
-    if trainer.is_fsdp_enabled:
-        # A collective: gathers the full state dict from the shards (save_pretrained on the
-        # sharded model would write this rank's DTensor shards). The main process writes it.
-        trainer.save_model(str(path))
-        if main:  # the Trainer adds its pickled arguments; a model folder needs none
-            (path / TRAINING_ARGS_NAME).unlink(missing_ok=True)
-    elif main:  # DDP or one process: every rank holds the same full model
-        trainer.model.save_pretrained(path)
-    if main:
-        tokenizer.save_pretrained(path)
+    # Every rank names the same temporary folder; only the main process creates and moves it.
+    with atomic_folder(path) if main else contextlib.nullcontext(partial_folder(path)) as tmp:
+        if trainer.is_fsdp_enabled:
+            # A collective: gathers the full state dict from the shards (save_pretrained on the
+            # sharded model would write this rank's DTensor shards). The main process writes it.
+            trainer.save_model(str(tmp))
+            if main:  # the Trainer adds its pickled arguments; a model folder needs none
+                (tmp / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+        elif main:  # DDP or one process: every rank holds the same full model
+            trainer.model.save_pretrained(tmp)
+        if main:
+            tokenizer.save_pretrained(tmp)
+            if complete is not None:
+                complete(tmp)
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:

@@ -328,8 +328,8 @@ def test_record_artifact_with_an_explicit_root(tmp_path: Path) -> None:
 
 
 def test_a_recorded_model_folder_is_checked_file_by_file(results: Path) -> None:
-    """What rpb.training should call after save_pretrained (it does not yet: the format check
-    covers its folders meanwhile)."""
+    """`record_folder`, which `atomic_folder` calls for the model folders of rpb.training and
+    rpb.router_swap (tests/test_faults.py runs them)."""
     model = results / "models" / "m" / "base" / "model"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
@@ -344,3 +344,87 @@ def test_a_recorded_model_folder_is_checked_file_by_file(results: Path) -> None:
         str(model / "model.safetensors"),
         f"100 bytes, {len(weights)} when it was written: truncated or changed since",
     )
+
+
+# --- model folders: written whole, recorded, a lost file named ------------------------------------
+
+
+def _model_files(folder: Path) -> None:
+    (folder / "config.json").write_text("{}")
+    _prior(folder / "model.safetensors")
+
+
+def test_atomic_folder_appears_whole_with_its_records(results: Path) -> None:
+    model = results / "runs" / "m" / "model"
+    with artifacts.atomic_folder(model) as tmp:
+        assert tmp == artifacts.partial_folder(model) and tmp.name.startswith(".")
+        _model_files(tmp)
+        (tmp / "eval_routing").mkdir()
+        write_text(tmp / "eval_routing" / "method.json", "{}")  # an atomic writer inside it
+        assert not model.exists()  # nothing to read until it is complete
+    assert sorted(p.name for p in model.parent.iterdir()) == ["model"]
+    records = results / RECORDS / "runs" / "m"
+    assert sorted(p.relative_to(records).as_posix() for p in records.rglob("*.json")) == [
+        "model/config.json.json",
+        "model/eval_routing/method.json.json",
+        "model/model.safetensors.json",
+    ]  # none left for the temporary folder
+    assert check_results(results) == []
+    # Written again without eval_routing: the folder is replaced whole, its old records go.
+    with artifacts.atomic_folder(model) as tmp:
+        _model_files(tmp)
+    assert sorted(p.name for p in model.iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in records.rglob("*.json")) == [
+        "config.json.json",
+        "model.safetensors.json",
+    ]
+    assert check_results(results, update=True) == []
+
+
+def test_atomic_folder_leaves_nothing_when_its_writer_fails(results: Path) -> None:
+    model = results / "runs" / "m" / "model"
+    with pytest.raises(RuntimeError), artifacts.atomic_folder(model) as tmp:
+        _model_files(tmp)
+        write_text(tmp / "method.json", "{}")  # recorded under the temporary folder's name
+        raise RuntimeError("killed mid-save")
+    assert list(model.parent.iterdir()) == []
+    assert not list((results / RECORDS).rglob("*.json"))
+    with artifacts.atomic_folder(model) as tmp:
+        _model_files(tmp)
+    before = sorted(p.name for p in model.iterdir())
+    # An OSError on a file of the temporary folder names that file in the model folder.
+    with pytest.raises(OSError) as raised, artifacts.atomic_folder(model) as tmp:
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp / "model.safetensors"))
+    assert raised.value.filename == str(model / "model.safetensors")
+    assert sorted(p.name for p in model.iterdir()) == before  # the previous folder is kept
+    assert sorted(p.name for p in model.parent.iterdir()) == ["model"]
+
+
+def test_a_lost_file_of_a_recorded_model_folder_is_named(results: Path) -> None:
+    """A recorded file missing from a model folder that is still there is damage (Snakemake
+    removes a model folder whole before its job rewrites it); named as the file, not as an
+    incomplete folder, and its record kept until the folder is rebuilt."""
+    model = results / "models" / "m" / "base" / "model"
+    with artifacts.atomic_folder(model) as tmp:
+        _model_files(tmp)
+    (model / "model.safetensors").unlink()
+    for update in (False, True):
+        assert check_results(results, update=update) == [
+            Problem(
+                str(model / "model.safetensors"), "missing, recorded when its folder was written"
+            )
+        ]
+    shutil.rmtree(model)
+    assert check_results(results, update=True) == []
+    assert not list((results / RECORDS).rglob("*.json"))
+
+
+def test_a_full_disk_while_writing_a_model_folder_leaves_none(disk: Path) -> None:
+    model = disk / "runs" / "m" / "model"
+    with pytest.raises(OSError) as raised, artifacts.atomic_folder(model) as tmp:
+        (tmp / "config.json").write_text("{}")
+        (tmp / "model.safetensors").write_bytes(b"\0" * 2_000_000)  # the disk holds 1 MiB
+    assert raised.value.errno == errno.ENOSPC
+    assert raised.value.filename == str(model)  # the write names no file: the folder it went to
+    assert list(model.parent.iterdir()) == []
+    assert failure_line(raised.value).startswith(f"{model}: No space left on device (")

@@ -21,6 +21,7 @@ from rpb.claims import (
     NOT_SUPPORTED,
     NOT_TESTABLE,
     PART_COLUMNS,
+    PREMISE_NOT_MET,
     SUPPORTED,
     Check,
     build_claims,
@@ -103,6 +104,8 @@ def test_combine_and_bad_input() -> None:
     assert combine([SUPPORTED, INCONCLUSIVE, NOT_SUPPORTED]) == NOT_SUPPORTED
     assert combine([SUPPORTED, INCONCLUSIVE, NOT_TESTABLE]) == NOT_TESTABLE
     assert combine([NOT_TESTABLE, NOT_SUPPORTED]) == NOT_SUPPORTED  # a testable part refutes it
+    assert combine([NOT_TESTABLE, PREMISE_NOT_MET, SUPPORTED]) == PREMISE_NOT_MET
+    assert combine([PREMISE_NOT_MET, NOT_SUPPORTED]) == NOT_SUPPORTED
     with pytest.raises(ValueError, match="at least one"):
         combine([])
     with pytest.raises(ValueError, match="unknown verdict 'maybe'"):
@@ -251,7 +254,10 @@ def test_paper_world_supports_every_claim(tmp_path: Path) -> None:
     assert "## C5: supported" in md and "## Manipulation checks" in md
     assert "Accuracy parts are judged on p(target)" in md
     n_parts = len(table)
-    assert f"Tested: {n_parts} confirmatory parts: {n_parts} tested on an interval, 0 not" in md
+    assert (
+        f"Tested: {n_parts} confirmatory parts: {n_parts} tested on an interval, 0 premise "
+        "not met, 0 not testable"
+    ) in md
 
 
 REVERSED_WORLD = {
@@ -318,11 +324,18 @@ def test_a_supported_p_target_part_needs_exact_match_to_agree() -> None:
     refuted = judged_part("x - y", down, "direction", 5.0, "e", metric="p_target", exact_match=up)
     assert refuted.verdict == NOT_SUPPORTED
     # The agreement is part of the rule: with a failed check it is what the waived verdict says.
-    failed = Check("M0", "the regime rule found a setting", False, "none")
+    failed = Check("M1", "lbl flattens routing", False, "none")
     part = judged_part(
         "x - y", up, "direction", 5.0, "e", [failed], metric="p_target", exact_match=down
     )
     assert part.verdict == NOT_TESTABLE and part.checks_waived == INCONCLUSIVE
+    # The testbed's premise (M0) failed reads "premise not met", whatever else failed.
+    unmet = Check("M0", "the testbed's premise holds", False, "L 0.39 < 0.50")
+    part = judged_part(
+        "x - y", up, "direction", 5.0, "e", [failed, unmet], metric="p_target", exact_match=up
+    )
+    assert part.verdict == PREMISE_NOT_MET and part.checks_waived == SUPPORTED
+    assert part.detail.startswith("premise not met: M1 lbl flattens routing failed")
     # Exact match judged alone (paper scale): its own numbers are the em_* ones.
     alone = judged_part("x - y", down, "direction", 5.0, "e", metric="exact_match")
     assert alone.verdict == NOT_SUPPORTED and alone.em_estimate == down.estimate
@@ -577,26 +590,27 @@ def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
     assert "## Per-base verdicts" in (tmp_path / "claims.md").read_text()
 
 
-def test_a_family_the_regime_rule_found_no_setting_for_is_not_testable(tmp_path: Path) -> None:
-    """calibration.not_testable (M0): every part on that family is not testable, whatever its
-    numbers say (here the paper world, which would support every claim)."""
-    reason = "no level passes R1+R2 at any lr fraction"
-    table = _build(tmp_path, PAPER_WORLD, spec=_spec(not_testable={"tinyA": reason}))
+def test_a_family_whose_premise_was_not_met_reads_premise_not_met(tmp_path: Path) -> None:
+    """calibration.premise_not_met (M0): every accuracy part on that family reads "premise not
+    met", whatever its numbers say (here the paper world, which would support every claim)."""
+    reason = "no grid point passes L on both bases"
+    table = _build(tmp_path, PAPER_WORLD, spec=_spec(premise_not_met={"tinyA": reason}))
     verdicts = _verdicts(table)
     # Tables 1, 4 and 5 are on tinyA; C4 has a tinyA part; table 2 (C3) is on tinyB.
     for claim in ("C1", "C2", "C4", "C5", "C6"):
-        assert verdicts[claim] == NOT_TESTABLE, claim
+        assert verdicts[claim] == PREMISE_NOT_MET, claim
     assert verdicts["C3"] == SUPPORTED
     c6 = table[table["claim"] == "C6"].set_index("name")["verdict"]
-    # Hard's structure retention is no accuracy comparison: the regime premise does not apply.
+    # Hard's structure retention is no accuracy comparison: the testbed's premise does not apply.
     assert c6["hard - rpb community NMI"] == SUPPORTED
-    assert c6.drop("hard - rpb community NMI").eq(NOT_TESTABLE).all()
+    assert c6.drop("hard - rpb community NMI").eq(PREMISE_NOT_MET).all()
     c4 = table[table["claim"] == "C4"].set_index("name")["verdict"]
-    assert c4.filter(like="tinyA").eq(NOT_TESTABLE).all()
+    assert c4.filter(like="tinyA").eq(PREMISE_NOT_MET).all()
     assert c4.filter(like="tinyB").eq(SUPPORTED).all()
     detail = table[table["claim"] == "C1"]["verdict_detail"].iloc[0]
-    assert detail.startswith("not testable: M0 the regime rule found a setting for tinyA failed")
+    assert detail.startswith("premise not met: M0 the testbed's premise holds for tinyA failed")
     assert reason in detail
+    assert "premise not met" in (tmp_path / "claims.md").read_text()
     # The numbers' own verdict is kept aside: the same table without the premise.
     without = _build(tmp_path / "without", PAPER_WORLD, spec=_spec())
     assert table["verdict_checks_waived"].tolist() == without["verdict"].tolist()

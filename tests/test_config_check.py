@@ -101,6 +101,16 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
         "methods.rpb.strength:",
         "true is not of type 'number'",
     ),
+    "family_strength_on_rpb": (
+        _set("methods", "rpb", "strength", value="family"),
+        "methods.rpb.strength:",
+        "is a strength of method 'lbl' only; give method 'rpb' a number",
+    ),
+    "text_strength_on_lbl": (
+        _set("methods", "lbl", "strength", value="own"),
+        "methods.lbl.strength:",
+        "'own' is neither a number >= 0 nor 'family'",
+    ),
     "strength_on_none": (
         _set("methods", "none", "strength", value=0.5),
         "methods.none.strength:",
@@ -305,6 +315,52 @@ def test_valid_variants_pass() -> None:
     config["table1"]["methods"] = ["none", "lbl", "rpb", "rpb_logits", "hard"]
     check_config(config, SCHEMA)
     assert config["tracking"]["experiment"] == "rpb"
+
+
+def _method_entry(config: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
+    """workflow/rules/common.smk's `method_entry` (what a training rule passes as `--method`),
+    run on `config`."""
+    import re
+
+    text = (ROOT / "workflow" / "rules" / "common.smk").read_text()
+    found = re.search(r"^def method_entry\(.*?(?=^\S)", text, flags=re.MULTILINE | re.DOTALL)
+    assert found, "common.smk has no method_entry"
+    namespace: dict[str, Any] = {"config": config}
+    exec(found.group(0), namespace)
+    return namespace["method_entry"]
+
+
+def test_a_family_strength_reaches_the_lbl_method_unchanged() -> None:
+    """`strength: family` (lbl's: the model family's own load-balancing coefficient) passes the
+    check as it is, travels unchanged through the training rule's `--method` and `rpb train`'s
+    MethodSpec, and the library resolves it when the method attaches to the model."""
+    from rpb.architectures import random_model
+    from rpb.cli import build_parser
+
+    config = copy.deepcopy(BASE)
+    config["methods"]["lbl_own"] = {"kind": "lbl", "strength": "family"}
+    config["methods"]["lbl"] = {"strength": "family", "options": {"pooling": "pooled"}}
+    config["table1"]["methods"] = [*config["table1"]["methods"], "lbl_own"]
+    check_config(config, SCHEMA)
+    assert config["methods"]["lbl_own"] == {"kind": "lbl", "strength": "family"}
+    entry = _method_entry(config)("lbl_own")
+    assert entry == {"name": "lbl", "strength": "family", "options": {}}
+    method_json = json.dumps(entry, sort_keys=True)  # common.smk's as_json, unquoted
+    args = build_parser().parse_args(
+        [
+            *("train", "--name", "m", "--label", "lbl_own", "--base", "b", "--corpus", "c"),
+            *("--corpus-name", "math", "--method", method_json, "--spec", "{}", "--out", "o"),
+        ]
+    )
+    from rpb.training import MethodSpec
+
+    spec = MethodSpec(**args.method)
+    assert spec.strength == "family"
+    method = spec.build()
+    assert method.family_strength
+    model = random_model("qwen3_moe", num_experts=4, router_aux_loss_coef=0.02)
+    with method.attach(model):
+        assert method.strength == 0.02  # the model's own coefficient, not lbl's default 0.001
 
 
 def test_posttrain_length_is_checked_against_the_trained_model_only() -> None:
@@ -545,13 +601,15 @@ def test_bad_replicates_name_the_key(name: str, replicates: list, message: str) 
     assert str(err.value) == message
 
 
-def test_the_regime_rules_not_testable_families_must_be_table_models() -> None:
+def test_the_premise_screens_families_must_be_table_models() -> None:
     config = _merged("config.yaml")
-    config["calibration"]["not_testable"] = {"tinyA": "no level passes R1+R2"}
+    config["calibration"]["premise_not_met"] = {"tinyA": "no grid point passes L"}
     check_config(copy.deepcopy(config), SCHEMA)
-    config["calibration"]["not_testable"] = {"tinyA_p1": "a replicate"}
-    with pytest.raises(ConfigError, match=r"^calibration\.not_testable: 'tinyA_p1' is not a model"):
+    config["calibration"]["premise_not_met"] = {"tinyA_p1": "a replicate"}
+    with pytest.raises(
+        ConfigError, match=r"^calibration\.premise_not_met: 'tinyA_p1' is not a model"
+    ):
         check_config(copy.deepcopy(config), SCHEMA)
-    config["calibration"]["not_testable"] = {"tinyA": ""}
-    with pytest.raises(ConfigError, match=r"^calibration\.not_testable\.tinyA: "):
+    config["calibration"]["premise_not_met"] = {"tinyA": ""}
+    with pytest.raises(ConfigError, match=r"^calibration\.premise_not_met\.tinyA: "):
         check_config(config, SCHEMA)

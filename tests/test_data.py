@@ -275,7 +275,7 @@ def test_unknown_level_and_too_many_held_out_pairs_are_refused(tmp_path: Path) -
 def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
     smoke_dir: Path, tmp_path: Path
 ) -> None:
-    """Rule 2's data-limited task (docs/regime.md): fewer post-training pairs, same stream, same
+    """Rule 2's data-limited task (docs/testbed.md): fewer post-training pairs, same stream, same
     dev and eval sets, same pretraining corpus."""
     cut = data.preset_sizes("smoke", 50)
     assert (
@@ -300,7 +300,7 @@ def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
 def test_a_holdout_removes_its_region_from_post_training_only(
     smoke_dir: Path, tmp_path: Path, holdout: str
 ) -> None:
-    """Rule 3's tasks (docs/regime.md): no post-training pair of math or math2 lies in the held-out
+    """Rule 3's tasks (docs/testbed.md): no post-training pair of math or math2 lies in the held-out
     region, while dev, eval and pretraining files are byte-identical to the task without it, so
     some dev items lie in the region (the task's hard items by construction)."""
     manifest = write_corpora(tmp_path, seed=3, sizes=SIZE_PRESETS["smoke"], holdout=holdout)

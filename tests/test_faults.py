@@ -383,18 +383,158 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
 @pytest.mark.slow
 def test_a_model_folder_without_its_weights_is_one_line(smoke_copy: Path) -> None:
     """Before: "Nothing to be done", then a 23-line traceback in the next job that loaded it.
-    With a second damaged file that no rule declares (table1.meta.json), the one command
-    rebuilds both: the model folder, and the declared output whose job writes the side file."""
+    The pretraining job records its model folder's files (rpb.training), so the line names the
+    lost file. With a second damaged file that no rule declares (table1.meta.json), the one
+    command rebuilds both: the model folder, and the declared output whose job writes the side
+    file."""
     model = smoke_copy / "models" / "tinyA" / "base" / "model"
-    (model / "model.safetensors").unlink()
+    weights = model / "model.safetensors"
+    weights.unlink()
     meta = smoke_copy / "table1.meta.json"
     meta.write_text(meta.read_text()[:-20])
     proc, _ = _snakemake(smoke_copy, "-n", str(smoke_copy / "table1.csv"))
     line = _one_error_line(proc)
-    assert line.startswith(f"integrity error: {model}: model folder without model.safetensors")
-    assert "(no weights file): incomplete (+1 more); rebuild: " in line
-    assert f"rm -rf {model} {meta} && snakemake --cores 1 " in line
+    assert line.startswith(f"integrity error: {weights}: missing, recorded when its folder was")
+    assert " written (+1 more); rebuild: " in line
+    assert f"rm -rf {weights} {meta} && snakemake --cores 1 " in line
     assert line.endswith(f" --force -- {model} {smoke_copy / 'table1.md'}")
+
+
+@pytest.mark.slow
+def test_a_truncated_model_weights_file_stops_the_invocation_and_loses_nothing(
+    smoke_copy: Path,
+) -> None:
+    """A truncated base weights file with a fresh mtime would make Snakemake rerun, deleting
+    their finished outputs first, every job downstream of the base. Its integrity record (written
+    by rpb.training) stops the invocation before the DAG is built, in one line naming the file
+    and the command that rebuilds the folder; no finished file is lost."""
+    model = smoke_copy / "models" / "tinyA" / "base" / "model"
+    weights = model / "model.safetensors"
+    before = _finished(smoke_copy)
+    size = _truncate(weights)
+    proc, _ = _snakemake(smoke_copy, "--cores", "2", str(smoke_copy / "table1.csv"))
+    line = _one_error_line(proc)
+    assert line.startswith(
+        f"integrity error: {weights}: {size // 2} bytes, {size} when it was written: truncated"
+    )
+    assert line.endswith(f" --force -- {model}")
+    after = _finished(smoke_copy)
+    damaged = weights.relative_to(smoke_copy).as_posix()
+    assert sorted(n for n in before if n != damaged and after.get(n) != before[n]) == []
+
+
+def _posttrain_hard(world: dict, out: Path) -> None:
+    """Two steps of `hard` (its model folder carries its eval-time routing) on the tiny base."""
+    from rpb.training import MethodSpec, TrainSpec, posttrain
+
+    posttrain(
+        base_dir=world["base"],
+        prior_path=world["prior"],
+        corpus=world["corpus"],
+        method_spec=MethodSpec("hard"),
+        spec=TrainSpec(steps=2, batch_size=4, lr=1e-3, max_length=16),
+        out_dir=out,
+    )
+
+
+def test_a_trained_model_folder_is_recorded_and_a_damaged_weights_file_is_one_line(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training writes its model folder whole (a hidden temporary folder renamed into place) and
+    records every file, the eval-time routing included. A truncated or lost weights file of the
+    finished folder is then named, file and all, by the check that runs before Snakemake builds
+    its DAG (so before it deletes anything), in one line with the command that rebuilds it."""
+    from rpb.artifacts import RECORDS, RESULTS_ENV, Problem, check_results, integrity_message
+
+    results = tmp_path / "results"
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    run = results / "runs" / "tiny8" / "math" / "hard" / "seed0"
+    _posttrain_hard(world, run)
+    model = run / "model"
+    recorded = sorted(
+        p.relative_to(results / RECORDS / run.relative_to(results)).as_posix()
+        for p in (results / RECORDS).rglob("*.json")
+        if p.is_file() and "model" in p.relative_to(results / RECORDS).parts
+    )
+    assert {"model/config.json.json", "model/model.safetensors.json"} <= set(recorded)
+    assert "model/eval_routing/method.json.json" in recorded  # written before the rename
+    assert not [p for p in (results / RECORDS).rglob("*") if ".partial" in p.as_posix()]
+    assert sorted(p.name for p in run.iterdir()) == ["model", "train_history.json"]
+    assert check_results(results, update=True) == []
+
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    problems = check_results(results, update=True)
+    assert problems == [
+        Problem(
+            str(weights),
+            f"{len(data) // 2} bytes, {len(data)} when it was written: truncated or changed since",
+        )
+    ]
+    line = integrity_message(problems, lambda path: str(model))
+    assert "\n" not in line
+    assert line.startswith(f"integrity error: {weights}: {len(data) // 2} bytes, {len(data)} when")
+    assert line.endswith(f"; rebuild: rm -rf {weights} && snakemake --cores 1 --force -- {model}")
+
+    weights.unlink()  # lost: named as the file, not only as an incomplete folder
+    problems = check_results(results, update=True)
+    assert problems == [Problem(str(weights), "missing, recorded when its folder was written")]
+    assert integrity_message(problems).startswith(f"integrity error: {weights}: missing, ")
+    shutil.rmtree(model)  # as Snakemake removes it before rerunning its job: nothing to report
+    assert check_results(results, update=True) == []
+    assert not list((results / RECORDS / model.relative_to(results)).rglob("*.json"))
+
+
+def test_a_model_folder_that_fails_while_saving_is_not_left(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk while the model folder is written: no folder that looks finished, no
+    temporary folder, and the error names the file under the model folder in one line."""
+    import errno
+
+    import rpb.training
+    from rpb.artifacts import RESULTS_ENV, check_results, failure_line
+
+    results = tmp_path / "results"
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+
+    def full_disk(folder: Path, method: Any, prior: Any) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "eval_routing"))
+
+    monkeypatch.setattr(rpb.training, "save_eval_routing", full_disk)
+    run = results / "runs" / "tiny8" / "math" / "hard" / "seed0"
+    with pytest.raises(OSError) as raised:
+        _posttrain_hard(world, run)
+    assert raised.value.filename == str(run / "model" / "eval_routing")
+    line = failure_line(raised.value)
+    assert line is not None and line.startswith(f"{run / 'model' / 'eval_routing'}: No space left")
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints"]  # as after a kill: resumable
+    assert check_results(results) == []
+
+
+def test_a_swapped_model_folder_is_recorded(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rpb.router_swap writes its model folder whole and records it, swap.json included."""
+    from rpb.artifacts import RECORDS, RESULTS_ENV, check_results
+    from rpb.router_swap import swap_saved_parts
+
+    results = tmp_path / "results"
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    out = results / "diagnostic" / "router_swap" / "models" / "tiny8" / "model"
+    out.mkdir(parents=True)
+    (out / "stale.json").write_text("{}")  # a previous folder is replaced whole
+    swap_saved_parts(world["base"], world["base"], ["routers"], out)
+    records = results / RECORDS / out.relative_to(results)
+    assert {"config.json.json", "model.safetensors.json", "swap.json.json"} <= {
+        p.name for p in records.iterdir()
+    }
+    assert not (out / "stale.json").exists() and check_results(results) == []
+    weights = out / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    (problem,) = check_results(results)
+    assert problem.path == str(weights) and problem.what.endswith("truncated or changed since")
 
 
 def _job(world: dict, command: str, *args: str) -> list[str]:
@@ -452,6 +592,45 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert done.stderr.splitlines() == [f"config error: {raised.value}"]
+
+
+def test_rpb_check_config_names_the_file_and_line_of_each_bad_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rpb check-config` (and `make check-config`, `make smoke`): one line per bad or missing
+    file, exit 2; good files pass in silence."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seeds: [0\nbroken: 1\n")
+    smoke = str(smoke_pipeline.ROOT / "config" / "smoke.yaml")
+    assert main(["check-config", smoke]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["check-config", str(bad), smoke, str(tmp_path / "absent.yaml")]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"rpb check-config: error: {bad}:2:7: YAML syntax error: expected ',' or ']', but got ':'",
+        f"rpb check-config: error: {tmp_path / 'absent.yaml'}: no such config file",
+    ]
+
+
+def test_snakemake_reads_a_configfile_before_any_workflow_code(tmp_path: Path) -> None:
+    """Why `--configfile` needs `rpb check-config`: Snakemake parses the file while it reads its
+    command line (snakemake.settings.types.ConfigSettings.__post_init__), before the Snakefile,
+    whose check of config/config.yaml never runs. If this changes, the Snakefile can check
+    `workflow.overwrite_configfiles` itself."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("seeds: [0\nbroken: 1\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(bad)],
+        cwd=smoke_pipeline.ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    # On stdout: Snakemake's logging is not set up yet either.
+    assert (proc.stdout + proc.stderr).strip().splitlines() == [
+        "WorkflowError:",
+        "Config file is not valid JSON or YAML. In case of YAML, make sure to not mix whitespace "
+        "and tab indentation.",
+    ]
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ from matplotlib.image import imread
 from rpb.figures import (
     plot_coactivation_heatmaps,
     plot_curves,
-    plot_regime_walk,
     plot_retention_vs_accuracy,
     plot_sweep,
 )
@@ -86,28 +85,3 @@ def test_plot_sweep_rejects_bad_strengths(tmp_path):
         plot_sweep(df, tmp_path / "s", ["in_domain"])
     with pytest.raises(ValueError, match="lacks column"):
         plot_sweep(df, tmp_path / "s", ["ood_mean"])
-
-
-def test_regime_walk_has_a_panel_per_model_and_lr_and_a_line_per_level(tmp_path, monkeypatch):
-    tried = [
-        {"model": m, "lr_fraction": f, "level": lvl, "steps": s, "finals": [0.1 * lvl, 0.2]}
-        for m in ("tinyA", "tinyB")
-        for f in (0.1, 1 / 30)
-        for lvl in (1, 2)
-        for s in (200, 400)
-    ][:-1]  # tinyB at 1/30 stopped after one step count of level 2
-    figures = []
-    monkeypatch.setattr("rpb.figures._save", lambda fig, stem: figures.append(fig) or [])
-    plot_regime_walk(tried, tmp_path / "walk")
-    axes = figures[0].axes
-    assert [ax.get_title().split(",")[0] for ax in axes] == ["tinyA", "tinyA", "tinyB", "tinyB"]
-    assert [len(ax.get_lines()) for ax in axes] == [2, 2, 2, 2]
-    assert (
-        len(axes[3].get_lines()[1].get_xdata()) == 0
-        or axes[3].get_lines()[1].get_xdata()[-1] == 200
-    )
-    monkeypatch.undo()
-    stem = tmp_path / "walk"
-    _check_outputs(plot_regime_walk(tried, stem), stem)
-    with pytest.raises(ValueError, match="no calibration candidate"):
-        plot_regime_walk([], stem)

@@ -2,7 +2,6 @@
 
 import json
 import os
-import pathlib
 import shlex
 import sys
 
@@ -398,12 +397,14 @@ def claims_spec():
         spec[name] = table_spec(name)
     if "readings" in TABLES:  # manipulation check M2 applies the readings rule
         spec["readings"] = table_spec("readings")
-    # M0: the families the regime rule found no setting for (docs/regime.md). The rule judged
-    # the tiny testbed; the smoke scale is a plumbing run and the paper's models are others.
+    # M0: the families whose premise the screen found not met (docs/testbed.md). The screen
+    # judged the tiny testbed; the smoke scale is a plumbing run and the paper's models are others.
     calibration = config.get("calibration") or {}
     tiny = config["scale"] == "tiny"
-    found = calibration.get("not_testable") or {}
-    spec["not_testable"] = {m: why for m, why in found.items() if why} if tiny else {}
+    unmet = calibration.get("premise_not_met") or {}
+    spec["premise_not_met"] = (
+        {m: why for m, why in unmet.items() if why} if tiny else {}
+    )
     return spec
 
 
@@ -418,7 +419,29 @@ def report_targets():
         targets.append(f"{RESULTS}/claims.csv")
     if SWEEP is not None:
         targets.append(f"{RESULTS}/sweep.csv")
+    # What the report shows of them (HTML pages, every run's figures; tables.smk).
+    targets += rendered_outputs()
     return targets + diagnostic_targets()
+
+
+def rendered_outputs():
+    """The report items beyond the CSVs (HTML pages, every run's figures, the claims per table)
+    of the rules `all` builds (tables.smk). `all` requests them: Snakemake reruns a finished job
+    only for an output something requests, so a results folder built before they existed gets
+    them too.
+    """
+    from snakemake.io import is_flagged
+
+    names = {"table1", *TABLES}
+    names |= {"claims"} if CLAIMS is not None else set()
+    names |= {"sweep"} if SWEEP is not None else set()
+    return [
+        str(f)
+        for r in workflow.rules
+        if r.name in names
+        for f in r.output
+        if is_flagged(f, "report") and not str(f).endswith(".csv")
+    ]
 
 
 def diagnostic_targets():
@@ -614,45 +637,3 @@ def corpus_inputs(wildcards):
 def holdout_arg(holdout):
     """`rpb corpora`'s hold-out option (empty without one, so its command is unchanged)."""
     return "" if holdout is None else f" --holdout {holdout}"
-
-
-def regime_spec(name="regime"):
-    """What `rpb regime` needs: the calibration bases, the settings of the regime rule `name`
-    (calibration.rule for "regime", calibration.<name> for "rule2" to "rule4"), the data and post-training
-    settings it keeps fixed, and table 1's bases and methods (its cost gate)."""
-    section = config["calibration"]
-    settings = section.get("rule" if name == "regime" else name) or {}
-    return {
-        "models": {
-            m: {
-                "base_dir": model_dir(m, "base", None, None),
-                "pretrain_lr": config["models"][m]["pretrain"]["lr"],
-            }
-            for m in section["models"]
-        },
-        "rule": settings,
-        "corpus": config["table1"]["corpus"],
-        "data": {"seed": config["data"]["seed"], "preset": config["data"]["preset"]},
-        "posttrain": config["posttrain"],
-        "table1_models": [config["table1"]["model"]],
-        "table1_methods": config["table1"]["methods"],
-        "all_workload": {
-            "posttrain_runs": len(posttrain_runs_in_all()),
-            "runs_per_method": len(runs(config["table1"]["model"], SEEDS)),
-            "bases": len(PRETRAINED_MODELS),
-        },
-    }
-
-
-def posttrain_runs_in_all():
-    """The distinct post-training runs `all` trains (their evaluation outputs; a label `base`
-    is the base itself): table 1, every configured table, the sweep, the audit's controls and
-    the diagnostics."""
-    paths = table1_inputs(None)
-    paths += sum((table_inputs(name)(None) for name in TABLES if name != "seeds"), [])
-    paths += sweep_inputs(None) if SWEEP is not None else []
-    paths += claims_extra_inputs(None)
-    paths += diagnostic_table1_inputs(None) if "regime" in DIAGNOSTICS else []
-    # An evaluation output is RESULTS/eval/<model>/<corpus>/<label>/seed<run>.json.
-    evals = [pathlib.PurePath(p) for p in paths if p.endswith(".json")]
-    return {str(p) for p in evals if "eval" in p.parts and p.parts[-2] != "base"}

@@ -7,14 +7,25 @@ rule table1:
     output:
         csv=report(
             f"{RESULTS}/table1.csv",
-            caption="../report/table1.rst",
+            caption="../report/data.rst",
             category="Table 1",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/table1.md",
-        heatmaps=report(
-            f"{RESULTS}/figures/table1_coactivation.png",
+        html=report(
+            f"{RESULTS}/table1.html",
+            caption="../report/table.rst",
+            category="Table 1",
+            subcategory="Table",
+        ),
+        heatmaps=f"{RESULTS}/figures/table1_coactivation.png",
+        heatmaps_runs=report(
+            directory(f"{RESULTS}/figures/table1_coactivation_runs"),
+            patterns=["{corpus}_seed{seed}.png"],
             caption="../report/coactivation.rst",
             category="Table 1",
+            subcategory="Co-activation per run",
+            labels={"run": "{corpus} seed {seed}"},
         ),
     log:
         f"{RESULTS}/logs/table1.log",
@@ -78,13 +89,26 @@ rule table2:
         table_inputs("table2"),
     output:
         csv=report(
-            f"{RESULTS}/table2.csv", caption="../report/table2.rst", category="Table 2"
+            f"{RESULTS}/table2.csv",
+            caption="../report/data.rst",
+            category="Table 2",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/table2.md",
-        heatmaps=report(
-            f"{RESULTS}/figures/table2_coactivation.png",
+        html=report(
+            f"{RESULTS}/table2.html",
+            caption="../report/table.rst",
+            category="Table 2",
+            subcategory="Table",
+        ),
+        heatmaps=f"{RESULTS}/figures/table2_coactivation.png",
+        heatmaps_runs=report(
+            directory(f"{RESULTS}/figures/table2_coactivation_runs"),
+            patterns=["{corpus}_seed{seed}.png"],
             caption="../report/coactivation.rst",
             category="Table 2",
+            subcategory="Co-activation per run",
+            labels={"run": "{corpus} seed {seed}"},
         ),
     log:
         f"{RESULTS}/logs/table2.log",
@@ -104,9 +128,18 @@ rule table3:
         table_inputs("table3"),
     output:
         csv=report(
-            f"{RESULTS}/table3.csv", caption="../report/table3.rst", category="Table 3"
+            f"{RESULTS}/table3.csv",
+            caption="../report/data.rst",
+            category="Table 3",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/table3.md",
+        html=report(
+            f"{RESULTS}/table3.html",
+            caption="../report/table.rst",
+            category="Table 3",
+            subcategory="Table",
+        ),
     log:
         f"{RESULTS}/logs/table3.log",
     conda:
@@ -125,24 +158,39 @@ rule table4:
         table_inputs("table4"),
     output:
         csv=report(
-            f"{RESULTS}/table4.csv", caption="../report/table4.rst", category="Table 4"
+            f"{RESULTS}/table4.csv",
+            caption="../report/data.rst",
+            category="Table 4",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/table4.md",
+        html=report(
+            f"{RESULTS}/table4.html",
+            caption="../report/table.rst",
+            category="Table 4",
+            subcategory="Table",
+        ),
         summary=f"{RESULTS}/table4_summary.csv",
         consistency=report(
             f"{RESULTS}/table4_consistency.csv",
-            caption="../report/table4_consistency.rst",
+            caption="../report/data.rst",
             category="Table 4",
+            subcategory="Data",
         ),
         pairs=report(
             f"{RESULTS}/table4_pairs.csv",
-            caption="../report/table4_pairs.rst",
+            caption="../report/data.rst",
             category="Table 4",
+            subcategory="Data",
         ),
-        heatmaps=report(
-            f"{RESULTS}/figures/table4_coactivation.png",
+        heatmaps=f"{RESULTS}/figures/table4_coactivation.png",
+        heatmaps_runs=report(
+            directory(f"{RESULTS}/figures/table4_coactivation_runs"),
+            patterns=["{corpus}_seed{seed}.png"],
             caption="../report/coactivation.rst",
             category="Table 4",
+            subcategory="Co-activation per run",
+            labels={"run": "{corpus} seed {seed}"},
         ),
     log:
         f"{RESULTS}/logs/table4.log",
@@ -162,39 +210,57 @@ rule table5:
         table_inputs("table5"),
     output:
         csv=report(
-            f"{RESULTS}/table5.csv", caption="../report/table5.rst", category="Table 5"
+            f"{RESULTS}/table5.csv",
+            caption="../report/data.rst",
+            category="Table 5",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/table5.md",
+        html=report(
+            f"{RESULTS}/table5.html",
+            caption="../report/table.rst",
+            category="Table 5",
+            subcategory="Table",
+        ),
         correlation=report(
             f"{RESULTS}/table5_correlation.csv",
-            caption="../report/table5_correlation.rst",
+            caption="../report/data.rst",
             category="Table 5",
+            subcategory="Data",
         ),
         hard=report(
             f"{RESULTS}/table5_hard.csv",
-            caption="../report/table5_hard.rst",
+            caption="../report/data.rst",
             category="Table 5",
+            subcategory="Data",
         ),
         base=report(
             f"{RESULTS}/table5_base.csv",
-            caption="../report/table5_base.rst",
+            caption="../report/data.rst",
             category="Table 5",
+            subcategory="Data",
         ),
         runs=f"{RESULTS}/table5_runs.csv",
         retention_in=report(
             f"{RESULTS}/figures/retention_vs_in_domain.png",
             caption="../report/retention.rst",
             category="Table 5",
+            subcategory="Figures",
         ),
         retention_ood=report(
             f"{RESULTS}/figures/retention_vs_ood_mean.png",
             caption="../report/retention.rst",
             category="Table 5",
+            subcategory="Figures",
         ),
-        heatmaps=report(
-            f"{RESULTS}/figures/table5_coactivation.png",
+        heatmaps=f"{RESULTS}/figures/table5_coactivation.png",
+        heatmaps_runs=report(
+            directory(f"{RESULTS}/figures/table5_coactivation_runs"),
+            patterns=["{corpus}_seed{seed}.png"],
             caption="../report/coactivation.rst",
             category="Table 5",
+            subcategory="Co-activation per run",
+            labels={"run": "{corpus} seed {seed}"},
         ),
     log:
         f"{RESULTS}/logs/table5.log",
@@ -214,20 +280,37 @@ rule sweep:
         sweep_inputs,
     output:
         csv=report(
-            f"{RESULTS}/sweep.csv", caption="../report/sweep.rst", category="Sweep"
+            f"{RESULTS}/sweep.csv",
+            caption="../report/data.rst",
+            category="Sweep",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/sweep.md",
+        html=report(
+            f"{RESULTS}/sweep.html",
+            caption="../report/table.rst",
+            category="Sweep",
+            subcategory="Table",
+        ),
         runs=f"{RESULTS}/sweep_runs.csv",
         matched=report(
             f"{RESULTS}/sweep_table4_matched.csv",
-            caption="../report/sweep.rst",
+            caption="../report/data.rst",
             category="Sweep",
+            subcategory="Data",
         ),
         matched_md=f"{RESULTS}/sweep_table4_matched.md",
+        matched_html=report(
+            f"{RESULTS}/sweep_table4_matched.html",
+            caption="../report/table.rst",
+            category="Sweep",
+            subcategory="Table",
+        ),
         figure=report(
             f"{RESULTS}/figures/sweep.png",
             caption="../report/sweep_figure.rst",
             category="Sweep",
+            subcategory="Figures",
         ),
     log:
         f"{RESULTS}/logs/sweep.log",
@@ -284,9 +367,27 @@ rule claims:
         ),
     output:
         csv=report(
-            f"{RESULTS}/claims.csv", caption="../report/claims.rst", category="Claims"
+            f"{RESULTS}/claims.csv",
+            caption="../report/data.rst",
+            category="Claims",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/claims.md",
+        html=report(
+            f"{RESULTS}/claims.html",
+            caption="../report/claims.rst",
+            category="Claims",
+            subcategory="Verdicts",
+        ),
+        # One page per table: its claims, their verdicts and the premises they depend on, shown
+        # in that table's category.
+        by_table=report(
+            directory(f"{RESULTS}/claims_by_table"),
+            patterns=["table{n}_claims.html"],
+            caption="../report/claims_by_table.rst",
+            category="Table {n}",
+            subcategory="Claims on this table",
+        ),
     log:
         f"{RESULTS}/logs/claims.log",
     conda:
@@ -306,15 +407,23 @@ rule readings:
     output:
         csv=report(
             f"{RESULTS}/rpb_readings.csv",
-            caption="../report/readings.rst",
+            caption="../report/data.rst",
             category="RPB readings",
+            subcategory="Data",
         ),
         md=f"{RESULTS}/rpb_readings.md",
+        html=report(
+            f"{RESULTS}/rpb_readings.html",
+            caption="../report/table.rst",
+            category="RPB readings",
+            subcategory="Table",
+        ),
         runs=f"{RESULTS}/rpb_readings_runs.csv",
         figure=report(
             f"{RESULTS}/figures/rpb_readings.png",
-            caption="../report/readings.rst",
+            caption="../report/readings_figure.rst",
             category="RPB readings",
+            subcategory="Figures",
         ),
     log:
         f"{RESULTS}/logs/readings.log",

@@ -1,16 +1,25 @@
-"""The regime rule's gates and its walk over candidates (rpb/regime.py), on known answers."""
+"""The regime rule's gates and its walk over candidates (regime.py), and the walk's figure
+(plot_walk.py), on known answers. Archived with the walk: these test its pure parts, which need
+no pipeline."""
 
 from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 from unittest import mock
 
 import pytest
 import torch
+from matplotlib.image import imread
 
-from rpb.regime import (
+from rpb.stats import mde
+
+sys.path.insert(0, str(Path(__file__).parent))
+import plot_walk
+import regime
+from regime import (
     AllWorkload,
     Candidate,
     RegimeRule,
@@ -24,7 +33,6 @@ from rpb.regime import (
     table1_seconds,
     task_name,
 )
-from rpb.stats import mde
 
 
 def test_plateaued_compares_s_with_2s_steps() -> None:
@@ -364,11 +372,9 @@ def test_a_flat_start_below_the_range_is_not_a_floor_before_the_largest_steps(
 def test_a_cached_only_walk_trains_nothing_and_stops_at_the_first_missing_run(
     tmp_path: Path,
 ) -> None:
-    from rpb.regime import MissingRuns
-
     walk = _fake_walk(tmp_path, {}, RegimeRule(seeds=(0, 1)))
     walk.runner, walk.cached_only = None, True
-    with pytest.raises(MissingRuns, match="2 run"):
+    with pytest.raises(regime.MissingRuns, match="2 run"):
         walk.walk(table1_methods=3, pretrain_seconds=0)
 
 
@@ -398,8 +404,8 @@ def test_a_cached_run_of_another_base_is_stale_and_kept_aside(tmp_path: Path) ->
     candidate = Candidate("A", 1, 0.1, 200)
     out = candidate.path(walk.runs_root, 0)
     with (
-        mock.patch("rpb.regime.ProcessPoolExecutor", _InlinePool),
-        mock.patch("rpb.regime._calibration_job", fake_calibration_job),
+        mock.patch.object(regime, "ProcessPoolExecutor", _InlinePool),
+        mock.patch.object(regime, "_calibration_job", fake_calibration_job),
     ):
         walk.evaluate(candidate)
         assert trained == [out]
@@ -436,3 +442,36 @@ def test_no_family_passing_anywhere_chooses_nothing(tmp_path: Path) -> None:
     decision = _fake_walk(tmp_path, ceiling, rule).walk(table1_methods=3, pretrain_seconds=0)
     assert decision["chosen"] is None
     assert [r["lr_fraction"] for r in decision["rejected"]] == [0.1, 0.05]
+
+
+def _check_outputs(paths, stem):
+    assert [p.name for p in paths] == [stem.name + ".png", stem.name + ".pdf"]
+    png, pdf = paths
+    assert pdf.read_bytes().startswith(b"%PDF") and pdf.stat().st_size > 1000
+    pixels = imread(png)
+    assert pixels.shape[0] > 100 and pixels.std() > 0.01  # something was drawn
+
+
+def test_regime_walk_has_a_panel_per_model_and_lr_and_a_line_per_level(tmp_path, monkeypatch):
+    tried = [
+        {"model": m, "lr_fraction": f, "level": lvl, "steps": s, "finals": [0.1 * lvl, 0.2]}
+        for m in ("tinyA", "tinyB")
+        for f in (0.1, 1 / 30)
+        for lvl in (1, 2)
+        for s in (200, 400)
+    ][:-1]  # tinyB at 1/30 stopped after one step count of level 2
+    figures = []
+    monkeypatch.setattr(plot_walk, "_save", lambda fig, stem: figures.append(fig) or [])
+    plot_walk.plot_regime_walk(tried, tmp_path / "walk")
+    axes = figures[0].axes
+    assert [ax.get_title().split(",")[0] for ax in axes] == ["tinyA", "tinyA", "tinyB", "tinyB"]
+    assert [len(ax.get_lines()) for ax in axes] == [2, 2, 2, 2]
+    assert (
+        len(axes[3].get_lines()[1].get_xdata()) == 0
+        or axes[3].get_lines()[1].get_xdata()[-1] == 200
+    )
+    monkeypatch.undo()
+    stem = tmp_path / "walk"
+    _check_outputs(plot_walk.plot_regime_walk(tried, stem), stem)
+    with pytest.raises(ValueError, match="no calibration candidate"):
+        plot_walk.plot_regime_walk([], stem)

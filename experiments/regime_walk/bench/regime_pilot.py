@@ -19,7 +19,9 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from rpb import data as D
-from rpb.regime import RegimeRule, calibration_run
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the archived regime.py
+from regime import RegimeRule, calibration_run
 
 ROOT = Path("results/pilot")
 SEED = 1234  # config data.seed: the same held-out dev pairs as the pipeline's

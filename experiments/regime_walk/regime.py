@@ -1,4 +1,5 @@
-"""The testbed regime rule of docs/regime.md, applied.
+"""The testbed regime rule of regime.md (this folder), applied. Archived: it was `rpb.regime`
+until the walk left the product (last run there: commit 0e5c1da); see README.md.
 
 The rule chooses the post-training regime (learning rate, step count, task difficulty, seed count)
 from plain fine-tuning (`none`) and the base alone, before any method comparison: calibration runs

@@ -1,0 +1,241 @@
+"""`rpb finetune` and `rpb prior`, the command line for people (rpb.user_cli): offline, in-process,
+on a tiny random Qwen3-MoE checkpoint folder saved with the testbed tokenizer."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from rpb.architectures import random_model
+from rpb.cli import build_parser, main
+from rpb.prior import RouterPrior
+from rpb.tokenizer import build_tokenizer
+from rpb.trainable import parameter_parts
+
+PAIRS = [(f"SumOf{a}And{a + 1}?", str(2 * a + 1)) for a in range(10, 26)]
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + "\n")  # a trailing blank line
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("people_cli")
+    tok = build_tokenizer()
+    model = random_model(
+        "qwen3_moe",
+        seed=0,
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
+    base = root / "base"
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    dense = root / "dense"
+    dense.mkdir()
+    (dense / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    return {
+        "root": root,
+        "base": base,
+        "dense": dense,
+        "text": _write_jsonl(root / "text.jsonl", [{"text": p + c} for p, c in PAIRS]),
+        "pairs": _write_jsonl(
+            root / "pairs.jsonl", [{"prompt": p, "completion": c} for p, c in PAIRS]
+        ),
+    }
+
+
+def _finetune(world: dict[str, Path], out: Path, *flags: str, data: str = "text") -> int:
+    return main(
+        [
+            "finetune",
+            *("--model", str(world["base"]), "--data", str(world[data]), "--out", str(out)),
+            *("--steps", "3", "--batch-size", "4", "--lr", "1e-2", "--log-every", "1"),
+            *flags,
+        ]
+    )
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    """The loaded model's tensors (transformers fuses the saved per-expert tensors)."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+
+
+def test_every_verb_s_help_has_an_example() -> None:
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    for verb in ("finetune", "prior"):
+        text = verbs[verb].format_help()
+        assert "example:" in text and f"rpb {verb} --model" in text, verb
+
+
+def test_finetune_rpb_extracts_the_prior_and_trains_only_the_moe_part(
+    world: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "ft"
+    caplog.set_level("INFO", logger="rpb")
+    rc = _finetune(world, out, "--method", "rpb", "--strength", "1", "--trainable", "moe")
+    assert rc == 0
+    # No --prior: extracted from the model on the data first, said in a log line, kept in OUT.
+    assert any("no --prior was given: extracting it" in r.getMessage() for r in caplog.records)
+    prior = RouterPrior.load(out / "router_prior.safetensors")
+    tok = build_tokenizer()
+    assert prior.n_tokens == sum(len(tok(p + c)["input_ids"]) + 1 for p, c in PAIRS)  # + EOS
+    assert prior.model_type == "qwen3_moe" and prior.corpus_hash
+    # The saved folder loads as a plain transformers model, tokenizer beside it.
+    model = AutoModelForCausalLM.from_pretrained(out)
+    prior.check_compatible(model)
+    assert (out / "tokenizer.json").is_file() and not (out / "eval_routing").exists()
+    # The prior was used: drift from the base router is measured at every log.
+    history = json.loads((out / "train_history.json").read_text())["history"]
+    assert [e["step"] for e in history] == [1, 2, 3]
+    assert all("mean/kl_to_base" in e and e["router_loss"] == 0.0 for e in history)
+    # --trainable moe: routers and routed experts moved; the trunk did not, except the embedding
+    # and output rows of the data's own tokens (the task's new tokens, rpb.trainable).
+    before, after = _weights(world["base"]), _weights(out)
+    parts = parameter_parts(model)
+    used = sorted({i for p, c in PAIRS for i in tok(p + c)["input_ids"]})
+    changed = {part: [] for part in ("routers", "routed_experts", "trunk")}
+    for name, tensor in before.items():
+        if not torch.equal(tensor, after[name]):
+            changed[parts[name]].append(name)
+            if parts[name] == "trunk":
+                unused = torch.ones(tensor.shape[0], dtype=torch.bool)
+                unused[used] = False
+                assert torch.equal(tensor[unused], after[name][unused]), name
+    assert len(changed["routers"]) == prior.num_layers
+    assert changed["routed_experts"]
+    assert all("embed_tokens" in n or "lm_head" in n for n in changed["trunk"]), changed["trunk"]
+
+
+def test_prior_verb_writes_a_prior_that_finetune_uses(
+    world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import rpb.tracking
+
+    def no_mlflow(**_: Any) -> None:
+        raise AssertionError("the people form opens no MLflow run without --mlflow")
+
+    monkeypatch.setattr(rpb.tracking, "tracked_run", no_mlflow)
+    prior_path = tmp_path / "priors" / "prior.safetensors"
+    argv = ["prior", "--model", str(world["base"]), "--data", str(world["pairs"])]
+    assert main([*argv, "--out", str(prior_path)]) == 0
+    prior = RouterPrior.load(prior_path)
+    assert prior.model_type == "qwen3_moe" and prior.n_tokens > len(PAIRS)
+    assert json.loads(prior_path.with_suffix(".json").read_text())["summary"]["usage_entropy"]
+    # The same data as text lines gives the same prior (prompt + completion are the text).
+    text_prior = tmp_path / "text.safetensors"
+    argv = ["prior", "--model", str(world["base"]), "--data", str(world["text"])]
+    assert main([*argv, "--out", str(text_prior)]) == 0
+    assert torch.equal(RouterPrior.load(text_prior).usage, prior.usage)
+
+    out = tmp_path / "ft"
+    flags = ("--method", "anchor_kl", "--prior", str(prior_path), "--trainable", "all")
+    assert _finetune(world, out, *flags, data="pairs") == 0
+    assert not (out / "router_prior.safetensors").exists()  # given, not extracted
+    history = json.loads((out / "train_history.json").read_text())
+    assert history["params"]["form"] == "prompt_completion"
+    # anchor_kl's term is KL(base router || live router): zero at the start, then it grows.
+    assert all("mean/kl_to_base" in e for e in history["history"])
+    assert history["history"][-1]["router_loss"] > 0
+    before, after = _weights(world["base"]), _weights(out)
+    assert all(not torch.equal(t, after[n]) for n, t in before.items() if "norm" not in n)
+
+
+def test_finetune_logs_to_mlflow_only_when_asked(world: dict[str, Path], tmp_path: Path) -> None:
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    previous = mlflow.get_tracking_uri()
+    try:
+        flags = ("--method", "lbl", "--mlflow", "--tracking-uri", uri, "--experiment", "people")
+        assert _finetune(world, tmp_path / "ft", *flags) == 0
+        runs = mlflow.MlflowClient(tracking_uri=uri).search_runs(
+            [mlflow.MlflowClient(tracking_uri=uri).get_experiment_by_name("people").experiment_id]
+        )
+    finally:
+        mlflow.set_tracking_uri(previous)
+    (run,) = runs
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["mlflow.runName"] == "finetune/base/lbl/seed0"
+    assert run.data.metrics["router_loss"] > 0 and "mean/usage_entropy" in run.data.metrics
+
+
+def test_a_bad_method_is_one_line_naming_it(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        _finetune(world, tmp_path / "ft", "--method", "rbp")
+    assert stop.value.code == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("rpb finetune: error: argument --method: unknown router method 'rbp'")
+
+
+@pytest.mark.parametrize(
+    ("flags", "culprit"),
+    [
+        (("--data", "missing.jsonl"), "--data missing.jsonl: no such file"),
+        (("--model", "dense"), "model type 'llama' is not a MoE family rpb routes"),
+        (("--prior", "missing.safetensors"), "--prior missing.safetensors: no such file"),
+        (("--method", "none", "--strength", "2"), "method 'none' takes no strength"),
+        (("--option", "bias_on=both"), "option bias_on of method 'rpb' must be one of"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_culprit(
+    world: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: tuple[str, ...],
+    culprit: str,
+) -> None:
+    monkeypatch.chdir(world["root"])
+    rc = _finetune(world, tmp_path / "ft", *flags)
+    assert rc == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("rpb finetune: error: ") and culprit in line, line
+    assert not (tmp_path / "ft").exists()
+
+
+def test_bad_data_lines_are_named(world: dict[str, Path], tmp_path: Path, capsys) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "SumOf1And2?3"}\n{"prompt": "SumOf1And2?"}\n')
+    rc = main(
+        ["prior", "--model", str(world["base"]), "--data", str(data), "--out", str(tmp_path / "p")]
+    )
+    assert rc == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line == f"rpb prior: error: {data}:2: missing field(s) ['text']"
+
+
+def test_the_checkpoint_s_own_load_balancing_loss_stays_off(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
+    """A config asking for router logits would add the model's own aux loss to the task loss (a
+    second router term): it is off while training, and the saved config keeps the flag."""
+    import shutil
+
+    flagged = tmp_path / "flagged"
+    shutil.copytree(world["base"], flagged)
+    config = json.loads((flagged / "config.json").read_text())
+    (flagged / "config.json").write_text(json.dumps({**config, "output_router_logits": True}))
+    losses = []
+    for name, model in (("plain", world["base"]), ("flagged", flagged)):
+        out = tmp_path / f"{name}-none"
+        assert _finetune({**world, "base": model}, out, "--method", "none", "--steps", "1") == 0
+        history = json.loads((out / "train_history.json").read_text())["history"]
+        losses.append(history[0]["task_loss"])
+    assert losses[0] == losses[1]
+    saved = json.loads((tmp_path / "flagged-none" / "config.json").read_text())
+    assert saved["output_router_logits"] is True
