@@ -405,10 +405,13 @@ def cmd_run(args: argparse.Namespace) -> None:
 def cmd_table1(args: argparse.Namespace) -> None:
     import mlflow
 
+    from rpb.claims import table_verdicts
     from rpb.tables import build_table1
     from rpb.tracking import tracked_run
 
     spec = args.spec
+    # Table 1's own claims (C1, C2) judged from its runs open its caption.
+    verdicts = table_verdicts(args.results, args.claims_spec) if args.claims_spec else []
     with tracked_run(
         stage="table1",
         model=spec["model"],
@@ -417,7 +420,7 @@ def cmd_table1(args: argparse.Namespace) -> None:
         run_dir=args.out.parent / "table1.run",
         **_track_kwargs(args),
     ):
-        build_table1(args.results, spec, args.out)
+        build_table1(args.results, spec, args.out, verdicts)
         for suffix in (".csv", ".md", ".meta.json"):
             mlflow.log_artifact(str(args.out.with_suffix(suffix)))
         mlflow.log_artifacts(str(args.out.parent / "figures"), artifact_path="figures")
@@ -752,6 +755,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", type=Path, required=True)
     p.add_argument("--spec", type=_json_arg, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--claims-spec",
+        type=_json_arg,
+        default=None,
+        help="the claims audit's spec: C1 and C2 judged from table 1's runs open its caption",
+    )
 
     p = add("testbed", cmd_testbed, "testbed calibration report of the pretrained tiny bases")
     p.add_argument("--results", type=Path, required=True)

@@ -592,6 +592,14 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
         corpus("sweep.corpus", sweep["corpus"])
         for i, curve in enumerate(sweep["curves"]):
             labels(f"sweep.curves[{i}].labels", curve["labels"])
+            for name in curve["labels"]:
+                # A sweep places each label at its strength on a softness axis: "family" (the
+                # model's own coefficient) has no place there until the model is read.
+                if isinstance(config["methods"][name].get("strength"), str):
+                    raise ConfigError(
+                        f"sweep.curves[{i}].labels: '{name}' has strength "
+                        f"'{config['methods'][name]['strength']}'; a sweep needs numeric strengths"
+                    )
 
 
 def check_yaml_syntax(path: Path | str) -> None:

@@ -362,11 +362,16 @@ def method_table_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
 
 
 def build_method_table(
-    results: Path, spec: dict[str, Any], out_csv: Path, title: str = "Table 1"
+    results: Path,
+    spec: dict[str, Any],
+    out_csv: Path,
+    title: str = "Table 1",
+    verdicts: Sequence[str] = (),
 ) -> pd.DataFrame:
     """One row per method (base first) on one model and corpus: CSV, Markdown, HTML, provenance
     side file and the co-activation heatmaps `figures/<csv stem>_coactivation.{png,pdf}` (the
-    first seed), every run's in `figures/<csv stem>_coactivation_runs/`."""
+    first seed), every run's in `figures/<csv stem>_coactivation_runs/`. `verdicts` (lines of
+    `rpb.claims.table_verdicts`) open the caption, so the table cannot be read without them."""
     table = method_table_frame(results, spec)
     out_csv = Path(out_csv)
     tasks = in_domain_tasks(spec, spec["corpus"])
@@ -377,8 +382,10 @@ def build_method_table(
         "corpus": spec["corpus"],
         "seeds": spec["seeds"],
         "measures": measures(spec),
+        "verdicts": list(verdicts),
         "note": (
-            f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
+            "".join(f"{line} " for line in verdicts)
+            + f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
             f"{over_runs} (a run per base and seed: run "
             "1000 k + s is seed s on base k; the base row, one run per base; a single run: the "
             f"{_interval(spec, 'its items', ITEM_INTERVAL)})"
@@ -420,10 +427,13 @@ def build_method_table(
     return table
 
 
-def build_table1(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
-    """Write table1 (CSV, Markdown, and a provenance side file) from this run's outputs; a
-    spec's `title` names another table of the same rows (the diagnostic table 1)."""
-    return build_method_table(results, spec, out_csv, spec.get("title", "Table 1"))
+def build_table1(
+    results: Path, spec: dict[str, Any], out_csv: Path, verdicts: Sequence[str] = ()
+) -> pd.DataFrame:
+    """Write table1 (CSV, Markdown, and a provenance side file) from this run's outputs, its
+    caption opened by `verdicts`; a spec's `title` names another table of the same rows (the
+    diagnostic table 1)."""
+    return build_method_table(results, spec, out_csv, spec.get("title", "Table 1"), verdicts)
 
 
 def build_table2(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:

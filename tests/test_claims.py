@@ -645,3 +645,31 @@ def test_two_audits_are_compared_part_by_part() -> None:
     assert math.isnan(rows["shift_in_mde"].iloc[2])
     with pytest.raises(ValueError, match=r"parts: C5\.7"):
         compare_claims(a, b.iloc[:2])
+
+
+def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(tmp_path: Path) -> None:
+    """`table_verdicts`: the lines that open table 1's caption agree with the full audit; a check
+    whose runs table 1 lacks (M2: the readings' hard runs) is undetermined, so the parts it
+    guards are not testable from table 1 alone, while a failed premise (M0) still reads
+    "premise not met"."""
+    from rpb.claims import table_verdicts
+    from rpb.run_records import analysis_path
+
+    table = _build(tmp_path, PAPER_WORLD)
+    lines = table_verdicts(tmp_path, _spec())
+    assert lines[0] == "Verdicts (judged on p(target), docs/claims.md):"
+    assert lines[1].startswith("C1 supported: tinyA/math in_domain rpb - none: supported (")
+    assert lines[2].startswith("C2 supported: ")
+    assert "M2 the configured rpb reading anchors" in lines[-1] and "passed" in lines[-1]
+    full = table[table["claim"] == "C1"].set_index("name")["estimate"]
+    assert f"{float(full['tinyA/math in_domain rpb - lbl']):+.1f} pp" in lines[1]
+    # Without the readings' upper end (hard), M2 is undetermined here.
+    for seed in SEEDS:
+        analysis_path(tmp_path, "tinyA", "math", "hard", seed).unlink()
+    lines = table_verdicts(tmp_path, _spec())
+    assert lines[1].startswith("C1 not testable: ")
+    assert "M2 the configured rpb reading anchors (readings rule, tinyA/math): FAILED" in lines[-1]
+    assert "undetermined" in lines[-1] and "snakemake all" in lines[-1]
+    unmet = table_verdicts(tmp_path, _spec(premise_not_met={"tinyA": "L 0.39 < 0.50"}))
+    assert unmet[1].startswith("C1 premise not met: ")
+    assert "M0 the testbed's premise holds for tinyA: FAILED (L 0.39 < 0.50)" in unmet[-1]

@@ -613,3 +613,13 @@ def test_the_premise_screens_families_must_be_table_models() -> None:
     config["calibration"]["premise_not_met"] = {"tinyA": ""}
     with pytest.raises(ConfigError, match=r"^calibration\.premise_not_met\.tinyA: "):
         check_config(config, SCHEMA)
+
+
+def test_a_sweep_label_with_a_family_strength_is_refused_in_one_line() -> None:
+    """A sweep places labels by strength (rpb.exploratory.method_strength): "family" has no place
+    on that axis, so the config check refuses it before any job (it crashed the sweep job)."""
+    config = _merged("config.yaml")
+    config["methods"]["lbl"] = {"strength": "family"}
+    config["sweep"]["curves"][0]["labels"] = ["none", "lbl", "hard"]
+    with pytest.raises(ConfigError, match=r"^sweep\.curves\[0\]\.labels: 'lbl' has strength"):
+        check_config(config, SCHEMA)

@@ -387,6 +387,12 @@ def sweep_spec():
     }
 
 
+def table1_claims_option():
+    """`rpb table1`'s --claims-spec: table 1's claims (C1, C2) judged from its runs open its
+    caption; nothing without a claims section."""
+    return "" if CLAIMS is None else f"--claims-spec {as_json(claims_spec())}"
+
+
 def claims_spec():
     t1 = config["table1"]
     spec = _common_spec() | dict(CLAIMS)

@@ -48,9 +48,10 @@ rule table1:
             }
         ),
         results=parent_dir(0),
+        claims=lambda wc: table1_claims_option(),
     shell:
         "rpb table1 --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
+        " {params.claims} {params.track} > {log} 2>&1"
 
 
 rule testbed_report:
