@@ -50,7 +50,7 @@ import json
 import random
 import re
 import string
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -634,12 +634,13 @@ def write_corpora(
 # --- reading and checking ------------------------------------------------------------------
 
 
-def load_jsonl(path: Path, required_keys: Sequence[str]) -> list[dict[str, Any]]:
-    """Read a JSONL file of objects whose required keys hold strings; errors name file:line."""
-    path = Path(path)
-    records = []
-    with path.open(encoding="utf-8") as fh:
+def jsonl_objects(path: Path, skip_blank: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of each line of a JSONL file; a line that is not a JSON object is a
+    ValueError naming file:line. `skip_blank` passes over empty lines."""
+    with Path(path).open(encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, start=1):
+            if skip_blank and not line.strip():
+                continue
             try:
                 rec = json.loads(line)
             except json.JSONDecodeError as err:
@@ -648,13 +649,28 @@ def load_jsonl(path: Path, required_keys: Sequence[str]) -> list[dict[str, Any]]
                 raise ValueError(
                     f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}"
                 )
-            missing = [k for k in required_keys if k not in rec]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing key(s) {missing}")
-            wrong = [k for k in required_keys if not isinstance(rec[k], str)]
-            if wrong:
-                raise ValueError(f"{path}:{lineno}: key(s) {wrong} must hold strings")
-            records.append(rec)
+            yield lineno, rec
+
+
+def check_string_fields(
+    rec: dict[str, Any], keys: Sequence[str], where: str, noun: str = "key"
+) -> None:
+    """Every one of `keys` is in `rec` and holds a string; errors name `where` (file:line)."""
+    missing = [k for k in keys if k not in rec]
+    if missing:
+        raise ValueError(f"{where}: missing {noun}(s) {missing}")
+    wrong = [k for k in keys if not isinstance(rec[k], str)]
+    if wrong:
+        raise ValueError(f"{where}: {noun}(s) {wrong} must hold strings")
+
+
+def load_jsonl(path: Path, required_keys: Sequence[str]) -> list[dict[str, Any]]:
+    """Read a JSONL file of objects whose required keys hold strings; errors name file:line."""
+    path = Path(path)
+    records = []
+    for lineno, rec in jsonl_objects(path):
+        check_string_fields(rec, required_keys, f"{path}:{lineno}")
+        records.append(rec)
     if not records:
         raise ValueError(f"{path}: empty file, expected JSON lines with keys {list(required_keys)}")
     return records

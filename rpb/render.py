@@ -23,6 +23,7 @@ __all__ = [
     "coactivation_figure",
     "run_figures",
     "side_path",
+    "table_figures",
     "write_csv",
     "write_markdown",
     "write_table",
@@ -112,3 +113,15 @@ def run_figures(
             stem = Path(folder) / f"{corpus}_seed{seed}"
             paths += coactivation_figure(results, model, corpus, methods, seed, stem)
     return paths
+
+
+def table_figures(results: Path, spec: dict, stem: Path) -> list[Path]:
+    """A method table's heatmaps: `<stem>.{png,pdf}` for its first corpus and seed (the figure
+    beside the table) and every run's in `<stem>_runs/` (`run_figures`); the spec names one
+    `corpus` or several `corpora`."""
+    model, methods, seeds = spec["model"], spec["methods"], spec["seeds"]
+    corpora = spec.get("corpora") or [spec["corpus"]]
+    paths = coactivation_figure(results, model, corpora[0], methods, seeds[0], stem)
+    return paths + run_figures(
+        results, model, corpora, methods, seeds, stem.with_name(f"{stem.name}_runs")
+    )

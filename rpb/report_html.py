@@ -187,26 +187,9 @@ def _claims_css(column: str, value: Any) -> str:
 
 # claims.csv's columns a page shows, in this order (the CSV keeps all).
 CLAIM_COLUMNS = ["claim", "kind", "statement", "claim_verdict", "measured_by", "paper"]
-PART_COLUMNS = [
-    "part",
-    "verdict_detail",
-    "name",
-    "rule",
-    "metric",
-    "estimate",
-    "ci_low",
-    "ci_high",
-    "margin",
-    "mde",
-    "em_estimate",
-    "em_low",
-    "em_high",
-    "em_mde",
-    "seeds_needed",
-    "n_runs",
-    "checks",
-    "evidence",
-]
+# A part's columns are claims.csv's own, less the claim-level ones and the raw verdicts (the page
+# shows `verdict_detail`), so a column the audit adds appears without a second list here.
+PART_HIDDEN = {*CLAIM_COLUMNS, "verdict", "verdict_checks_waived"} - {"part"}
 
 
 def _table_of(measured_by: str) -> str:
@@ -218,7 +201,7 @@ def _claims_sections(
     table: pd.DataFrame, checks: Sequence[CheckLike], floatfmt: str
 ) -> list[tuple[str, str]]:
     claims = table.drop_duplicates("claim")[[c for c in CLAIM_COLUMNS if c in table.columns]]
-    parts = table[[c for c in PART_COLUMNS if c in table.columns]].copy()
+    parts = table[[c for c in table.columns if c not in PART_HIDDEN]].copy()
     # A part's checks by premise and outcome; their values are in the checks' own table.
     short = {c.text(): f"{c.id} {c.premise}: {'passed' if c.passed else 'FAILED'}" for c in checks}
     if "checks" in parts:

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpb.render import coactivation_figure, run_figures, write_table
+from rpb.render import table_figures, write_table
 from rpb.run_records import (
     ACCURACY,
     DRIFT,
@@ -412,18 +412,7 @@ def build_method_table(
         meta=provenance,
         floatfmt=".2f",
     )
-    stem = out_csv.parent / "figures" / f"{out_csv.stem}_coactivation"
-    coactivation_figure(
-        results, spec["model"], spec["corpus"], spec["methods"], spec["seeds"][0], stem
-    )
-    run_figures(
-        results,
-        spec["model"],
-        [spec["corpus"]],
-        spec["methods"],
-        spec["seeds"],
-        stem.with_name(f"{stem.name}_runs"),
-    )
+    table_figures(results, spec, out_csv.parent / "figures" / f"{out_csv.stem}_coactivation")
     return table
 
 
@@ -659,22 +648,7 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         ],
         side={part: frames[part] for part in ("summary", "consistency", "pairs")},
     )
-    coactivation_figure(
-        results,
-        spec["model"],
-        spec["corpora"][0],
-        spec["methods"],
-        spec["seeds"][0],
-        out_csv.parent / "figures" / f"{out_csv.stem}_coactivation",
-    )
-    run_figures(
-        results,
-        spec["model"],
-        spec["corpora"],
-        spec["methods"],
-        spec["seeds"],
-        out_csv.parent / "figures" / f"{out_csv.stem}_coactivation_runs",
-    )
+    table_figures(results, spec, out_csv.parent / "figures" / f"{out_csv.stem}_coactivation")
     return frames["runs"]
 
 
@@ -835,20 +809,5 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         plot_retention_vs_accuracy(
             runs.dropna(subset=[x]), figures / f"retention_vs_{accuracy}", x=x, y=accuracy
         )
-    coactivation_figure(
-        results,
-        spec["model"],
-        spec["corpus"],
-        spec["methods"],
-        spec["seeds"][0],
-        figures / f"{out_csv.stem}_coactivation",
-    )
-    run_figures(
-        results,
-        spec["model"],
-        [spec["corpus"]],
-        spec["methods"],
-        spec["seeds"],
-        figures / f"{out_csv.stem}_coactivation_runs",
-    )
+    table_figures(results, spec, figures / f"{out_csv.stem}_coactivation")
     return frames["table"]

@@ -162,37 +162,24 @@ def read_records(path: Path, text_field: str = "text") -> tuple[list[dict[str, s
     """The JSONL records of `path` and their form: "text" (`text_field` holds the whole text) or
     "prompt_completion". The first record decides; blank lines are skipped; errors name
     file:line."""
+    from rpb.data import check_string_fields, jsonl_objects
+
     check_file(path, "--data")
     records: list[dict[str, str]] = []
     keys: tuple[str, ...] | None = None
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{lineno}: malformed JSON line ({err.msg})") from None
-            if not isinstance(rec, dict):
-                kind = type(rec).__name__
-                raise ValueError(f"{path}:{lineno}: expected a JSON object, got {kind}")
-            if keys is None:
-                if text_field in rec:
-                    keys = (text_field,)
-                elif "prompt" in rec and "completion" in rec:
-                    keys = ("prompt", "completion")
-                else:
-                    raise ValueError(
-                        f"{path}:{lineno}: expected a {text_field!r} field or 'prompt' and "
-                        f"'completion' fields, found {sorted(rec)}"
-                    )
-            missing = [k for k in keys if k not in rec]
-            if missing:
-                raise ValueError(f"{path}:{lineno}: missing field(s) {missing}")
-            wrong = [k for k in keys if not isinstance(rec[k], str)]
-            if wrong:
-                raise ValueError(f"{path}:{lineno}: field(s) {wrong} must hold strings")
-            records.append({k: rec[k] for k in keys} | {"_line": str(lineno)})
+    for lineno, rec in jsonl_objects(path, skip_blank=True):
+        if keys is None:
+            if text_field in rec:
+                keys = (text_field,)
+            elif "prompt" in rec and "completion" in rec:
+                keys = ("prompt", "completion")
+            else:
+                raise ValueError(
+                    f"{path}:{lineno}: expected a {text_field!r} field or 'prompt' and "
+                    f"'completion' fields, found {sorted(rec)}"
+                )
+        check_string_fields(rec, keys, f"{path}:{lineno}", noun="field")
+        records.append({k: rec[k] for k in keys} | {"_line": str(lineno)})
     if keys is None:
         raise ValueError(f"{path}: no records (expected JSON lines with a {text_field!r} field)")
     return records, "text" if keys == (text_field,) else "prompt_completion"

@@ -4,6 +4,7 @@ answers: the gates, the pruning of the walk and the seed count."""
 from __future__ import annotations
 
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -102,3 +103,29 @@ def test_seed_count_reaches_the_margin_and_flags_missing_headroom() -> None:
     assert sc["ood_mde"] > 0.5 and sc["ood_underpowered_by_design"]
     roomy = screen.seed_count([base0, base1], ood_loss_points=10.0, r_share=0.5)
     assert not roomy["ood_underpowered_by_design"]
+
+
+def test_the_configs_premise_record_quotes_the_screens_measurements() -> None:
+    """config.yaml's `calibration.premise_not_met` reasons (what the claims print for check M0)
+    quote only statistics the committed screen record measured, to the printed 3 decimals."""
+    import json
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads((Path(__file__).parent / "results" / "screen.json").read_text())
+    config = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    reasons = config["calibration"]["premise_not_met"]
+    for fam in record["families"].values():
+        assert fam["outcome"] == "premise not met"
+        measured = {
+            f"{entry[base][stat]:.3f}"
+            for entry in fam["history"]
+            for base in ("base0", "base1")
+            if base in entry
+            for stat in ("dev_p", "retention", "overlap", "r_share")
+        }
+        model = fam["bases"][0]
+        quoted = re.findall(r"\b\d\.\d{3}\b", reasons[model])
+        assert quoted, reasons[model]
+        assert set(quoted) <= measured, set(quoted) - measured
