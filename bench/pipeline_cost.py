@@ -253,12 +253,13 @@ def serve_timed(key: str) -> None:
     """rpb's job server under the stage timer: every forked job books its own seconds and
     writes them to the file its client names in PIPELINE_COST_RECORD."""
     sys.meta_path.insert(0, _ImportTimer())
+    import rpb.cli
     import rpb.jobserver
 
     original = rpb.jobserver._run_child
     real_exit = os._exit
 
-    def timed_child(request: dict, fds: list[int]) -> None:
+    def timed_child(request: dict, fds: list[int], job: rpb.jobserver.Job) -> None:
         _stack.clear()
         _booked.clear()
         _booked_cpu.clear()
@@ -275,10 +276,10 @@ def serve_timed(key: str) -> None:
 
         os._exit = timed_exit
         _push("other")
-        original(request, fds)
+        original(request, fds, job)
 
     rpb.jobserver._run_child = timed_child
-    rpb.jobserver.serve(key)
+    rpb.jobserver.serve(key, job=rpb.cli.main)
 
 
 # --- bench mode ---------------------------------------------------------------------------------

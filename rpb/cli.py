@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rpb.specs import TRAINABLE
+from rpb.specs import REPORT_JOBS, TRAINABLE
 
 log = logging.getLogger("rpb")
 # What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
@@ -480,36 +480,6 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
             mlflow.log_artifacts(str(figures), artifact_path="figures")
 
 
-# Report jobs: stage -> (builder "module:function", help). Imported lazily: `rpb --help` stays fast.
-REPORT_JOBS: dict[str, tuple[str, str]] = {
-    "table2": ("rpb.tables:build_table2", "table 2: table 1's rows for the family-B model"),
-    "table3": ("rpb.tables:build_table3", "table 3: method vs reference on the independent corpus"),
-    "table4": (
-        "rpb.tables:build_table4",
-        "table 4: anchors and RPB, ranks and ordering consistency",
-    ),
-    "table5": ("rpb.tables:build_table5", "table 5: structure retention vs accuracy, hard routing"),
-    "sweep": (
-        "rpb.exploratory:build_sweep",
-        "softness sweep: accuracy and retention against strength",
-    ),
-    "drift": ("rpb.exploratory:build_drift", "training-time routing drift curves"),
-    "readings": (
-        "rpb.exploratory:build_readings",
-        "which RPB reading anchors (the default's rule)",
-    ),
-    "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
-    "router_swap_table": (
-        "rpb.router_swap:build_router_swap_table",
-        "router-swap decomposition of a method's change by part (routers, experts, trunk)",
-    ),
-    "diagnostic_table1": (
-        "rpb.tables:build_table1",
-        "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
-    ),
-}
-
-
 def cmd_permute_prior(args: argparse.Namespace) -> None:
     """The claims audit's prior-permutation control (rpb.controls): no MLflow run, a file
     transform."""
@@ -790,28 +760,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _exit_now(code: int) -> None:
-    """End a finished job without the interpreter's teardown (freeing thousands of modules,
-    torch's and mlflow's exit hooks): about 2 CPU-seconds per job, measured in
-    docs/performance.md. Everything the job wrote is closed or flushed by then; logs are
-    flushed here."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand. As the `rpb` command (no `argv`) in a single process: with
     RPB_JOB_SERVER set the job runs in a fork of the job server (rpb.jobserver), and a job that
-    succeeded exits at once (`_exit_now`); a call with `argv` returns its exit status."""
+    succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit status."""
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if argv is None and single and os.environ.get("RPB_JOB_SERVER"):
-        from rpb.jobserver import run_via_server
+        from rpb.jobserver import exit_now, run_via_server
 
         code = run_via_server(sys.argv[1:])
         if code is not None:
-            _exit_now(code)
+            exit_now(code)
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -844,7 +803,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"rpb {args.command}: error: {line}", file=sys.stderr)
         return 2
     if argv is None and single:
-        _exit_now(0)
+        from rpb.jobserver import exit_now
+
+        exit_now(0)
     return 0
 
 

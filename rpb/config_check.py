@@ -549,7 +549,7 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
                 raise ConfigError(
                     f"evaluation.corpus_tasks.{c}: '{task}' is not in evaluation.in_domain"
                 )
-    from rpb.cli import REPORT_JOBS  # plain data; the CLI's imports are lazy
+    from rpb.specs import REPORT_JOBS
 
     for key, entry in tables.items():
         if key == "seeds" or not isinstance(entry, Mapping):
@@ -558,7 +558,7 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
             # Every table is a report job of that name (its rule and `rpb <name>` subcommand).
             raise ConfigError(
                 f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
-                "job of rpb.cli.REPORT_JOBS)"
+                "job of rpb.specs.REPORT_JOBS)"
             )
         for m in entry.get("models", [entry.get("model")]):
             model(f"tables.{key}.model", m)

@@ -21,6 +21,10 @@ exits once its jobs are done; the client starts a fresh one. The first client st
 if none answers; a server exits after `IDLE_SECONDS` without jobs. Whenever no server takes the
 job within seconds (none can be started, the directory is unsafe, a server does not answer), the
 client says so in one line on stderr and runs the job in its own process.
+
+The server runs a job by calling the command's entry point, `job(argv) -> exit status`, handed to
+`serve`/`main` by the server's start-up script (`_start_server`: `rpb.cli.main`); this module
+imports no other rpb module, so rpb.cli may import it. A finished job ends with `exit_now`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import select
 import signal
@@ -40,7 +45,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +83,23 @@ PRELOAD = (
 )
 
 
+# A job's entry point: the rpb command's `main`, run on the job's arguments, -> exit status.
+Job = Callable[[Sequence[str]], int]
+
+
 class Unavailable(Exception):
     """No server can take the job; the message says why (one line)."""
+
+
+def exit_now(code: int) -> None:
+    """End a finished job without the interpreter's teardown (freeing thousands of modules,
+    torch's and mlflow's exit hooks): about 2 CPU-seconds per job, measured in
+    docs/performance.md. Everything the job wrote is closed or flushed by then; logs are
+    flushed here. The `rpb` command ends with it too when it runs a job in its own process."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # --------------------------------------------------------------------------- addresses
@@ -169,9 +189,13 @@ def _connect(path: str) -> socket.socket | None:
 
 def _start_server(key: str, path: str) -> subprocess.Popen[bytes]:
     """A detached server on `path`, run by this interpreter with this process's copy of `rpb`
-    first on its path (not the working directory's, which `python -m` would pick)."""
+    first on its path (not the working directory's, which `python -m` would pick). The script is
+    the server's entry point: it hands the `rpb` command's main to `main` as the job."""
     root = str(Path(__file__).resolve().parents[1])
-    code = "import sys; sys.path.insert(0, sys.argv.pop(1)); import rpb.jobserver as j; j.main()"
+    code = (
+        "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+        "import rpb.cli, rpb.jobserver; rpb.jobserver.main(rpb.cli.main)"
+    )
     with open(path + ".log", "wb") as log:  # the server's own errors (jobs use the client's)
         return subprocess.Popen(
             [sys.executable, "-c", code, root, key, path],
@@ -295,8 +319,8 @@ def run_via_server(argv: Sequence[str]) -> int | None:
 # --------------------------------------------------------------------------- server
 
 
-def _run_child(request: dict, fds: list[int]) -> None:
-    """In the forked child: become the client's job, run it, never return."""
+def _run_child(request: dict, fds: list[int], job: Job) -> None:
+    """In the forked child: become the client's job, run it (`job(argv)`), never return."""
     code = 1
     try:
         os.chdir(request["cwd"])
@@ -312,18 +336,14 @@ def _run_child(request: dict, fds: list[int]) -> None:
         # A fresh process takes its thread count from OMP_NUM_THREADS (Snakemake's {threads}).
         torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1"))))
         sys.argv = ["rpb", *request["argv"]]
-        from rpb.cli import main
-
-        code = main(request["argv"])
+        code = job(request["argv"])
     except SystemExit as err:
         code = err.code if isinstance(err.code, int) else 1
     except BaseException:
         traceback.print_exc()
         code = 1
     finally:
-        from rpb.cli import _exit_now
-
-        _exit_now(code)
+        exit_now(code)
 
 
 def _receive(conn: socket.socket) -> dict[str, Any] | None:
@@ -407,7 +427,8 @@ class _Listener:
 
 
 class _Server:
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, job: Job) -> None:
+        self.job = job
         self.listener = _Listener(path)
         self.identity = identity()
         self.queued: list[tuple[socket.socket, dict[str, Any]]] = []
@@ -456,7 +477,7 @@ class _Server:
                 self.listener.sock.close()
             for other in [conn, *self.jobs.values(), *(q[0] for q in self.queued)]:
                 other.close()
-            _run_child(request, fds)
+            _run_child(request, fds, self.job)
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
@@ -479,15 +500,16 @@ class _Server:
         return done
 
 
-def serve(key: str, path: str | None = None) -> None:
+def serve(key: str, path: str | None = None, *, job: Job) -> None:
     """Listen on `path` (default: this process's address for `key`), import the job libraries,
-    then fork one child per job until idle for IDLE_SECONDS (or retired)."""
+    then fork one child per job, which runs `job(argv)`, until idle for IDLE_SECONDS (or
+    retired)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     path = path or address(key)
     _check_private(Path(path).parent)  # the server checks the directory too
-    server = _Server(path)
+    server = _Server(path, job)
     if server.listener.sock is None:
         return
     import importlib
@@ -526,10 +548,6 @@ def serve(key: str, path: str | None = None) -> None:
         server.listener.retire()
 
 
-def main() -> None:
-    """`python -c ... key path`, as a client starts it (see _start_server)."""
-    serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
-
-
-if __name__ == "__main__":
-    main()
+def main(job: Job) -> None:
+    """`python -c ... key path`, as a client starts it (see _start_server): serve `job`."""
+    serve(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None, job=job)

@@ -4,8 +4,9 @@
 batch, bit-exactly; `checked_spec` picks, among several candidate descriptions, the one that
 reproduces the module, and caches the result per class and configuration. rpb.routing calls it
 for every router it finds, so every method's attach, prior extraction and analysis is checked.
-`check_zero_bias_forward` checks a whole model: a forward with a zero-bias policy on every router
-must be bit-identical to the library's (docs/reliability.md, section 13).
+The check routes with rpb.routing_core, never rpb.routing (which imports this module). The
+whole-model check, a forward with a zero-bias policy on every router bit-identical to the
+library's, is `rpb.routing.check_zero_bias_forward` (docs/reliability.md, section 13).
 """
 
 from __future__ import annotations
@@ -18,20 +19,17 @@ import torch
 from torch import Tensor, nn
 
 from rpb.router_specs import FAMILY_ROUTERS, RouterSpec, UnsupportedRouter, class_path
-from rpb.routing import (
+from rpb.routing_core import (
     Registered,
-    RouterControl,
     RouterHandle,
-    RouterRecord,
     _make_handle,
     build_output,
-    find_routers,
     parse_output,
     route,
     router_logits,
 )
 
-__all__ = ["CHECKED", "check_router", "check_zero_bias_forward", "checked_spec"]
+__all__ = ["CHECKED", "check_router", "checked_spec"]
 
 CHECKED: dict[tuple[Any, ...], RouterSpec] = {}
 
@@ -438,68 +436,5 @@ def _same_output(a: Any, b: Any) -> bool:
     return True
 
 
-def _output_difference(a: Any, b: Any) -> str | None:
-    """How router output `a` differs from `b` (entries and largest difference), or None."""
-    for x, y in zip(_flat(a), _flat(b), strict=True):
-        if not isinstance(x, Tensor):
-            if x != y:
-                return "output differs (RouterSpec.output)"
-        elif x.dtype != y.dtype or not torch.equal(x, y):
-            n_bad = int((x != y).sum()) if x.shape == y.shape else x.numel()
-            return (
-                f"output differs in {n_bad}/{x.numel()} entries (max |diff| {_max_diff(x, y):.3g})"
-            )
-    return None
-
-
 def _flat(output: Any) -> list[Any]:
     return list(output) if isinstance(output, tuple | list) else [output]
-
-
-def check_zero_bias_forward(
-    model: nn.Module, inputs: dict[str, Any], *, raise_error: bool = True
-) -> str | None:
-    """Run `model` on `inputs` as the library does and again with a zero logit and selection
-    bias on every router (a RouterControl policy, active in either mode): every router's output
-    and the model's logits must be bit-identical. The router check compares one router on its
-    probe; this compares what a method's steering hands the experts in a whole forward, on the
-    model's own hidden states and batch shape. Returns None, else (or raises) one line naming the
-    first router that differs and the model logits' largest difference."""
-    handles = find_routers(model)
-    outputs: tuple[list[tuple[int, Any]], list[tuple[int, Any]]] = ([], [])
-
-    def run(into: list[tuple[int, Any]]) -> Tensor:
-        spies = [
-            h.module.register_forward_hook(lambda m, a, out, i=i: into.append((i, out)))
-            for i, h in enumerate(handles)
-        ]
-        try:
-            with torch.no_grad(), torch.random.fork_rng(devices=[]):
-                torch.manual_seed(0)  # the same dropout masks in both runs
-                out = model(**inputs)
-        finally:
-            for spy in spies:
-                spy.remove()
-        return out.logits if hasattr(out, "logits") else _flat(out)[0]
-
-    def zeros(record: RouterRecord) -> Tensor:
-        return torch.zeros_like(record.logits)
-
-    ref = run(outputs[0])
-    with RouterControl(model, keep_at_eval=True) as control:
-        control.set_policy(logit_bias=zeros, selection_bias=zeros)
-        got = run(outputs[1])  # spies registered after rpb's hooks: they see the steered output
-    problem = f"model logits max |diff| {_max_diff(got, ref):.3g}"
-    for (i, steered), (_, native) in zip(outputs[1], outputs[0], strict=True):
-        differ = _output_difference(steered, native)
-        if differ is not None:
-            h = handles[i]
-            problem = f"{_router_name(type(h.module))} at {h.name}: {differ}; {problem}"
-            break
-    else:
-        if torch.equal(got, ref):
-            return None
-    problem = f"a forward with a zero-bias policy differs from the library's: {problem}"
-    if raise_error:
-        raise ValueError(problem)
-    return problem

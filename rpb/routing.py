@@ -1,25 +1,25 @@
 """Router control for transformers 5.x MoE models: find routers by class, route exactly as the
 library does (optionally biased or forced), and hook every router to record and steer routing.
 
-Each router class has a `RouterSpec` (rpb.router_specs) describing what its forward computes.
-A forward hook on the router replaces its output with rpb's routing when a policy steers it; the
-output adapters turn (logits, weights, indices) into whatever the router returns (Llama-4's dense
-scores, JetMoE's expert-sorted tuple). Before rpb routes with a description, rpb checks
-it against the module's own forward on a probe batch (rpb.router_check), bit-exactly, with and
-without zero biases; a description that does not reproduce the module is refused in one line.
+Each router class has a `RouterSpec` (rpb.router_specs) describing what its forward computes;
+the routing it describes is rpb.routing_core's (re-exported here). A forward hook on the router
+replaces its output with rpb's routing when a policy steers it; the output adapters turn (logits,
+weights, indices) into whatever the router returns (Llama-4's dense scores, JetMoE's
+expert-sorted tuple). Before rpb routes with a description, rpb checks it against the module's
+own forward on a probe batch (rpb.router_check), bit-exactly, with and without zero biases; a
+description that does not reproduce the module is refused in one line. `check_zero_bias_forward`
+checks a whole model the same way: a forward steered by zero biases must be the library's.
 """
 
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
@@ -27,6 +27,7 @@ from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
+from rpb.router_check import CHECKED, _flat, _max_diff, _router_name, checked_spec
 from rpb.router_specs import (
     BUILTIN_ROUTERS,
     RouterSpec,
@@ -34,21 +35,35 @@ from rpb.router_specs import (
     class_path,
     supported_families,
 )
+from rpb.routing_core import (
+    _DEFAULT,
+    Registered,
+    RouterHandle,
+    _make_handle,
+    _refuse,
+    build_output,
+    handle_selection_scores,
+    parse_output,
+    route,
+    route_spec,
+    router_logits,
+    routing_log_probs,
+    routing_probs,
+    selection_scores,
+)
 
 __all__ = [
     "KINDS",
     "ROUTER_REGISTRY",
     "RouterControl",
     "RouterHandle",
-    "RouterKind",
     "RouterRecord",
     "RouterSpec",
     "RoutingPolicy",
+    "check_zero_bias_forward",
     "find_routers",
     "register_router",
     "route",
-    "route_deepseek_v3",
-    "route_softmax",
     "route_spec",
     "routing_log_probs",
     "routing_probs",
@@ -56,27 +71,6 @@ __all__ = [
 ]
 
 KINDS = ("softmax", "deepseek_v3", "sigmoid")
-_LEGACY_KINDS = ("softmax", "deepseek_v3")
-
-
-@dataclass(frozen=True)
-class RouterKind:
-    """The former two-kind description, kept for `register_router(cls, kind, ...)` callers."""
-
-    kind: str
-    always_normalise: bool = False
-    float_weights: bool = False
-
-    def to_spec(self) -> RouterSpec:
-        if self.kind == "deepseek_v3":
-            return BUILTIN_ROUTERS[class_path(DeepseekV3TopkRouter)]  # type: ignore[return-value]
-        return RouterSpec(
-            normalise=True if self.always_normalise else "norm_topk_prob",
-            weights_dtype="float32" if self.float_weights else "logits",
-        )
-
-
-Registered = RouterSpec | UnsupportedRouter | tuple[RouterSpec, ...]
 
 # User registrations (and the five original classes); built-in families are looked up by class
 # path in rpb.router_specs.BUILTIN_ROUTERS, so their modelling code is imported only when used.
@@ -114,47 +108,30 @@ def _auto_candidates() -> tuple[RouterSpec, ...]:
 
 def register_router(
     cls: type[nn.Module],
-    kind: str | RouterSpec | Sequence[RouterSpec] | None = None,
+    spec: RouterSpec | Sequence[RouterSpec] | None = None,
     *,
-    always_normalise: bool | None = None,
-    float_weights: bool | None = None,
     example: nn.Module | None = None,
 ) -> None:
     """Teach rpb another router class.
 
-    `kind` is a `RouterSpec` (or several: the first that reproduces the module is used), one of
-    the former kinds "softmax"/"deepseek_v3" (with `always_normalise`/`float_weights`; a flag left
-    None is chosen by the self-check), or None: try every built-in description. The description
-    is checked against the module's forward on the first router of this class rpb meets (or now,
-    on `example`), and refused in one line if it does not reproduce it bit-exactly.
+    `spec` is a `RouterSpec`, several (the first that reproduces the module is used), or None:
+    try every built-in description. The description is checked against the module's forward on
+    the first router of this class rpb meets (or now, on `example`), and refused in one line if
+    it does not reproduce it bit-exactly.
     """
-    if kind is None:
+    if spec is None:
         entry: Registered = _auto_candidates()
-    elif isinstance(kind, RouterSpec):
-        entry = kind
-    elif isinstance(kind, str):
-        if kind not in _LEGACY_KINDS:
-            raise ValueError(
-                f"unknown routing kind {kind!r} (known: {', '.join(_LEGACY_KINDS)}; "
-                "or pass a RouterSpec)"
-            )
-        if kind == "deepseek_v3" or (always_normalise is not None and float_weights is not None):
-            entry = RouterKind(kind, bool(always_normalise), bool(float_weights)).to_spec()
-        else:
-            entry = tuple(
-                RouterKind(kind, a, f).to_spec()
-                for a in ((always_normalise,) if always_normalise is not None else (False, True))
-                for f in ((float_weights,) if float_weights is not None else (False, True))
-            )
+    elif isinstance(spec, RouterSpec):
+        entry = spec
     else:
-        entry = tuple(kind)
+        entry = tuple(spec) if not isinstance(spec, str) else ()
         if not entry or not all(isinstance(s, RouterSpec) for s in entry):
-            raise ValueError("register_router: kind must be a RouterSpec, a list of them or None")
+            raise ValueError("register_router: spec must be a RouterSpec, a list of them or None")
     if example is not None and not isinstance(example, cls):
         raise ValueError(f"register_router: example is a {type(example).__name__}, not a {cls}")
     previous = ROUTER_REGISTRY.get(cls)
     ROUTER_REGISTRY[cls] = entry
-    _forget_checks()
+    CHECKED.clear()
     if example is not None:
         try:
             checked_spec(example, entry, parent=None)
@@ -166,95 +143,17 @@ def register_router(
             raise
 
 
-def checked_spec(module: nn.Module, entry: Registered, parent: nn.Module | None) -> RouterSpec:
-    from rpb.router_check import checked_spec as check  # the check routes with this module
-
-    return check(module, entry, parent)
-
-
-def _forget_checks() -> None:
-    from rpb.router_check import CHECKED
-
-    CHECKED.clear()
-
-
 def _entry_of(cls: type) -> Registered | None:
     for base in cls.__mro__:  # subclasses of a registered router route the same way
         if base in ROUTER_REGISTRY:
-            entry = ROUTER_REGISTRY[base]
-            # a RouterKind put straight into the registry, as the former API allowed
-            return entry.to_spec() if isinstance(entry, RouterKind) else entry
+            return ROUTER_REGISTRY[base]
         spec = BUILTIN_ROUTERS.get(class_path(base))
         if spec is not None:
             return spec
     return None
 
 
-# --------------------------------------------------------------------------- handles
-
-
-def _get_path(module: nn.Module, parent: nn.Module | None, path: str | None) -> Any:
-    if path is None:
-        return None
-    obj: Any = module
-    if path.startswith("../"):
-        obj, path = parent, path[3:]
-        if obj is None:
-            return None
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-_MISSING = object()
-
-
-def _attr(module: nn.Module, value: Any, default: Any = _MISSING) -> Any:
-    """A setting's value: itself, or the router attribute it names."""
-    if not isinstance(value, str):
-        return value
-    found = getattr(module, value, default)
-    if found is _MISSING:
-        raise ValueError(f"router class {type(module).__name__} has no attribute {value!r}")
-    return found
-
-
-@dataclass(frozen=True)
-class RouterHandle:
-    """One MoE router of a model."""
-
-    moe_layer: int  # ordinal among MoE layers (the index of every per-layer list in rpb)
-    decoder_layer: int  # index of the decoder layer that holds it
-    name: str
-    module: nn.Module = field(repr=False)
-    kind: str
-    num_experts: int
-    top_k: int
-    hidden_size: int
-    spec: RouterSpec = field(repr=False)
-    parent: nn.Module | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def weight(self) -> Tensor:
-        """The router weight [E, H] (wherever the family keeps it)."""
-        return _get_path(self.module, self.parent, self.spec.weight)
-
-    @property
-    def router_bias(self) -> Tensor | None:
-        """The bias inside the router logits, z = W h + b (gpt_oss), else None."""
-        return _get_path(self.module, self.parent, self.spec.router_bias)
-
-    @property
-    def correction_bias(self) -> Tensor | None:
-        """The live correction (expert) bias [E] added to the scores for selection, else None."""
-        bias = _get_path(self.module, self.parent, self.spec.correction_bias)
-        return None if bias is None else bias.reshape(-1)
-
-    @property
-    def has_correction_bias(self) -> bool:
-        return self.spec.correction_bias is not None
+# --------------------------------------------------------------------------- finding routers
 
 
 def _decoder_layer_index(model: nn.Module, name: str, fallback: int) -> int:
@@ -265,39 +164,6 @@ def _decoder_layer_index(model: nn.Module, name: str, fallback: int) -> int:
             return int(part)
         module = getattr(module, part)
     return fallback
-
-
-def _refuse(cls: type, reason: str) -> ValueError:
-    return ValueError(f"router class {cls.__name__} is not supported by rpb: {reason}")
-
-
-def _make_handle(
-    name: str, module: nn.Module, parent: nn.Module | None, spec: RouterSpec, ordinal: int, d: int
-) -> RouterHandle:
-    cls = type(module)
-    weight = _get_path(module, parent, spec.weight)
-    if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise _refuse(cls, f"no [experts, hidden] weight at {spec.weight!r} (RouterSpec.weight)")
-    rows = int(weight.shape[0])
-    n_experts = rows if spec.num_experts is None else getattr(module, spec.num_experts, rows)
-    if not isinstance(n_experts, int) or n_experts != rows:
-        # e.g. zero-compute experts: more logit columns than routed experts
-        raise _refuse(cls, f"its weight has {rows} rows but {spec.num_experts} is {n_experts}")
-    top_k = getattr(module, spec.top_k, None)
-    if not isinstance(top_k, int):
-        raise _refuse(cls, f"no integer top-k at attribute {spec.top_k!r} (RouterSpec.top_k)")
-    return RouterHandle(
-        moe_layer=ordinal,
-        decoder_layer=d,
-        name=name,
-        module=module,
-        kind=spec.kind,
-        num_experts=rows,
-        top_k=top_k,
-        hidden_size=int(weight.shape[1]),
-        spec=spec,
-        parent=parent,
-    )
 
 
 def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
@@ -335,344 +201,6 @@ def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
             "rpb.routing.register_router)"
         )
     return handles
-
-
-# --------------------------------------------------------------------------- routing functions
-
-
-def route_softmax(
-    logits: Tensor,
-    top_k: int,
-    *,
-    norm_topk_prob: bool,
-    float_weights: bool = False,
-    logit_bias: Tensor | None = None,
-    selection_bias: Tensor | None = None,
-    forced_indices: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Softmax top-k routing (Qwen2/3-MoE, OLMoE, Mixtral) -> (logits, weights, indices)."""
-    spec = RouterSpec(
-        normalise=norm_topk_prob, weights_dtype="float32" if float_weights else "logits"
-    )
-    return route_spec(
-        spec,
-        logits,
-        top_k,
-        logit_bias=logit_bias,
-        selection_bias=selection_bias,
-        forced_indices=forced_indices,
-    )
-
-
-def route_deepseek_v3(
-    logits: Tensor,
-    top_k: int,
-    *,
-    correction_bias: Tensor,
-    n_group: int,
-    topk_group: int,
-    norm_topk_prob: bool,
-    routed_scaling_factor: float,
-    logit_bias: Tensor | None = None,
-    selection_bias: Tensor | None = None,
-    forced_indices: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """DeepSeek-V3 sigmoid/noaux_tc routing -> (logits, weights, indices)."""
-    spec = BUILTIN_ROUTERS[class_path(DeepseekV3TopkRouter)]
-    assert isinstance(spec, RouterSpec)
-    return route_spec(
-        spec.replace(normalise=norm_topk_prob, scaling=routed_scaling_factor),
-        logits,
-        top_k,
-        correction_bias=correction_bias,
-        groups=(n_group, topk_group),
-        logit_bias=logit_bias,
-        selection_bias=selection_bias,
-        forced_indices=forced_indices,
-    )
-
-
-def _scores(spec: RouterSpec, logits: Tensor) -> Tensor:
-    if spec.score == "softmax":
-        return F.softmax(logits, dim=-1, dtype=torch.float)
-    return logits.float().sigmoid() if spec.score_float32 else logits.sigmoid()
-
-
-def _selection_base(
-    spec: RouterSpec, logits: Tensor, scores: Tensor | None, bias: Tensor | None
-) -> Tensor:
-    """The score a selection bias is added to: softmax routers without a correction bias rank
-    by their logits (a large bias would saturate the softmax into ties; the ranking is the same
-    otherwise); everything else by the score (+ correction bias) the library ranks."""
-    if spec.order == "topk_score" or (spec.score == "softmax" and bias is None):
-        return logits.float()
-    assert scores is not None
-    return scores if bias is None else scores + bias.to(scores.device)
-
-
-def _group_limit(choice: Tensor, n_group: int, topk_group: int, score: str, fill: float) -> Tensor:
-    n_experts = choice.shape[-1]
-    grouped = choice.view(-1, n_group, n_experts // n_group)
-    if score == "top2_sum":
-        group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)
-    else:
-        group_scores = grouped.max(dim=-1).values
-    group_idx = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False)[1]
-    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
-    score_mask = (
-        group_mask.unsqueeze(-1).expand(-1, n_group, n_experts // n_group).reshape(-1, n_experts)
-    )
-    return choice.masked_fill(~score_mask.bool(), fill)
-
-
-def _unless_zero(selection_bias: Tensor, native: Tensor, biased: Tensor) -> Tensor:
-    """The biased selection, except for tokens whose selection bias is all zero: they keep the
-    library's own. Ranking logits rather than softmax scores, or filling masked groups with -inf,
-    agrees with the library except where its scores tie exactly (near-ties, saturated or
-    near-uniform softmax), which the library breaks by position (docs/reliability.md, 13)."""
-    zero = (selection_bias == 0).all(dim=-1, keepdim=True)
-    return torch.where(zero, native, biased)
-
-
-def route_spec(
-    spec: RouterSpec,
-    logits: Tensor,
-    top_k: int,
-    *,
-    correction_bias: Tensor | None = None,
-    groups: tuple[int, int] | None = None,
-    normalise: bool | None = None,
-    norm_eps: float | None = None,
-    scaling: float | None = None,
-    input_dtype: torch.dtype | None = None,
-    logit_bias: Tensor | None = None,
-    selection_bias: Tensor | None = None,
-    forced_indices: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Route `logits` [T, E] as `spec` describes -> (logits, weights [T, k], indices [T, k]).
-
-    Attribute-valued settings of `spec` are given resolved (`groups` = (n_group, topk_group) or
-    None, `normalise`, `norm_eps`, `scaling`). `logit_bias` is added to the logits before
-    everything; `selection_bias` only to the selection score; `forced_indices` [T, k] replaces
-    the selection. Without biases this is, operation for operation, the library's routing.
-    """
-    if logit_bias is not None:
-        logits = logits + logit_bias.to(logits.dtype)
-    bias = None if correction_bias is None else correction_bias.reshape(-1).to(logits.device)
-    if spec.order == "score_topk":
-        scores = _scores(spec, logits)
-        if forced_indices is not None:
-            indices = forced_indices
-        else:
-            choice = scores if bias is None else scores + bias
-            if groups is not None:
-                choice = _group_limit(
-                    choice, groups[0], groups[1], spec.group_score, spec.group_fill
-                )
-            indices = torch.topk(choice, top_k, dim=-1, sorted=spec.sorted)[1]
-            if selection_bias is not None:
-                choice = _selection_base(spec, logits, scores, bias) + selection_bias
-                if groups is not None:  # a bias may be negative: masked experts must stay out
-                    choice = _group_limit(choice, groups[0], groups[1], spec.group_score, -math.inf)
-                biased = torch.topk(choice, top_k, dim=-1, sorted=spec.sorted)[1]
-                indices = _unless_zero(selection_bias, indices, biased)
-        gates = scores + bias if spec.correction_in_weights and bias is not None else scores
-        weights = gates.gather(1, indices)
-    else:
-        if forced_indices is not None:
-            indices = forced_indices
-        else:
-            indices = torch.topk(logits, top_k, dim=-1)[1]
-            if selection_bias is not None:
-                biased = torch.topk(logits.float() + selection_bias, top_k, dim=-1)[1]
-                indices = _unless_zero(selection_bias, indices, biased)
-        top = logits.gather(1, indices)
-        if spec.score == "softmax":
-            weights = F.softmax(top, dim=-1, dtype=top.dtype)
-        elif spec.output == "scores_logits":
-            # Llama-4 takes the sigmoid of its dense [T, E] scores (-inf off the top-k). CPU
-            # kernels round a tensor's scalar remainder differently from its vector body, so only
-            # the same layout gives the same bits.
-            dense = torch.full_like(logits, -math.inf).scatter(1, indices, top)
-            weights = dense.float().sigmoid().to(logits.dtype).gather(1, indices)
-        else:
-            weights = top.float().sigmoid().to(logits.dtype)
-    do_norm = spec.normalise if normalise is None else normalise
-    if do_norm is True:
-        total = weights.sum(dim=-1, keepdim=True)
-        eps = float(spec.norm_eps if norm_eps is None else norm_eps)
-        if spec.norm_clamp:
-            weights = weights / torch.clamp(total, min=eps)
-        else:
-            weights = weights / (total + eps if eps else total)
-    factor = spec.scaling if scaling is None else scaling
-    if factor is not None and not isinstance(factor, str):
-        weights = weights * factor
-    if spec.weights_dtype == "logits":
-        weights = weights.to(logits.dtype)
-    elif spec.weights_dtype == "input":
-        weights = weights.to(input_dtype or logits.dtype)
-    return logits, weights, indices
-
-
-_DEFAULT = object()
-
-
-def _settings(handle: RouterHandle) -> dict[str, Any]:
-    """The spec's attribute-valued settings, read from the live router."""
-    spec, m = handle.spec, handle.module
-    groups = None
-    if spec.groups is True or (
-        isinstance(spec.groups, tuple) and getattr(m, spec.groups[0], None) == spec.groups[1]
-    ):
-        groups = (int(getattr(m, spec.group_attrs[0])), int(getattr(m, spec.group_attrs[1])))
-    return {
-        "groups": groups,
-        "normalise": bool(_attr(m, spec.normalise, False)),  # absent flag: no renormalisation
-        "norm_eps": float(_attr(m, spec.norm_eps)),
-        "scaling": None if spec.scaling is None else float(_attr(m, spec.scaling)),
-    }
-
-
-def route(
-    handle: RouterHandle,
-    logits: Tensor,
-    *,
-    correction_bias: Any = _DEFAULT,
-    logit_bias: Tensor | None = None,
-    selection_bias: Tensor | None = None,
-    forced_indices: Tensor | None = None,
-    input_dtype: torch.dtype | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Route `logits` [T, E] the way `handle`'s router does (its live settings).
-
-    `correction_bias` overrides the router's own correction bias (e.g. the base's); routers
-    without one ignore it. `input_dtype`: the dtype of the router's input, for families whose
-    gate weights follow it (default: the logits' dtype).
-    """
-    bias = handle.correction_bias if correction_bias is _DEFAULT else correction_bias
-    if not handle.has_correction_bias:
-        bias = None
-    return route_spec(
-        handle.spec,
-        logits,
-        handle.top_k,
-        correction_bias=bias,
-        input_dtype=input_dtype,
-        logit_bias=logit_bias,
-        selection_bias=selection_bias,
-        forced_indices=forced_indices,
-        **_settings(handle),
-    )
-
-
-def router_logits(
-    spec: RouterSpec,
-    hidden: Tensor,
-    weight: Tensor,
-    bias: Tensor | None,
-    like: Tensor,
-) -> Tensor:
-    """z = W h (+ b) computed along the library's dtype path, so z0 == z bitwise when W == W0;
-    `like` is the router's own logits (their dtype follows autocast and the model's dtype)."""
-    h = hidden.reshape(-1, weight.shape[-1])
-    if bias is not None:
-        bias = bias.to(h.device)  # the prior's b0 lives on the CPU
-    if spec.linear_float32:
-        return F.linear(h.float(), weight.float(), None if bias is None else bias.float())
-    if spec.logits_float32:  # linear in the compute dtype, then cast to float32
-        dtype = (
-            torch.get_autocast_dtype(h.device.type)
-            if torch.is_autocast_enabled(h.device.type)
-            else h.dtype
-        )
-    else:
-        dtype = like.dtype
-    z = F.linear(h.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
-    return z.float() if spec.logits_float32 else z
-
-
-def selection_scores(kind: str, logits: Tensor, correction_bias: Tensor | None = None) -> Tensor:
-    """A router's native selection score [T, E] (float32) by kind: the logits for softmax
-    routers (they rank like log p), sigmoid(logits) (+ correction bias) otherwise."""
-    if kind == "softmax":
-        return logits.float()
-    scores = logits.float().sigmoid()
-    return scores if correction_bias is None else scores + correction_bias.to(scores.device)
-
-
-def handle_selection_scores(
-    handle: RouterHandle, logits: Tensor, correction_bias: Tensor | None
-) -> Tensor:
-    """The score `handle`'s router ranks experts by [T, E] (float32), what a selection bias is
-    added to: logits, or the (softmax/sigmoid) score plus the correction bias."""
-    spec = handle.spec
-    bias = (
-        correction_bias.reshape(-1)
-        if handle.has_correction_bias and correction_bias is not None
-        else None
-    )
-    scores = None if spec.order == "topk_score" else _scores(spec, logits.float())
-    return _selection_base(spec, logits, scores, bias).float()
-
-
-def routing_probs(kind: str, logits: Tensor) -> Tensor:
-    """Routing distribution [T, E] (float32): softmax, or sigmoid scores normalised to sum to 1."""
-    if kind == "softmax":
-        return F.softmax(logits, dim=-1, dtype=torch.float)
-    scores = logits.float().sigmoid()
-    return scores / scores.sum(dim=-1, keepdim=True)
-
-
-def routing_log_probs(kind: str, logits: Tensor) -> Tensor:
-    """log of `routing_probs`, computed stably in log space (for KL terms with gradients)."""
-    if kind == "softmax":
-        return F.log_softmax(logits, dim=-1, dtype=torch.float)
-    log_scores = F.logsigmoid(logits.float())
-    return log_scores - torch.logsumexp(log_scores, dim=-1, keepdim=True)
-
-
-# --------------------------------------------------------------------------- output adapters
-
-
-def parse_output(spec: RouterSpec, output: Any, top_k: int) -> tuple[Tensor, Tensor, Tensor]:
-    """A router's native output -> (logits [T, E], weights [T, k], indices [T, k])."""
-    if spec.output == "triple":
-        logits, weights, indices = output
-        return logits, weights, indices
-    if spec.output == "scores_logits":  # Llama-4: dense [T, E] gate scores, 0 off the top-k
-        dense, logits = output
-        # Read the experts from the scores, not the logits: an earlier hook may have steered them.
-        weights, indices = torch.topk(dense, top_k, dim=1)
-        return logits, weights, indices
-    # JetMoE: (index_sorted_experts, batch_index, batch_gates, expert_size, logits)
-    order, _, batch_gates, expert_size, logits = output
-    t, n_experts = logits.shape
-    flat_gates = batch_gates.new_empty(t * top_k)
-    flat_gates[order] = batch_gates
-    sorted_experts = torch.repeat_interleave(
-        torch.arange(n_experts, device=logits.device),
-        torch.tensor(expert_size, device=logits.device),
-    )
-    flat_idx = torch.empty(t * top_k, dtype=torch.long, device=logits.device)
-    flat_idx[order] = sorted_experts
-    return logits, flat_gates.view(t, top_k), flat_idx.view(t, top_k)
-
-
-def build_output(spec: RouterSpec, logits: Tensor, weights: Tensor, indices: Tensor) -> Any:
-    """(logits, weights, indices) -> the router's own output form, built as the library does."""
-    if spec.output == "triple":
-        return logits, weights, indices
-    if spec.output == "scores_logits":
-        dense = torch.zeros_like(logits).scatter(1, indices, weights.to(logits.dtype))
-        return dense, logits
-    t, n_experts = logits.shape
-    k = indices.shape[1]
-    gates = torch.zeros(t, n_experts, dtype=weights.dtype, device=weights.device)
-    expert_size = gates.scatter(1, indices, 1).long().sum(0).tolist()
-    _, order = indices.flatten().sort(0)
-    batch_index = order.div(k, rounding_mode="trunc")
-    return order, batch_index, weights.flatten()[order], expert_size, logits
 
 
 # --------------------------------------------------------------------------- control hooks
@@ -1010,3 +538,69 @@ def _arg_position(handle: RouterHandle) -> tuple[str, int] | None:
             "(RouterSpec.correction_bias_arg)"
         )
     return name, params.index(name)
+
+
+# --------------------------------------------------------------------------- whole-model check
+
+
+def check_zero_bias_forward(
+    model: nn.Module, inputs: dict[str, Any], *, raise_error: bool = True
+) -> str | None:
+    """Run `model` on `inputs` as the library does and again with a zero logit and selection
+    bias on every router (a RouterControl policy, active in either mode): every router's output
+    and the model's logits must be bit-identical. The router check compares one router on its
+    probe; this compares what a method's steering hands the experts in a whole forward, on the
+    model's own hidden states and batch shape. Returns None, else (or raises) one line naming the
+    first router that differs and the model logits' largest difference."""
+    handles = find_routers(model)
+    outputs: tuple[list[tuple[int, Any]], list[tuple[int, Any]]] = ([], [])
+
+    def run(into: list[tuple[int, Any]]) -> Tensor:
+        spies = [
+            h.module.register_forward_hook(lambda m, a, out, i=i: into.append((i, out)))
+            for i, h in enumerate(handles)
+        ]
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                torch.manual_seed(0)  # the same dropout masks in both runs
+                out = model(**inputs)
+        finally:
+            for spy in spies:
+                spy.remove()
+        return out.logits if hasattr(out, "logits") else _flat(out)[0]
+
+    def zeros(record: RouterRecord) -> Tensor:
+        return torch.zeros_like(record.logits)
+
+    ref = run(outputs[0])
+    with RouterControl(model, keep_at_eval=True) as control:
+        control.set_policy(logit_bias=zeros, selection_bias=zeros)
+        got = run(outputs[1])  # spies registered after rpb's hooks: they see the steered output
+    problem = f"model logits max |diff| {_max_diff(got, ref):.3g}"
+    for (i, steered), (_, native) in zip(outputs[1], outputs[0], strict=True):
+        differ = _output_difference(steered, native)
+        if differ is not None:
+            h = handles[i]
+            problem = f"{_router_name(type(h.module))} at {h.name}: {differ}; {problem}"
+            break
+    else:
+        if torch.equal(got, ref):
+            return None
+    problem = f"a forward with a zero-bias policy differs from the library's: {problem}"
+    if raise_error:
+        raise ValueError(problem)
+    return problem
+
+
+def _output_difference(a: Any, b: Any) -> str | None:
+    """How router output `a` differs from `b` (entries and largest difference), or None."""
+    for x, y in zip(_flat(a), _flat(b), strict=True):
+        if not isinstance(x, Tensor):
+            if x != y:
+                return "output differs (RouterSpec.output)"
+        elif x.dtype != y.dtype or not torch.equal(x, y):
+            n_bad = int((x != y).sum()) if x.shape == y.shape else x.numel()
+            return (
+                f"output differs in {n_bad}/{x.numel()} entries (max |diff| {_max_diff(x, y):.3g})"
+            )
+    return None

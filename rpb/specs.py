@@ -244,3 +244,36 @@ def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run_id: int
     if k >= len(bases):
         raise ValueError(f"run {run_id} of {model} needs base {k}, but {model} has {len(bases)}")
     return bases[k]
+
+
+# Report jobs besides table 1: stage -> (builder "module:function", help). The CLI makes one
+# subcommand per entry and imports the builder lazily (`rpb --help` stays fast); the config's
+# `tables` keys are checked against it (rpb.config_check). Plain data, so that neither of the two
+# imports the other.
+REPORT_JOBS: dict[str, tuple[str, str]] = {
+    "table2": ("rpb.tables:build_table2", "table 2: table 1's rows for the family-B model"),
+    "table3": ("rpb.tables:build_table3", "table 3: method vs reference on the independent corpus"),
+    "table4": (
+        "rpb.tables:build_table4",
+        "table 4: anchors and RPB, ranks and ordering consistency",
+    ),
+    "table5": ("rpb.tables:build_table5", "table 5: structure retention vs accuracy, hard routing"),
+    "sweep": (
+        "rpb.exploratory:build_sweep",
+        "softness sweep: accuracy and retention against strength",
+    ),
+    "drift": ("rpb.exploratory:build_drift", "training-time routing drift curves"),
+    "readings": (
+        "rpb.exploratory:build_readings",
+        "which RPB reading anchors (the default's rule)",
+    ),
+    "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
+    "router_swap_table": (
+        "rpb.router_swap:build_router_swap_table",
+        "router-swap decomposition of a method's change by part (routers, experts, trunk)",
+    ),
+    "diagnostic_table1": (
+        "rpb.tables:build_table1",
+        "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
+    ),
+}

@@ -538,14 +538,14 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
 
 def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """A table of the plain shape (model, corpus, methods) needs no schema entry: its name in
-    rpb.cli.REPORT_JOBS makes it known, and its keys are checked like the others'."""
-    from rpb import cli
+    rpb.specs.REPORT_JOBS makes it known, and its keys are checked like the others'."""
+    from rpb import specs
 
     config = _merged("config.yaml", "smoke.yaml")
     config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rbp"]}
     with pytest.raises(ConfigError, match=r"^tables\.mytable: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)
-    monkeypatch.setitem(cli.REPORT_JOBS, "mytable", ("rpb.tables:build_table2", "my table"))
+    monkeypatch.setitem(specs.REPORT_JOBS, "mytable", ("rpb.tables:build_table2", "my table"))
     with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
         check_config(copy.deepcopy(config), SCHEMA)
     config["tables"]["mytable"]["methods"] = ["none", "rpb"]

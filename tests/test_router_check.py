@@ -4,7 +4,7 @@ settings that reproduce a module, describes a router class the registry has neve
 bias the description cannot find is refused at the forward. Its probe holds near-ties, extreme
 norms and every small batch size, so sub-ulp differences that random probes miss are refused
 (llama4's dense sigmoid), and a whole forward with a zero-bias policy is bit-identical to the
-library's for every family (check_zero_bias_forward)."""
+library's for every family (rpb.routing.check_zero_bias_forward)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,16 @@ from family_models import FAMILIES, family_model, family_prior
 from torch import nn
 
 from rpb.methods import make_method
-from rpb.router_check import _probe_copy, _probe_rows, check_router, check_zero_bias_forward
+from rpb.router_check import _probe_copy, _probe_rows, check_router
 from rpb.router_specs import RouterSpec
-from rpb.routing import ROUTER_REGISTRY, RouterControl, _make_handle, find_routers, register_router
+from rpb.routing import (
+    ROUTER_REGISTRY,
+    RouterControl,
+    check_zero_bias_forward,
+    find_routers,
+    register_router,
+)
+from rpb.routing_core import _make_handle
 
 # family -> (a wrong description, what the one-line refusal must say)
 WRONG = {
@@ -60,13 +67,19 @@ def test_a_wrong_description_is_refused_in_one_line(model_type, saved_registry):
 
 
 def test_the_check_picks_the_settings_that_reproduce_the_module(saved_registry):
-    """The former flags a user had to guess: qwen3_5_moe renormalises unconditionally."""
+    """Settings a user would have to guess, given as candidates: qwen3_5_moe renormalises
+    unconditionally, which the check finds; the config-driven normalisation alone is refused."""
     from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeTopKRouter
 
     model = family_model("qwen3_5_moe_text")
-    register_router(Qwen3_5MoeTopKRouter, "softmax")  # flags left to the check
+    guesses = [
+        RouterSpec(normalise=normalise, weights_dtype=dtype)
+        for normalise in ("norm_topk_prob", True)
+        for dtype in ("logits", "float32")
+    ]
+    register_router(Qwen3_5MoeTopKRouter, guesses)  # the check picks
     assert find_routers(model)[0].spec.normalise is True
-    register_router(Qwen3_5MoeTopKRouter, "softmax", always_normalise=False, float_weights=False)
+    register_router(Qwen3_5MoeTopKRouter, guesses[0])
     with pytest.raises(ValueError, match=r"Qwen3_5MoeTopKRouter .*: gate weights differ"):
         find_routers(model)
 

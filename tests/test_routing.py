@@ -328,11 +328,12 @@ def test_a_router_that_samples_while_training_is_refused(saved_registry):
         register_router(_NoisyGate, RouterSpec(normalise="norm_topk_prob"), example=gate)
 
 
-def test_register_router_rejects_unknown_kinds_and_settings(saved_registry):
+def test_register_router_rejects_what_is_not_a_description(saved_registry):
     from rpb.routing import RouterSpec, register_router
 
-    with pytest.raises(ValueError, match="unknown routing kind 'topk'"):
-        register_router(_NoisyGate, "topk")
+    for spec in ("softmax", [], [RouterSpec(), "softmax"]):
+        with pytest.raises(ValueError, match="spec must be a RouterSpec, a list of them or None"):
+            register_router(_NoisyGate, spec)
     with pytest.raises(
         ValueError, match=r"RouterSpec.score must be one of \('softmax', 'sigmoid'\)"
     ):
@@ -341,8 +342,11 @@ def test_register_router_rejects_unknown_kinds_and_settings(saved_registry):
         register_router(_NoisyGate, RouterSpec(), example=nn.Linear(2, 2))
 
 
-def test_former_routing_functions_still_route_like_the_library(tiny_model, arch):
-    from rpb.routing import route_deepseek_v3, route_softmax
+def test_route_spec_with_settings_given_routes_like_the_library(tiny_model, arch):
+    """route_spec with the router's settings passed in (not read from a handle) is the library's
+    routing: the description alone for softmax routers, DeepSeek-V3's groups, normalisation,
+    scaling and correction bias as arguments."""
+    from rpb.routing import RouterSpec, route_spec
 
     handle = find_routers(tiny_model)[0]
     h = _hidden(handle)
@@ -351,21 +355,20 @@ def test_former_routing_functions_still_route_like_the_library(tiny_model, arch)
     m = handle.module
     if handle.kind == "softmax":
         mixtral = ARCHS[arch][0] == "mixtral"
-        out = route_softmax(
-            logits,
-            2,
-            norm_topk_prob=mixtral or m.norm_topk_prob,
-            float_weights=mixtral,
+        spec = RouterSpec(
+            normalise=mixtral or m.norm_topk_prob,
+            weights_dtype="float32" if mixtral else "logits",
         )
+        out = route_spec(spec, logits, 2)
     else:
-        out = route_deepseek_v3(
+        out = route_spec(
+            handle.spec,
             logits,
             2,
             correction_bias=m.e_score_correction_bias,
-            n_group=m.num_group,
-            topk_group=m.topk_group,
-            norm_topk_prob=m.norm_topk_prob,
-            routed_scaling_factor=m.routed_scaling_factor,
+            groups=(m.num_group, m.topk_group),
+            normalise=m.norm_topk_prob,
+            scaling=m.routed_scaling_factor,
         )
     got_i, got_w = _paired(out[2], out[1])
     ref_i, ref_w = _paired(lib_i, lib_w)
