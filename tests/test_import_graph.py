@@ -109,3 +109,31 @@ def test_rpb_has_no_import_cycles_but_the_known_ones():
     assert not gone, "known cycles that are gone (take them off KNOWN_CYCLES):\n" + "\n".join(
         _show(c) for c in gone
     )
+
+
+def _imported_top_level(path: Path) -> set[str]:
+    """The top-level packages a Python file imports, anywhere in it."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_the_product_never_uses_an_experiment():
+    """experiments/<name>/ is a finished or running study beside the product (CONTRIBUTING.md,
+    "Experiments"): no module of rpb imports it, no rule or config of the workflow reads it."""
+    leaks = [p for p in sorted(PACKAGE.rglob("*.py")) if "experiments" in _imported_top_level(p)]
+    workflow = [ROOT / "Snakefile", *sorted((ROOT / "workflow").rglob("*"))]
+    workflow += sorted((ROOT / "config").rglob("*.yaml"))
+    for path in (p for p in workflow if p.is_file()):
+        lines = path.read_text(errors="ignore").splitlines()
+        # A comment may say where a decision came from; code and settings may not read it.
+        if any("experiments/" in ln.split("#", 1)[0] for ln in lines):
+            leaks.append(path)
+    assert not leaks, [str(p.relative_to(ROOT)) for p in leaks]
+    # The check sees what it is for.
+    probe = ROOT / "tests" / "data" / "imports_experiment.py"
+    assert "experiments" in _imported_top_level(probe)
