@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install table1 smoke check-config test test-fast bench lint format clean-results
+.PHONY: install table1 smoke check-config test test-fast bench lint format clean-results ui
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -60,6 +60,15 @@ format: install
 	ruff format .
 	ruff check --fix .
 	snakefmt Snakefile workflow/rules
+
+# MLflow's UI on the results store (README, "Browse the results"); Ctrl-C stops it. The link opens
+# the runs table: MLflow 3.17 opens an experiment in its GenAI view unless a link says otherwise,
+# and after this one the browser keeps the Model training view (docs/tracking.md).
+UI_PORT ?= 5000
+UI_STORE ?= results/mlflow.db
+ui: install
+	@echo "MLflow UI: http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning"
+	mlflow ui --backend-store-uri sqlite:///$(UI_STORE) --host 127.0.0.1 --port $(UI_PORT)
 
 clean-results:
 	rm -rf results

@@ -3,10 +3,11 @@
 A complete run is post-training + lm-eval evaluation + co-activation analysis of one (model,
 corpus, method, seed). The reference is the project at `--reference` (default: the commit before
 the speed work), extracted with `git archive` into a temporary folder and run as its pipeline runs
-it: three processes (`rpb train`, `rpb eval`, `rpb analyze`). The new path is this checkout's
-`rpb run` (one process), or its three processes with `--new-jobs three`. Both read the same
-inputs (corpora, a pretrained base, its prior: made once, untimed, or reused with `--inputs`), and
-rounds alternate which goes first, so machine-load drift hits both alike.
+it: three processes (`rpb train`, `rpb eval`, `rpb analyze`: that commit's job names). The new
+path is this checkout's `rpb pipeline run` (one process), or its three processes with
+`--new-jobs three`; each tree's jobs are called as its CLI spells them (`_job_prefix`). Both read
+the same inputs (corpora, a pretrained base, its prior: made once, untimed, or reused with
+`--inputs`), and rounds alternate which goes first, so machine-load drift hits both alike.
 
 Every job runs under a timer (this file's `--job` mode) that books each second of the process to
 one stage, the innermost running one: `imports` (executing modules), `model load`
@@ -356,8 +357,23 @@ def _timed_process(
     }
 
 
-def _job_args(config: dict[str, Any], inputs: Path, out: Path, method: str, seed: int) -> dict:
-    """The argument lists of the three jobs of one run, as the pipeline's rules write them."""
+def _job_prefix(tree: Path) -> list[str]:
+    """What comes before a job's name on `tree`'s command line: `rpb pipeline <job>` since the
+    people's commands took the top level, `rpb <job>` before (the default reference commit)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rpb.cli", "pipeline", "--help"],
+        cwd=tree,
+        env=_env(tree),
+        capture_output=True,
+    )
+    return ["pipeline"] if proc.returncode == 0 else []
+
+
+def _job_args(
+    config: dict[str, Any], inputs: Path, out: Path, method: str, seed: int, prefix: list[str]
+) -> dict:
+    """The argument lists of the three jobs of one run, as the pipeline's rules write them, each
+    job's name after `prefix` (`_job_prefix`)."""
     model = config["table1"]["model"]
     corpus = config["table1"]["corpus"]
     spec = dict(config["posttrain"], seed=seed)
@@ -394,18 +410,18 @@ def _job_args(config: dict[str, Any], inputs: Path, out: Path, method: str, seed
     analysis_out = out / "analysis" / model / corpus / method / f"seed{seed}.json"
     probe_args = [",".join(probe["probe_tasks"]), str(probe["probe_limit"])]
     return {
-        "train": ["train", *train, *track],
+        "train": [*prefix, "train", *train, *track],
         "eval": [
-            "eval", *common, "--model", str(run_dir / "model"), *evaluation,
+            *prefix, "eval", *common, "--model", str(run_dir / "model"), *evaluation,
             "--out", str(eval_out), *track,
         ],
         "analyze": [
-            "analyze", *common, "--model", str(run_dir / "model"), "--base", str(base),
+            *prefix, "analyze", *common, "--model", str(run_dir / "model"), "--base", str(base),
             "--prior", str(prior), "--eval-dir", str(inputs / "data" / "eval"),
             "--tasks", probe_args[0], "--limit", probe_args[1], "--out", str(analysis_out), *track,
         ],
         "run": [
-            "run", *train, *evaluation, "--eval-out", str(eval_out),
+            *prefix, "run", *train, *evaluation, "--eval-out", str(eval_out),
             "--probe-tasks", probe_args[0], "--probe-limit", probe_args[1],
             "--analysis-out", str(analysis_out), *track,
         ],
@@ -414,7 +430,8 @@ def _job_args(config: dict[str, Any], inputs: Path, out: Path, method: str, seed
 
 
 def make_inputs(config: dict[str, Any], inputs: Path, pretrain_steps: int, log: Path) -> None:
-    """Corpora, tokenizer, a pretrained base and its prior for the run (with this checkout)."""
+    """Corpora, tokenizer, a pretrained base and its prior for the run (with this checkout's
+    `rpb pipeline` jobs)."""
     model = config["table1"]["model"]
     corpus = config["table1"]["corpus"]
     entry = config["models"][model]
@@ -439,7 +456,7 @@ def make_inputs(config: dict[str, Any], inputs: Path, pretrain_steps: int, log: 
     for argv in jobs:
         with log.open("a") as f:
             subprocess.run(
-                [sys.executable, "-m", "rpb.cli", *argv],
+                [sys.executable, "-m", "rpb.cli", "pipeline", *argv],
                 cwd=ROOT,
                 env=_env(ROOT),
                 stdout=f,
@@ -460,6 +477,7 @@ def _reference_tree(commit: str, into: Path) -> Path:
 
 def _one_run(
     tree: Path,
+    prefix: list[str],
     jobs: list[str],
     args: dict,
     out: Path,
@@ -471,7 +489,7 @@ def _one_run(
         shutil.rmtree(out)
     out.mkdir(parents=True)
     # The store is created once per pipeline (rule tracking_init), not per run: untimed.
-    store = ["init-tracking", "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"]
+    store = [*prefix, "init-tracking", "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"]
     subprocess.run(
         [sys.executable, "-m", "rpb.cli", *store],
         cwd=tree,
@@ -562,8 +580,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--new-jobs",
         choices=["server", "one", "three"],
         default="server",
-        help="server: `rpb run` in a fork of the job server (the tiny config's path); "
-        "one: `rpb run` in its own process; three: train, eval, analyze",
+        help="server: `rpb pipeline run` in a fork of the job server (the tiny config's path); "
+        "one: `rpb pipeline run` in its own process; three: train, eval, analyze",
     )
     p.add_argument("--inputs", type=Path, help="reuse a folder of inputs (made here if missing)")
     p.add_argument("--pretrain-steps", type=int, default=300, help="cap for the untimed base")
@@ -584,6 +602,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "reference": (reference, ["train", "eval", "analyze"]),
         "new": (ROOT, ["train", "eval", "analyze"] if args.new_jobs == "three" else ["run"]),
     }
+    prefixes = {name: _job_prefix(tree) for name, (tree, _) in paths.items()}
     server = _start_server(work / "server.log") if args.new_jobs == "server" else None
     load_before = _load_average()
     rounds: dict[str, list[dict]] = {name: [] for name in paths}
@@ -592,9 +611,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for name in order:
             tree, jobs = paths[name]
             out = work / name
-            job_args = _job_args(config, inputs, out, args.method, args.seed)
+            job_args = _job_args(config, inputs, out, args.method, args.seed, prefixes[name])
             key = server[0] if server and name == "new" else None
-            result = _one_run(tree, jobs, job_args, out, log, work, key)
+            result = _one_run(tree, prefixes[name], jobs, job_args, out, log, work, key)
             rounds[name].append(result)
             print(f"round {rnd} {name}: wall {result['wall_s']:.1f} s, cpu {result['cpu_s']:.1f} s")
     server_cpu = None

@@ -1,10 +1,12 @@
-"""`rpb` command line: one subcommand per pipeline stage; the Snakemake rules call these.
+"""`rpb` command line. For people: `rpb finetune` and `rpb prior` on any Hugging Face MoE
+checkpoint folder and a JSONL file (rpb.user_cli), and `rpb check-config`. For the workflow:
+`rpb pipeline <job>`, one job per pipeline stage, which the Snakemake rules call.
 
-Each job subcommand opens one MLflow run (`rpb.tracking.tracked_run`) named
-`{stage}/{model}/{method}/seed{seed}` and records its run id beside its outputs for lineage
-(`train` under a multi-process launch: from the main process only). `run` is `train`, `eval` and
-`analyze` of one post-training run in one process: the same outputs and MLflow runs, one start-up
-(docs/performance.md).
+Each pipeline job opens one MLflow run (`rpb.tracking.tracked_run`) named
+`{stage}/{model}/{corpus}/{method}/base{base}/seed{seed}` (the parts it has) and records its run
+id beside its outputs for lineage (`train` under a multi-process launch: from the main process
+only). `run` is `train`, `eval` and `analyze` of one post-training run in one process: the same
+outputs and MLflow runs, one start-up (docs/performance.md).
 
 Imports stay inside the subcommands: `rpb --help` and each job load only what that job uses.
 """
@@ -79,6 +81,17 @@ def _run_dir_of(model_dir: Path) -> Path:
     return Path(model_dir).parent
 
 
+def _base_and_seed(run_id: int | str | None) -> dict[str, int | None]:
+    """The schema's `base` and `seed` of a results run id (`1000 * base + seed`); a job started by
+    hand without one has neither."""
+    from rpb.tracking import split_run_id
+
+    if run_id is None or not str(run_id).isdigit():
+        return {"base": None, "seed": None}
+    base, seed = split_run_id(run_id)
+    return {"base": base, "seed": seed}
+
+
 def _lineage(**dirs: Path | None) -> dict[str, str | None]:
     from rpb.tracking import read_run_id
 
@@ -102,12 +115,11 @@ def cmd_corpora(args: argparse.Namespace) -> None:
     from rpb.tracking import tracked_run
 
     sizes = preset_sizes(args.preset, args.post_pairs)
-    params = {"seed": args.seed, "preset": args.preset, "sizes": sizes, "level": args.level}
+    # `data_seed`: the schema's `seed` is a post-training seed within a base, which corpora lack.
+    params = {"data_seed": args.seed, "preset": args.preset, "sizes": sizes, "level": args.level}
     if args.holdout is not None:
         params["holdout"] = args.holdout
-    with tracked_run(
-        stage="corpora", model="-", params=params, run_dir=args.out, **_track_kwargs(args)
-    ):
+    with tracked_run(stage="corpora", params=params, run_dir=args.out, **_track_kwargs(args)):
         manifest = write_corpora(
             args.out, seed=args.seed, sizes=sizes, level=args.level, holdout=args.holdout
         )
@@ -124,6 +136,7 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
     spec = _train_spec(args)
     params = {
+        "base_name": args.name,
         "model_type": args.model_type,
         "architecture": args.architecture,
         "train": args.spec,
@@ -132,10 +145,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
     parents = _lineage(corpora=args.corpus.parent)
     with tracked_run(
         stage="pretrain",
-        model=args.name,
-        method="lbl",
-        seed=spec.seed,
-        corpus="pretrain",
+        model=args.family or args.name,
+        base=args.base_index,  # no corpus: the pretraining corpus is the run's input dataset
         params=params,
         parents=parents,
         run_dir=args.out,
@@ -170,9 +181,14 @@ def cmd_prior(args: argparse.Namespace) -> None:
     parents = _lineage(base=_run_dir_of(args.model), corpora=args.corpus.parent.parent)
     with tracked_run(
         stage="prior",
-        model=args.name,
+        model=args.family or args.name,
+        base=args.base_index,
         corpus=args.corpus.stem,
-        params={"model_dir": str(args.model), "corpus": str(args.corpus)},
+        params={
+            "base_name": args.name,
+            "model_dir": str(args.model),
+            "corpus_file": str(args.corpus),
+        },
         parents=parents,
         run_dir=args.out.parent / f"{args.out.stem}.run",
         **_track_kwargs(args),
@@ -196,7 +212,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     (the others have none, so their metric logging is a no-op) and writes outputs."""
     import mlflow
 
-    from rpb.tracking import log_datasets, tracked_run
+    from rpb.tracking import log_datasets, method_params, tracked_run
     from rpb.training import MethodSpec, is_main_process, posttrain
 
     spec = _train_spec(args)
@@ -211,9 +227,10 @@ def cmd_train(args: argparse.Namespace) -> None:
             stage="train",
             model=args.name,
             method=args.label,
-            seed=spec.seed,
             corpus=args.corpus_name,
-            params={"method": args.method, "train": args.spec},
+            **_base_and_seed(spec.seed),
+            # `train.seed` is the torch seed, the run id; the schema's `seed` is within the base.
+            params={**method_params(args.label, args.method), "train": args.spec},
             parents=parents,
             run_dir=args.out,
             **_track_kwargs(args),
@@ -249,8 +266,8 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
         stage="router_swap",
         model=args.name,
         method=args.label,
-        seed=args.seed,
         corpus=args.corpus_name,
+        **_base_and_seed(args.seed),
         params={"target": str(args.target), "source": str(args.source), "parts": args.parts},
         parents=parents,
         run_dir=_run_dir_of(args.out),
@@ -274,13 +291,10 @@ def _model_job_run(args: argparse.Namespace, stage: str):
         stage=stage,
         model=args.name,
         method=args.label,
-        seed=args.seed,
         corpus=args.corpus_name,
+        **_base_and_seed(args.seed),
         params=model_job_params(
-            model=args.name,
             method=args.label,
-            seed=args.seed,
-            corpus=args.corpus_name,
             model_dir=args.model,
             tasks=args.tasks,
             limit=args.limit,
@@ -295,7 +309,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.evaluation import evaluate_model
-    from rpb.tracking import eval_sets, log_datasets, log_eval_summary
+    from rpb.tracking import eval_sets, log_datasets, log_eval_summary, task_metrics
 
     with _model_job_run(args, "eval"):
         result = evaluate_model(
@@ -309,11 +323,7 @@ def cmd_eval(args: argparse.Namespace) -> None:
             trust_remote_code=args.trust_remote_code,
             experts_implementation=args.experts_implementation,
         )
-        scores = {
-            f"{task}.{entry['metric']}": float(entry["score"])
-            for task, entry in result["tasks"].items()
-        }
-        mlflow.log_metrics(scores)
+        mlflow.log_metrics(task_metrics(result))
         log_eval_summary(result, args.corpus_name)
         log_datasets(eval_sets(args.eval_dir, args.tasks), "evaluation")
         mlflow.log_artifact(str(args.out))
@@ -352,7 +362,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     from rpb.training import is_main_process
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError("rpb run: one process only; under a multi-process launch use train")
+        raise ValueError(
+            "rpb pipeline run: one process only; under a multi-process launch use train"
+        )
     start = time.perf_counter()
     cmd_train(args)
     trained = time.perf_counter()
@@ -394,9 +406,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
     done = time.perf_counter()
     line = (
-        f"rpb run: {args.name}/{args.corpus_name}/{args.label}/seed{shared['seed']} done in "
-        f"{done - start:.1f} s (train {trained - start:.1f} s, eval {evaluated - trained:.1f} s, "
-        f"analysis {done - evaluated:.1f} s)"
+        f"rpb pipeline run: {args.name}/{args.corpus_name}/{args.label}/seed{shared['seed']} "
+        f"done in {done - start:.1f} s (train {trained - start:.1f} s, "
+        f"eval {evaluated - trained:.1f} s, analysis {done - evaluated:.1f} s)"
     )
     log.info(line)
     print(line, flush=True)
@@ -407,7 +419,7 @@ def cmd_table1(args: argparse.Namespace) -> None:
 
     from rpb.claims import table_verdicts
     from rpb.tables import build_table1
-    from rpb.tracking import tracked_run
+    from rpb.tracking import log_table_run, tracked_run
 
     spec = args.spec
     # Table 1's own claims (C1, C2) judged from its runs open its caption.
@@ -421,6 +433,7 @@ def cmd_table1(args: argparse.Namespace) -> None:
         **_track_kwargs(args),
     ):
         build_table1(args.results, spec, args.out, verdicts)
+        log_table_run("table1", args.out)
         for suffix in (".csv", ".md", ".meta.json"):
             mlflow.log_artifact(str(args.out.with_suffix(suffix)))
         mlflow.log_artifacts(str(args.out.parent / "figures"), artifact_path="figures")
@@ -458,7 +471,7 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
     file beside `--out` whose name starts with its stem, and the figures folder)."""
     import mlflow
 
-    from rpb.tracking import tracked_run
+    from rpb.tracking import log_table_run, tracked_run
 
     spec = args.spec
     models = spec.get("models") or [spec.get("model") or spec.get("table1", {}).get("model", "-")]
@@ -472,6 +485,8 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
         **_track_kwargs(args),
     ):
         build(args.results, spec, args.out)
+        if args.out.suffix == ".csv" and args.out.is_file():
+            log_table_run(stage, args.out)
         for path in sorted(args.out.parent.glob(f"{args.out.stem}*")):
             if path.is_file():
                 mlflow.log_artifact(str(path))
@@ -503,16 +518,24 @@ def cmd_check_config(args: argparse.Namespace) -> None:
         except ConfigError as err:
             problems.append(err)
     for err in problems[:-1]:
-        print(f"rpb {args.command}: error: {err}", file=sys.stderr)
+        print(f"{command_name(args)}: error: {err}", file=sys.stderr)
     if problems:
         raise problems[-1]
 
 
 def cmd_report(args: argparse.Namespace) -> None:
+    """A report job of `REPORT_JOBS` (`args.report`, its key: the stage and the config's
+    `tables` key)."""
     import importlib
 
-    module, function = REPORT_JOBS[args.command][0].split(":")
-    _report_job(args, args.command, getattr(importlib.import_module(module), function))
+    module, function = REPORT_JOBS[args.report][0].split(":")
+    _report_job(args, args.report, getattr(importlib.import_module(module), function))
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """The command as typed, for messages: `rpb finetune`, `rpb pipeline train`."""
+    job = getattr(args, "job", None)
+    return f"rpb {args.command} {job}" if job else f"rpb {args.command}"
 
 
 # --- parser ----------------------------------------------------------------------------------
@@ -570,6 +593,17 @@ def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
     p.add_argument(out, type=Path, required=True)
 
 
+def _add_base_of(p: argparse.ArgumentParser) -> None:
+    """Which family and base a pretrained model is (`tinyA_p1`: family tinyA, base 1), for the
+    tracking schema's `model` and `base` (rpb.tracking.SCHEMA_PARAMS)."""
+    p.add_argument(
+        "--family", default=None, help="the model it is a base of (default: --name itself)"
+    )
+    p.add_argument(
+        "--base-index", type=int, default=0, help="which of the family's bases (0: the model)"
+    )
+
+
 def _add_tracking(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tracking-uri", default=None, help="MLflow tracking URI (default: env/config)")
     p.add_argument("--experiment", default="rpb", help="MLflow experiment name")
@@ -581,16 +615,84 @@ def _add_tracking(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_prior(p: argparse.ArgumentParser) -> None:
+    """The flags of the router-prior command, on the people's `rpb prior` and the pipeline's
+    `rpb pipeline prior` alike (`cmd_prior` serves both)."""
+    from rpb import user_cli
+
+    p.set_defaults(func=cmd_prior)
+    user_cli.one_line_errors(p)
+    p.add_argument(
+        "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
+    )
+    p.add_argument(
+        "--data",
+        "--corpus",
+        dest="corpus",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help=user_cli.DATA_HELP,
+    )
+    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
+    p.add_argument("--batch-size", type=int, default=128, metavar="N", help="texts per forward")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="(pipeline jobs) the model's name in the config: the job then runs as the rules "
+        "run it, an MLflow run over a prompt/completion corpus",
+    )
+    _add_base_of(p)
+    p.add_argument(
+        "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
+    )
+    p.add_argument(
+        "--max-length", type=int, default=1024, metavar="N", help="tokens per text (without --name)"
+    )
+    user_cli.add_mlflow(p, uri=False)
+    _add_trust(p)
+    _add_compute(p)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from rpb import user_cli
 
-    parser = argparse.ArgumentParser(prog="rpb", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="rpb",
+        description="Router Prior Bias (Lee et al., arXiv:2609.08115): post-train a Hugging Face "
+        "MoE checkpoint with a router method, extract its router prior, or run the pipeline's "
+        "jobs.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-    user_cli.add_finetune(sub)  # the verbs for people: finetune, prior (rpb.user_cli)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # The verbs for people (rpb.user_cli): finetune, prior; then check-config.
+    user_cli.add_finetune(sub)
+    p = sub.add_parser(
+        "prior",
+        help="extract a MoE checkpoint's router prior over a JSONL file",
+        description="Extract the router prior of a Hugging Face MoE checkpoint folder over a "
+        "JSONL file.",
+        epilog=user_cli.PRIOR_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_prior(p)
+    _add_tracking(p)
+    p = sub.add_parser(
+        "check-config",
+        help="check the YAML syntax of config files (a --configfile before snakemake reads it)",
+    )
+    p.set_defaults(func=cmd_check_config)
+    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    pipeline = sub.add_parser(
+        "pipeline",
+        help="the pipeline's jobs, one per Snakemake rule (the workflow runs these)",
+        description="The jobs the Snakemake rules run, one MLflow run each. Run the workflow "
+        "(snakemake) rather than these by hand; `rpb pipeline JOB --help` lists a job's flags.",
+    )
+    jobs = pipeline.add_subparsers(dest="job", required=True, metavar="JOB")
 
     def add(name: str, func: Callable[[argparse.Namespace], None], help_: str, **kwargs: Any):
-        p = sub.add_parser(name, help=help_, **kwargs)
+        p = jobs.add_parser(name, help=help_, **kwargs)
         p.set_defaults(func=func)
         _add_tracking(p)
         return p
@@ -620,47 +722,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, required=True)
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    _add_base_of(p)
     _add_compute(p, threads=True)
 
-    p = add(
-        "prior",
-        cmd_prior,
-        "extract a MoE checkpoint's router prior over a JSONL file",
-        description="Extract the router prior of a Hugging Face MoE checkpoint folder over a "
-        "JSONL file.",
-        epilog=user_cli.PRIOR_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    user_cli.one_line_errors(p)
-    p.add_argument(
-        "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
-    )
-    p.add_argument(
-        "--data",
-        "--corpus",
-        dest="corpus",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help=user_cli.DATA_HELP,
-    )
-    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
-    p.add_argument("--batch-size", type=int, default=128, metavar="N", help="texts per forward")
-    p.add_argument(
-        "--name",
-        default=None,
-        help="(pipeline jobs) the model's name in the config: the job then runs as the rules "
-        "run it, an MLflow run over a prompt/completion corpus",
-    )
-    p.add_argument(
-        "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
-    )
-    p.add_argument(
-        "--max-length", type=int, default=1024, metavar="N", help="tokens per text (without --name)"
-    )
-    user_cli.add_mlflow(p, uri=False)
-    _add_trust(p)
-    _add_compute(p)
+    _add_prior(add("prior", cmd_prior, "the router prior of the pipeline's base over a corpus"))
 
     p = add("train", cmd_train, "post-train a base with one router method")
     _add_train(p)
@@ -744,16 +809,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
 
-    # Not a job: no tracking options.
-    p = sub.add_parser(
-        "check-config",
-        help="check the YAML syntax of config files (a --configfile before snakemake reads it)",
-    )
-    p.set_defaults(func=cmd_check_config)
-    p.add_argument("files", nargs="+", type=Path, metavar="FILE")
-
-    for name, (_, help_) in REPORT_JOBS.items():
-        p = add(name, cmd_report, help_)
+    for key, (_, help_) in REPORT_JOBS.items():
+        # One spelling for every job name: dashes (the key keeps the config's underscores).
+        p = add(key.replace("_", "-"), cmd_report, help_)
+        p.set_defaults(report=key)
         p.add_argument("--results", type=Path, required=True)
         p.add_argument("--spec", type=_json_arg, required=True)
         p.add_argument("--out", type=Path, required=True)
@@ -784,7 +843,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if (err.name or "").split(".")[0] not in PIPELINE_PACKAGES:
             raise
         print(
-            f"rpb {args.command}: error: needs {err.name}, which the pipeline extra installs: "
+            f"{command_name(args)}: error: needs {err.name}, which the pipeline extra installs: "
             "pip install 'rpb[pipeline]'",
             file=sys.stderr,
         )
@@ -800,7 +859,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if line is None:
             raise
         log.debug("job failed", exc_info=True)
-        print(f"rpb {args.command}: error: {line}", file=sys.stderr)
+        print(f"{command_name(args)}: error: {line}", file=sys.stderr)
         return 2
     if argv is None and single:
         from rpb.jobserver import exit_now

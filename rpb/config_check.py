@@ -555,7 +555,8 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
         if key == "seeds" or not isinstance(entry, Mapping):
             continue
         if key not in REPORT_JOBS:
-            # Every table is a report job of that name (its rule and `rpb <name>` subcommand).
+            # Every table is a report job of that name: its rule, and its job
+            # `rpb pipeline <name>` (underscores spelled as dashes).
             raise ConfigError(
                 f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
                 "job of rpb.specs.REPORT_JOBS)"

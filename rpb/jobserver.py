@@ -59,7 +59,7 @@ REQUEST_TIMEOUT = 5.0  # s the server waits for a connected client's request
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 # What the server imports before it forks: every job stage's libraries, and what they import
 # lazily on first use (MLflow's sqlite store and git context, lm-eval's helpers), found by
-# listing the modules a `rpb run` imports after these.
+# listing the modules a `rpb pipeline run` imports after these.
 PRELOAD = (
     "rpb.cli",
     "rpb.training",

@@ -246,10 +246,10 @@ def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run_id: int
     return bases[k]
 
 
-# Report jobs besides table 1: stage -> (builder "module:function", help). The CLI makes one
-# subcommand per entry and imports the builder lazily (`rpb --help` stays fast); the config's
-# `tables` keys are checked against it (rpb.config_check). Plain data, so that neither of the two
-# imports the other.
+# Report jobs besides table 1: stage -> (builder "module:function", help). The CLI makes one job
+# per entry, `rpb pipeline <key>` with the key's underscores as dashes (`router-swap-table`), and
+# imports the builder lazily (`rpb pipeline --help` stays fast); the config's `tables` keys are
+# checked against it (rpb.config_check). Plain data, so that neither of the two imports the other.
 REPORT_JOBS: dict[str, tuple[str, str]] = {
     "table2": ("rpb.tables:build_table2", "table 2: table 1's rows for the family-B model"),
     "table3": ("rpb.tables:build_table3", "table 3: method vs reference on the independent corpus"),

@@ -67,10 +67,10 @@ PROJECT_NOTE = (
     "compared on in-domain and out-of-domain accuracy and on how much of the base's expert "
     "co-activation structure they keep.\n\n"
     "One parent run per `snakemake` invocation (`invocation/<UTC time>`); every job's run is "
-    "nested under it, named `{stage}/{model}/{method}/seed{seed}`. Table 1 here: Chart view, "
-    "Group by, `method` (the param): the bars of `in_domain`, `ood_mean`, `ood_<task>`, "
-    "`community_nmi`, `coact_cosine` and `topk_overlap_with_base` are table 1's columns per "
-    "method (means over seeds)."
+    "nested under it, named `{stage}/{model}/{corpus}/{method}/base{base}/seed{seed}` (the parts "
+    "it has). Table 1 here: Chart view, Group by, `method`: the first sections' bars, "
+    "`accuracy` (in_domain, ood_mean), `coactivation` (community_nmi, coact_cosine, modularity) "
+    "and `ood` (each OOD task), are table 1's columns per method (means over seeds)."
 )
 
 
@@ -384,14 +384,82 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+# --- one parameter schema for every run --------------------------------------------------------
+
+# The params every run kind shares, under these names everywhere (docs/tracking.md, "One schema"):
+# `model` (the family's table model: `tinyA` for its replicate base `tinyA_p1` too), `base` (which
+# of the model's bases, 0 the model itself), `method` (the config's label; no method on corpora,
+# pretraining and prior runs), `corpus` and `seed` (the seed within the base). A run logs those it
+# has; none is ever a placeholder. Stage, lineage and bookkeeping are tags, none named like a param.
+SCHEMA_PARAMS = ("model", "base", "method", "corpus", "seed")
+# Placeholders callers used to pass for a part a run does not have; never logged, never named.
+_MISSING = (None, "", "-")
+
+
+def split_run_id(run_id: int | str) -> tuple[int, int]:
+    """(base, seed) of a results run id (`1000 * base + seed`, rpb.specs.run_ids): run 1001 is
+    seed 1 on base 1."""
+    from rpb.specs import RUN_STRIDE
+
+    return divmod(int(run_id), RUN_STRIDE)
+
+
+def schema_params(
+    *,
+    model: str | None = None,
+    base: int | str | None = None,
+    method: str | None = None,
+    corpus: str | None = None,
+    seed: int | str | None = None,
+) -> dict[str, str]:
+    """The schema params a run has (`SCHEMA_PARAMS`), as MLflow stores them; missing parts left
+    out."""
+    given = {"model": model, "base": base, "method": method, "corpus": corpus, "seed": seed}
+    return {k: str(v) for k, v in given.items() if v not in _MISSING}
+
+
+def run_name(stage: str, schema: Mapping[str, str], group: str | None = None) -> str:
+    """`[group/]stage/model/corpus/method/base<b>/seed<s>`, the parts the run has:
+    `corpora`, `pretrain/tinyA/base1`, `train/tinyA/math/rpb/base1/seed1`."""
+    parts = [group, stage, schema.get("model"), schema.get("corpus"), schema.get("method")]
+    if "base" in schema:
+        parts.append(f"base{schema['base']}")
+    if "seed" in schema:
+        parts.append(f"seed{schema['seed']}")
+    return "/".join(p for p in parts if p not in _MISSING)
+
+
+def method_params(label: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
+    """What a post-training method is beside its label (the schema's `method`): `kind` (the
+    registered method), `strength` and `options` (JSON), flat, never `method.<key>`."""
+    spec = dict(spec or {})
+    strength = spec.get("strength")
+    return {
+        "kind": spec.get("name", label),
+        "strength": "-" if strength is None else strength,
+        "options": json.dumps(spec.get("options") or {}, sort_keys=True),
+    }
+
+
+def _merge_params(schema: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` (flattened, credentials removed) with the schema's; a schema name in `params`
+    with another value is a caller's bug (two meanings of one name)."""
+    flat = scrub(params)
+    for key, value in schema.items():
+        if key in flat and str(flat[key]) != value:
+            raise ValueError(f"param {key!r}: {flat[key]!r} in params, {value!r} in the schema")
+    return {**flat, **schema}
+
+
 @contextlib.contextmanager
 def tracked_run(
     *,
     stage: str,
-    model: str,
-    method: str = "-",
-    seed: int | str = "-",
-    corpus: str = "-",
+    model: str | None = None,
+    method: str | None = None,
+    seed: int | str | None = None,
+    corpus: str | None = None,
+    base: int | str | None = None,
     params: Mapping[str, Any] | None = None,
     parents: Mapping[str, str | None] | None = None,
     run_dir: Path | None = None,
@@ -401,8 +469,11 @@ def tracked_run(
 ) -> Iterator[Any]:
     """One MLflow run for one job; ends FAILED (and re-raises) if the job raises, KILLED on SIGTERM.
 
-    `group` (e.g. "diagnostic") names runs outside the main tables: it prefixes the run name and
-    is the `rpb.group` tag, so a diagnostic run of `none` never passes for table 1's `none`.
+    `model`, `base`, `method`, `corpus` and `seed` are the schema's params (`SCHEMA_PARAMS`; a
+    part given as None or "-" is left out) and name the run (`run_name`); `params` are the job's
+    own besides them. `group` (e.g. "diagnostic") names runs outside the main tables: it prefixes
+    the run name and is the `rpb.group` tag, so a diagnostic run of `none` never passes for table
+    1's `none`.
 
     `parents` maps a role (e.g. "base", "prior") to the run id of the job whose output this one
     consumed; they become `parent.<role>` tags, the run's lineage. Runs of the same job left
@@ -413,18 +484,14 @@ def tracked_run(
     configure_store_wait()
     mlflow.set_tracking_uri(tracking_uri or resolve_tracking_uri())
     found = mlflow.set_experiment(experiment)
-    name = f"{stage}/{model}/{method}/seed{seed}"
-    if group:
-        name = f"{group}/{name}"
+    schema = schema_params(model=model, base=base, method=method, corpus=corpus, seed=seed)
+    name = run_name(stage, schema, group)
     job_dir = str(Path(run_dir).resolve()) if run_dir is not None else "-"
     end_stale_runs(mlflow.MlflowClient(), found.experiment_id, name, job_dir)
     params = dict(params or {})
+    flat = _merge_params(schema, params)
     tags = {
         "stage": stage,
-        "model": model,
-        "method": method,
-        "seed": str(seed),
-        "corpus": corpus,
         "git_commit": git_commit(),
         "config_hash": config_hash(params),
         HOST_TAG: socket.gethostname(),
@@ -441,7 +508,6 @@ def tracked_run(
     run = mlflow.start_run(run_name=name, tags=tags)
     try:
         with _sigterm_raises():
-            flat = scrub(params)
             # MLflow caps a param value at 6000 chars; long lists are still useful truncated.
             mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
             yield run
@@ -571,10 +637,6 @@ def _open_invocation(
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tags = {
         "stage": INVOCATION_STAGE,
-        "model": "-",
-        "method": "-",
-        "seed": "-",
-        "corpus": "-",
         "git_commit": git_commit(),
         "config_hash": chash,
         "configfiles": files,
@@ -673,17 +735,10 @@ def end_invocation(record: Path, status: str = "FINISHED") -> str | None:
 # --- what eval and analysis runs carry, for comparing methods in the UI -------------------------
 
 
-def model_job_params(
-    *,
-    model: str,
-    method: str,
-    seed: int | str,
-    corpus: str,
-    model_dir: Path,
-    **extra: Any,
-) -> dict[str, Any]:
-    """Params of a job reading one trained model (eval, analysis): which model, method (label),
-    kind, strength and options, corpus and seed, so the UI groups and compares runs by them.
+def model_job_params(*, method: str, model_dir: Path, **extra: Any) -> dict[str, Any]:
+    """Params of a job reading one trained model (eval, analysis) besides the schema's: the
+    method's `kind`, `strength` and `options` (`method_params`), then `extra` and `model_dir`, so
+    the UI groups and compares runs by them.
 
     Kind, strength and options come from the training job's record beside the model
     (`train_history.json`: what it actually trained with); the base is kind `base`.
@@ -692,24 +747,59 @@ def model_job_params(
     history = Path(model_dir).parent / "train_history.json"
     if method != "base" and history.is_file():
         spec = json.loads(history.read_text()).get("method") or {}
-    strength = spec.get("strength")
-    return {
-        "model": model,
-        "method": method,
-        "kind": spec.get("name", method),
-        "strength": "-" if strength is None else strength,
-        "options": json.dumps(spec.get("options") or {}, sort_keys=True),
-        "corpus": corpus,
-        "seed": seed,
-        **extra,
-        "model_dir": str(model_dir),
-    }
+    return {**method_params(method, spec), **extra, "model_dir": str(model_dir)}
+
+
+# Metric units, one per family (docs/tracking.md, "Metric units"): accuracy-like scores are
+# percent everywhere, as the tables show them: exact match (`in_domain`, `ood_<task>`, `ood_mean`,
+# `<task>.<metric>_pct`) and p(target) (the tables' `_p` columns, on table runs); the structure
+# metrics keep table 1's unitless values (`coact_cosine` in [0, 1]); anything else keeps its own
+# unit and has no `_pct` (`math_ll.ll_per_token`, nats). lm-eval's means of 0/1 item scores:
+ACCURACY_METRICS = frozenset({"exact_match", "acc", "acc_norm", "em", "f1", "mc1", "mc2"})
+PCT_SUFFIX = "_pct"
+_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_./ :-]")
+
+
+def task_metrics(result: Mapping[str, Any]) -> dict[str, float]:
+    """Each evaluated task's score under a plain name: `<task>.<metric>_pct` in percent for an
+    accuracy-like metric (`math.exact_match_pct`), `<task>.<metric>` in its own unit otherwise
+    (`math_ll.ll_per_token`); our eval sets' `rpb_` task prefix is dropped (it is no method)."""
+    metrics: dict[str, float] = {}
+    for task, entry in result["tasks"].items():
+        name = _METRIC_CHARS.sub("_", f"{task.removeprefix('rpb_')}.{entry['metric']}")
+        score = float(entry["score"])
+        if str(entry["metric"]) in ACCURACY_METRICS:
+            metrics[name + PCT_SUFFIX] = 100.0 * score
+        else:
+            metrics[name] = score
+    return metrics
+
+
+# Table 1's columns on eval and analysis runs, in MLflow chart sections that sort before the
+# training runs' (`layer0/...`, `mean/...`): the UI orders named sections alphabetically and puts
+# names without a `/` ("Model metrics") after all of them, so table 1's charts open the chart view
+# grouped by method with no typing or scrolling (docs/tracking.md, "Table 1 in the UI").
+STRUCTURE_COLUMNS = ("community_nmi", "coact_cosine", "modularity")
+
+
+def table1_metric(column: str) -> str:
+    """The run metric holding table 1's `column` for one run: `accuracy/in_domain`,
+    `accuracy/ood_mean`, `ood/<task>` for `ood_<task>`, `coactivation/<column>` for the structure
+    columns; any other name is its own."""
+    if column in ("in_domain", "ood_mean"):
+        return f"accuracy/{column}"
+    if column.startswith("ood_"):
+        return f"ood/{column.removeprefix('ood_')}"
+    if column in STRUCTURE_COLUMNS:
+        return f"coactivation/{column}"
+    return column
 
 
 def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]) -> dict:
-    """Table 1's accuracy columns for one evaluation output (percent): `in_domain` (the corpus's
-    in-domain items pooled), `ood_<task>` for each OOD task and `ood_mean`, computed by the same
-    functions as table 1 (rpb.run_records), so that table 1's cell is the mean of these over seeds.
+    """Table 1's accuracy columns for one evaluation output (percent), named by `table1_metric`:
+    `in_domain` (the corpus's in-domain items pooled), `ood_<task>` for each OOD task and
+    `ood_mean`, computed by the same functions as table 1 (rpb.run_records), so that table 1's cell
+    is the mean of these over seeds.
     A task the output lacks leaves its metric (and `ood_mean`) out, with a warning."""
     import numpy as np
 
@@ -718,7 +808,7 @@ def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]
     where = Path(f"<eval {corpus}>")
     metrics: dict[str, float] = {}
     try:
-        metrics["in_domain"] = 100.0 * float(
+        metrics[table1_metric("in_domain")] = 100.0 * float(
             in_domain_items(dict(result), dict(spec), corpus, where).mean()
         )
     except ValueError as err:
@@ -730,10 +820,10 @@ def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]
         except ValueError as err:
             log.warning("no ood_%s metric: %s", task, err)
             continue
-        metrics[f"ood_{task}"] = score
+        metrics[table1_metric(f"ood_{task}")] = score
         ood.append(score)
     if ood and len(ood) == len(spec.get("ood", [])):
-        metrics["ood_mean"] = float(np.mean(ood))
+        metrics[table1_metric("ood_mean")] = float(np.mean(ood))
     return metrics
 
 
@@ -753,15 +843,96 @@ def log_eval_summary(result: Mapping[str, Any], corpus: str) -> dict[str, float]
 
 
 def log_analysis_summary(summary: Mapping[str, Any]) -> dict[str, float]:
-    """Log an analysis output's layer means under table 1's column names (`community_nmi`,
-    `coact_cosine`, `modularity`, `topk_overlap_with_base`, ...); non-finite values are left out,
-    as table 1 shows them empty."""
+    """Log an analysis output's layer means (`topk_overlap_with_base`, `kl_to_base`, ...), table
+    1's structure columns named by `table1_metric` (`coactivation/coact_cosine`); non-finite
+    values are left out, as table 1 shows them empty."""
     import math
 
     import mlflow
 
-    metrics = {k: float(v) for k, v in summary["mean"].items() if math.isfinite(float(v))}
+    metrics = {
+        table1_metric(k): float(v) for k, v in summary["mean"].items() if math.isfinite(float(v))
+    }
     if mlflow.active_run() is not None:
+        mlflow.log_metrics(metrics)
+    return metrics
+
+
+# --- what table runs carry ------------------------------------------------------------------------
+
+_TABLE1_HEADLINE = (
+    ("method",),
+    (
+        "in_domain",
+        "in_domain_ci_low",
+        "in_domain_ci_high",
+        "in_domain_p",
+        "in_domain_p_ci_low",
+        "in_domain_p_ci_high",
+        "ood_mean",
+        "ood_mean_p",
+    ),
+)
+# Per table stage: the columns naming a row, and the columns logged as its headline metrics.
+TABLE_HEADLINES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "table1": _TABLE1_HEADLINE,
+    "table2": _TABLE1_HEADLINE,
+    "diagnostic_table1": _TABLE1_HEADLINE,
+    "table3": (
+        ("metric", "method", "reference"),
+        ("diff", "diff_ci_low", "diff_ci_high", "p_value", "diff_p", "diff_p_ci_low",
+         "diff_p_ci_high", "p_value_p"),
+    ),
+    "table4": (("method", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
+    "table5": (
+        ("method",),
+        ("community_nmi", "coact_cosine", "topk_overlap_with_base", "in_domain",
+         "in_domain_ci_low", "in_domain_ci_high", "ood_mean"),
+    ),
+    "claims": (("part",), ("estimate", "ci_low", "ci_high")),
+}  # fmt: skip
+
+
+def table_metrics(stage: str, frame: Any) -> dict[str, float]:
+    """A table's headline numbers as metrics of its run: `<stage>/<row>/<column>`
+    (`table1/rpb/in_domain`, `table1/rpb/in_domain_ci_low`; `table3/in_domain/rpb/lbl/diff`), in
+    the table's own units (its accuracy columns, exact match and `_p`, in percent); empty cells
+    are left out. The stage first: one chart section per table, apart from the eval runs'."""
+    import math
+
+    keys, columns = TABLE_HEADLINES.get(stage, ((), ()))
+    if not keys or not set(keys) <= set(frame.columns):
+        return {}
+    metrics: dict[str, float] = {}
+    for _, row in frame.iterrows():
+        label = "/".join(
+            f"seed{row[k]}" if k == "seed" else _METRIC_CHARS.sub("_", str(row[k])) for k in keys
+        )
+        for column in columns:
+            if column not in frame.columns:
+                continue
+            try:
+                value = float(row[column])
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(value):
+                metrics[f"{stage}/{label}/{column}"] = value
+    return metrics
+
+
+def log_table_run(stage: str, csv: Path) -> dict[str, float]:
+    """Log a table's CSV to the active run as an MLflow table (`<stem>.json`, which the UI's
+    artifact view shows as a table) and its headline numbers as metrics (`table_metrics`)."""
+    import mlflow
+    import pandas as pd
+
+    frame = pd.read_csv(csv)
+    metrics = table_metrics(stage, frame)
+    if mlflow.active_run() is None:
+        return metrics
+    # log_table's JSON has no NaN: an empty cell is null.
+    mlflow.log_table(frame.astype(object).where(frame.notna(), None), f"{Path(csv).stem}.json")
+    if metrics:
         mlflow.log_metrics(metrics)
     return metrics
 

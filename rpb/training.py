@@ -88,7 +88,7 @@ class TrainSpec:
 class MethodSpec:
     """Which router method to attach, at what strength, with which options. `strength` None is
     the method's default; `lbl` also takes "family" (the model's own coefficient, read when the
-    method attaches). The config's entry reaches it unchanged (`rpb train --method`)."""
+    method attaches). The config's entry reaches it unchanged (`rpb pipeline train --method`)."""
 
     name: str
     strength: float | str | None = None

@@ -286,7 +286,7 @@ def _check_routers(model: Any, model_dir: Path) -> list[Any]:
     return handles
 
 
-def _mlflow_run(args: argparse.Namespace, stage: str, method: str, params: dict[str, Any]):
+def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params: dict[str, Any]):
     """The command's MLflow run with `--mlflow` (the store: --tracking-uri, else
     $MLFLOW_TRACKING_URI, else ./mlflow.db); otherwise nothing."""
     import contextlib
@@ -305,7 +305,7 @@ def _mlflow_run(args: argparse.Namespace, stage: str, method: str, params: dict[
         stage=stage,
         model=args.model.resolve().name,
         method=method,
-        seed=getattr(args, "seed", "-"),
+        seed=getattr(args, "seed", None),
         corpus=args.corpus.stem,
         params=params,
         tracking_uri=uri,
@@ -325,7 +325,7 @@ def cmd_prior(args: argparse.Namespace) -> None:
     if args.out.suffix == ".json":
         raise ValueError(f"--out {args.out}: must not end in .json (the summary's name)")
     params = {"model_dir": str(args.model), "data": str(args.corpus), "form": form}
-    with _mlflow_run(args, "prior", "-", params):
+    with _mlflow_run(args, "prior", None, params):
         tokenizer, model = load_for_inference(
             args.model,
             trust_remote_code=args.trust_remote_code,
@@ -381,6 +381,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     from rpb.eval_routing import save_eval_routing
     from rpb.methods import make_method
     from rpb.prior import RouterPrior
+    from rpb.tracking import method_params
     from rpb.trainable import select_trainable
     from rpb.trainer import RouterMethodTrainer
     from rpb.training import RightPadCollator, unseen_token_ids
@@ -405,11 +406,14 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         "model_dir": str(args.model),
         "data": str(args.corpus),
         "form": form,
-        "method": {
-            "name": args.method,
-            "strength": args.strength if args.strength == "family" else method.strength,
-            "options": method.options,
-        },
+        **method_params(
+            label,
+            {
+                "name": args.method,
+                "strength": args.strength if args.strength == "family" else method.strength,
+                "options": method.options,
+            },
+        ),
         "train": {
             k: getattr(args, k)
             for k in ("steps", "lr", "batch_size", "grad_accum", "max_length", "seed", "trainable")

@@ -1,5 +1,6 @@
 """rpb/artifacts.py: atomic writes (nothing partial after a full disk), integrity records and the
-check of a results folder, the one-line failure descriptions, and `rpb table1` on a full disk.
+check of a results folder, the one-line failure descriptions, and `rpb pipeline table1` on a full
+disk.
 
 The full-disk cases write to a small tmpfs (`mount -t tmpfs`, root only; skipped otherwise)."""
 
@@ -264,7 +265,7 @@ def test_failure_lines_of_os_errors(tmp_path: Path) -> None:
     assert failure_line(RuntimeError("a bug")) is None  # keeps its traceback
 
 
-# --- rpb table1 on a full disk --------------------------------------------------------------------
+# --- rpb pipeline table1 on a full disk -----------------------------------------------------------
 
 
 @pytest.mark.slow
@@ -276,7 +277,7 @@ def test_rpb_table1_on_a_full_disk(free: int, disk: Path, tmp_path: Path) -> Non
     from test_tables import SPEC, _fake_results
 
     def table1(results: Path, uri: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "rpb", "table1", "--results", str(results)]
+        command = [sys.executable, "-m", "rpb", "pipeline", "table1", "--results", str(results)]
         command += ["--spec", json.dumps(SPEC), "--out", str(results / "table1.csv")]
         command += ["--tracking-uri", uri, "--experiment", "disk"]
         env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -296,7 +297,7 @@ def test_rpb_table1_on_a_full_disk(free: int, disk: Path, tmp_path: Path) -> Non
     errors = [line for line in proc.stderr.splitlines() if "error:" in line]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert len(errors) == 1 and errors[0] == proc.stderr.splitlines()[-1]
-    assert errors[0].startswith(f"rpb table1: error: {results}/")
+    assert errors[0].startswith(f"rpb pipeline table1: error: {results}/")
     assert "No space left on device" in errors[0]
     assert _leftovers(disk) == []
     written = sorted(p for p in results.rglob("*") if p.is_file() and p not in inputs)

@@ -1,5 +1,7 @@
-"""Bad job inputs end the `rpb` CLI with exit code 2, one stderr line naming the file (and line),
-and a FAILED MLflow run, instead of a traceback.
+"""Bad job inputs end the `rpb pipeline` jobs with exit code 2, one stderr line naming the file
+(and line), and a FAILED MLflow run, instead of a traceback; and the command line's shape: the
+people's commands at the top level, the pipeline's jobs under `rpb pipeline`, every rule's
+command one that parses.
 
 Everything runs in-process on two tiny random qwen3_moe bases (8 and 4 experts) saved with the
 testbed tokenizer; one MLflow sqlite store is shared by the module (creating one costs seconds)
@@ -8,7 +10,12 @@ and each test logs to its own experiment, so its run is the only one there.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +23,10 @@ from typing import Any
 import pytest
 
 from rpb.architectures import random_model
-from rpb.cli import main
+from rpb.cli import build_parser, main
 from rpb.tokenizer import build_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CORPUS_LINES = [{"prompt": f"SumOf{a}And{a + 1}?", "completion": str(2 * a + 1)} for a in (10, 20)]
 SPEC = json.dumps({"steps": 1, "batch_size": 2, "lr": 1e-3, "max_length": 16})
@@ -62,7 +71,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     world["prior4"] = root / "priors" / "tiny4" / "math.safetensors"
     world["prior_rc"] = main(
         [
-            "prior",
+            *("pipeline", "prior"),
             *("--tracking-uri", world["uri"], "--experiment", "valid_prior"),
             *("--name", "tiny4", "--model", str(bases["tiny4"])),
             *("--corpus", str(world["corpus"]), "--out", str(world["prior4"])),
@@ -74,8 +83,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def _new_experiment(world: dict, name: str) -> None:
-    """Create the job's experiment first, as `rpb init-tracking` does before the pipeline's jobs
-    (else MLflow's own logger reports creating it on stderr)."""
+    """Create the job's experiment first, as `rpb pipeline init-tracking` does before the
+    pipeline's jobs (else MLflow's own logger reports creating it on stderr)."""
     from mlflow.tracking import MlflowClient
 
     MlflowClient(tracking_uri=world["uri"]).create_experiment(name)
@@ -86,7 +95,7 @@ def _prior(world: dict, corpus: Path, experiment: str) -> int:
     out = world["root"] / "priors" / experiment / "math.safetensors"
     return main(
         [
-            "prior",
+            *("pipeline", "prior"),
             *("--tracking-uri", world["uri"], "--experiment", experiment),
             *("--name", "tiny8", "--model", str(world["bases"]["tiny8"])),
             *("--corpus", str(corpus), "--out", str(out)),
@@ -99,7 +108,7 @@ def _train(
 ) -> int:
     _new_experiment(world, experiment)
     args = [
-        "train",
+        *("pipeline", "train"),
         *("--tracking-uri", world["uri"], "--experiment", experiment),
         *("--name", "tiny8", "--label", method, "--base", str(world["bases"]["tiny8"])),
         *("--corpus", str(corpus), "--corpus-name", "math"),
@@ -123,25 +132,25 @@ def _run_status(world: dict, experiment: str) -> str:
     return runs[0].info.status
 
 
-def _one_error_line(capsys: pytest.CaptureFixture[str], command: str) -> str:
+def _one_error_line(capsys: pytest.CaptureFixture[str], job: str) -> str:
+    """The one stderr line of a failed `rpb pipeline <job>`."""
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1, err
-    assert lines[0].startswith(f"rpb {command}: error: "), lines[0]
+    assert lines[0].startswith(f"rpb pipeline {job}: error: "), lines[0]
     assert "Traceback" not in err
     return lines[0]
 
 
-def _run(world: dict, command: str, corpus: Path, experiment: str) -> int:
-    return (
-        _prior(world, corpus, experiment)
-        if command == "prior"
-        else _train(world, corpus, experiment)
-    )
+def _run(world: dict, job: str, corpus: Path, experiment: str) -> int:
+    """`rpb pipeline prior` or `rpb pipeline train` (the pipeline's jobs, with --name)."""
+    if job == "prior":
+        return _prior(world, corpus, experiment)
+    return _train(world, corpus, experiment)
 
 
 def test_valid_prior_run_finishes(world: dict) -> None:
-    """The fixture's own `rpb prior` worked: the FAILED checks below are not vacuous."""
+    """The fixture's own `rpb pipeline prior` worked: the FAILED checks below are not vacuous."""
     assert world["prior_rc"] == 0
     assert world["prior4"].is_file()
     assert _run_status(world, "valid_prior") == "FINISHED"
@@ -154,28 +163,26 @@ BAD_LINES = {
 }
 
 
-@pytest.mark.parametrize("command", ["prior", "train"])
+@pytest.mark.parametrize("job", ["prior", "train"])
 @pytest.mark.parametrize("case", list(BAD_LINES))
 def test_bad_corpus_line_names_file_and_line(
-    world: dict, capsys: pytest.CaptureFixture[str], command: str, case: str
+    world: dict, capsys: pytest.CaptureFixture[str], job: str, case: str
 ) -> None:
     bad_line, problem = BAD_LINES[case]
-    corpus = _write_jsonl(world["root"] / f"{case}_{command}.jsonl", [CORPUS_LINES[0], bad_line])
-    experiment = f"{case}_{command}"
-    assert _run(world, command, corpus, experiment) == 2
-    assert f"{corpus}{problem}" in _one_error_line(capsys, command)
+    corpus = _write_jsonl(world["root"] / f"{case}_{job}.jsonl", [CORPUS_LINES[0], bad_line])
+    experiment = f"{case}_{job}"
+    assert _run(world, job, corpus, experiment) == 2
+    assert f"{corpus}{problem}" in _one_error_line(capsys, job)
     assert _run_status(world, experiment) == "FAILED"
 
 
-@pytest.mark.parametrize("command", ["prior", "train"])
-def test_empty_corpus_names_file(
-    world: dict, capsys: pytest.CaptureFixture[str], command: str
-) -> None:
-    corpus = world["root"] / f"empty_{command}.jsonl"
+@pytest.mark.parametrize("job", ["prior", "train"])
+def test_empty_corpus_names_file(world: dict, capsys: pytest.CaptureFixture[str], job: str) -> None:
+    corpus = world["root"] / f"empty_{job}.jsonl"
     corpus.write_text("")
-    assert _run(world, command, corpus, f"empty_{command}") == 2
-    assert f"{corpus}: empty file" in _one_error_line(capsys, command)
-    assert _run_status(world, f"empty_{command}") == "FAILED"
+    assert _run(world, job, corpus, f"empty_{job}") == 2
+    assert f"{corpus}: empty file" in _one_error_line(capsys, job)
+    assert _run_status(world, f"empty_{job}") == "FAILED"
 
 
 def test_missing_corpus_names_file(world: dict, capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,16 +228,16 @@ def test_prior_of_another_model_names_file(world: dict, capsys: pytest.CaptureFi
     assert str(world["prior4"]) in _one_error_line(capsys, "train")
 
 
-@pytest.mark.parametrize("command", ["prior", "train"])
+@pytest.mark.parametrize("job", ["prior", "train"])
 def test_out_of_vocabulary_symbol_names_file_and_line(
-    world: dict, capsys: pytest.CaptureFixture[str], command: str
+    world: dict, capsys: pytest.CaptureFixture[str], job: str
 ) -> None:
     corpus = _write_jsonl(
-        world["root"] / f"oov_{command}.jsonl",
+        world["root"] / f"oov_{job}.jsonl",
         [CORPUS_LINES[0], {"prompt": "SumOf1And2\u20ac?", "completion": "3"}],
     )
-    assert _run(world, command, corpus, f"oov_{command}") == 2
-    assert f"{corpus}:2:" in _one_error_line(capsys, command)
+    assert _run(world, job, corpus, f"oov_{job}") == 2
+    assert f"{corpus}:2:" in _one_error_line(capsys, job)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +253,7 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
     def missing(args) -> None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
-    parsed = SimpleNamespace(command="table1", verbose=False, func=missing)
+    parsed = SimpleNamespace(command="pipeline", job="table1", verbose=False, func=missing)
     monkeypatch.setattr(cli, "build_parser", lambda: SimpleNamespace(parse_args=lambda a: parsed))
     if not ours:
         with pytest.raises(ModuleNotFoundError):
@@ -255,6 +262,96 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
     assert cli.main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
-        f"rpb table1: error: needs {name}, which the pipeline extra installs: "
+        f"rpb pipeline table1: error: needs {name}, which the pipeline extra installs: "
         "pip install 'rpb[pipeline]'"
     ]
+
+
+# --- the command line's shape --------------------------------------------------------------------
+
+PEOPLE = {"finetune", "prior", "check-config"}  # rpb.user_cli, and the config check
+
+
+def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """name -> parser of each subcommand of `parser`."""
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_the_top_level_is_the_people_s_commands_and_pipeline(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`rpb --help` lists finetune, prior, check-config and pipeline, nothing else; every job is
+    under `rpb pipeline`, dash-spelled; an old top-level job (`rpb train`) is a usage error."""
+    parser = build_parser()
+    top = _commands(parser)
+    assert set(top) == PEOPLE | {"pipeline"}
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    listed = capsys.readouterr().out.split("positional arguments:", 1)[1].split("options:", 1)[0]
+    assert set(re.findall(r"^    (\S+)", listed, flags=re.M)) == PEOPLE | {"pipeline"}, listed
+    jobs = _commands(top["pipeline"])
+    assert {"init-tracking", "prior", "train", "run", "table1", "router-swap-table"} <= set(jobs)
+    for name in jobs:
+        assert re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", name), name
+    for old in ("train", "init-tracking", "table1"):
+        with pytest.raises(SystemExit) as exit_:
+            main([old, "--help"])
+        assert exit_.value.code == 2
+        assert f"invalid choice: '{old}'" in capsys.readouterr().err
+
+
+def test_every_report_job_is_under_pipeline_with_its_key() -> None:
+    """Each REPORT_JOBS key is the job `rpb pipeline <key, dashes for underscores>`, whose
+    `args.report` is the key itself (the stage and the config's `tables` key); the underscore
+    spelling is not a second name for it."""
+    from rpb.cli import cmd_report
+    from rpb.specs import REPORT_JOBS
+
+    flags = ["--results", "r", "--spec", "{}", "--out", "o.csv"]
+    for key in REPORT_JOBS:
+        args = build_parser().parse_args(["pipeline", key.replace("_", "-"), *flags])
+        assert (args.command, args.job, args.report) == ("pipeline", key.replace("_", "-"), key)
+        assert args.func is cmd_report
+        if "_" in key:
+            with pytest.raises(SystemExit):
+                build_parser().parse_args(["pipeline", key, *flags])
+
+
+def _rpb_command(line: str) -> list[str] | None:
+    """The `rpb` arguments of one command a dry run prints (`Shell command: rpb ...`), without
+    the shell's redirections and what follows `&&`; None for any other line."""
+    line = line.strip().removeprefix("Shell command:").strip()
+    if not line.startswith("rpb "):
+        return None
+    words = shlex.split(line)
+    end = next(
+        (i for i, w in enumerate(words) if w in ("&&", "||", "|", ";") or re.match(r"\d*>", w)),
+        len(words),
+    )
+    return words[1:end]
+
+
+def test_every_rule_s_rpb_command_parses(tmp_path: Path) -> None:
+    """`snakemake -n -p` of the smoke config's `all` prints every job's shell command: each
+    `rpb ...` one parses with the CLI's parser, and together they use every pipeline job."""
+    results = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "--configfile",
+         "config/smoke.yaml", "--config", f"results_dir={results}", "--", "all"],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    commands = [argv for line in proc.stdout.splitlines() if (argv := _rpb_command(line))]
+    assert len(commands) > 50, proc.stdout[-3000:]
+    parser = build_parser()
+    seen = set()
+    for argv in commands:
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit:
+            pytest.fail(f"a rule's command does not parse: rpb {shlex.join(argv)}")
+        assert args.command == "pipeline", argv
+        seen.add(args.job)
+    assert seen == set(_commands(_commands(parser)["pipeline"])), seen

@@ -1,12 +1,12 @@
 """Parallel jobs on one sqlite tracking store (docs/design.md, section 7).
 
 MLflow creates a store's schema on first use, and two processes doing that at once race on the
-schema migrations; `rpb init-tracking` (the pipeline's `tracking_init` rule, which every other job
-waits for) does it once. After that, jobs may write in parallel: MLflow opens every sqlite session
-with `PRAGMA busy_timeout = 20000`, so writers wait for each other instead of failing with
-"database is locked". Processes are started together behind a barrier (a file they wait for),
-and the tracked jobs wait again once their runs are open, so their writes really overlap on a
-loaded machine too.
+schema migrations; `rpb pipeline init-tracking` (the pipeline's `tracking_init` rule, which every
+other job waits for) does it once. After that, jobs may write in parallel: MLflow opens every
+sqlite session with `PRAGMA busy_timeout = 20000`, so writers wait for each other instead of
+failing with "database is locked". Processes are started together behind a barrier (a file they
+wait for), and the tracked jobs wait again once their runs are open, so their writes really
+overlap on a loaded machine too.
 """
 
 from __future__ import annotations
@@ -115,14 +115,15 @@ def test_parallel_jobs_on_an_initialised_store(tmp_path: Path) -> None:
     client = MlflowClient(tracking_uri=uri)
     runs = client.search_runs([experiment_id], max_results=100)
     assert sorted(r.info.run_name for r in runs) == sorted(
-        f"train/m/-/seed{job}" for job in range(JOBS)
+        f"train/m/seed{job}" for job in range(JOBS)
     )
     # The runs overlapped (the second barrier): all were open at one moment, so their writes
     # competed.
     assert max(r.info.start_time for r in runs) < min(r.info.end_time for r in runs)
     for run in runs:
         assert run.info.status == "FINISHED", run.info.run_name
-        assert run.data.params == {"job": run.data.tags["seed"]}
+        seed = run.data.params["seed"]
+        assert run.data.params == {"job": seed, "model": "m", "seed": seed}
         history = client.get_metric_history(run.info.run_id, "loss")
         assert sorted(m.step for m in history) == list(range(1, STEPS + 1)), run.info.run_name
 

@@ -332,8 +332,9 @@ def _method_entry(config: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
 
 def test_a_family_strength_reaches_the_lbl_method_unchanged() -> None:
     """`strength: family` (lbl's: the model family's own load-balancing coefficient) passes the
-    check as it is, travels unchanged through the training rule's `--method` and `rpb train`'s
-    MethodSpec, and the library resolves it when the method attaches to the model."""
+    check as it is, travels unchanged through the training rule's `--method` and
+    `rpb pipeline train`'s MethodSpec, and the library resolves it when the method attaches to
+    the model."""
     from rpb.architectures import random_model
     from rpb.cli import build_parser
 
@@ -348,7 +349,8 @@ def test_a_family_strength_reaches_the_lbl_method_unchanged() -> None:
     method_json = json.dumps(entry, sort_keys=True)  # common.smk's as_json, unquoted
     args = build_parser().parse_args(
         [
-            *("train", "--name", "m", "--label", "lbl_own", "--base", "b", "--corpus", "c"),
+            *("pipeline", "train", "--name", "m", "--label", "lbl_own", "--base", "b"),
+            *("--corpus", "c"),
             *("--corpus-name", "math", "--method", method_json, "--spec", "{}", "--out", "o"),
         ]
     )

@@ -1,6 +1,6 @@
-"""The prior-permutation control (rpb.controls, `rpb permute-prior`): every per-expert tensor of
-the base router prior is permuted consistently per layer, no expert keeps its own row, the file
-round-trips and fits the model, and the permutation is fixed by its seed."""
+"""The prior-permutation control (rpb.controls, `rpb pipeline permute-prior`): every per-expert
+tensor of the base router prior is permuted consistently per layer, no expert keeps its own row,
+the file round-trips and fits the model, and the permutation is fixed by its seed."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_every_per_expert_tensor_is_permuted_consistently(tiny_prior: RouterPrio
 def test_cli_writes_a_loadable_prior_fixed_by_its_seed(tiny_prior, tiny_model, tmp_path) -> None:
     source = tiny_prior.save(tmp_path / "math.safetensors")
     out = tmp_path / "permuted" / "math.safetensors"
-    assert main(["permute-prior", "--prior", str(source), "--out", str(out)]) == 0
+    assert main(["pipeline", "permute-prior", "--prior", str(source), "--out", str(out)]) == 0
     loaded = RouterPrior.load(out)
     loaded.check_compatible(tiny_model)
     expected, perms = permute_prior(tiny_prior, seed=0)
@@ -137,7 +137,8 @@ def test_only_the_permuted_label_trains_with_the_permuted_prior(
         label: next(
             line
             for line in proc.stdout.splitlines()
-            if f" --label {label} " in line and (" run " in line or " train " in line)
+            if f" --label {label} " in line
+            and (" pipeline run " in line or " pipeline train " in line)
         )
         for label in ("rpb_permuted", "rpb")
     }
@@ -150,6 +151,6 @@ def test_only_the_permuted_label_trains_with_the_permuted_prior(
         base_prior = f"--analysis-prior {results}/priors/tinyA/math.safetensors"
         assert base_prior in commands["rpb_permuted"] and base_prior in commands["rpb"]
     else:  # the analysis job reads the base's prior
-        analyses = [line for line in proc.stdout.splitlines() if "rpb analyze" in line]
+        analyses = [line for line in proc.stdout.splitlines() if "rpb pipeline analyze" in line]
         assert len(analyses) == 2
         assert all(f"--prior {results}/priors/tinyA/math.safetensors" in a for a in analyses)

@@ -78,7 +78,7 @@ def runs(smoke_run: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str,
         "checkpoints": {
             p.name: sorted(f.name for f in p.iterdir()) for p in (job / "checkpoints").iterdir()
         },
-        "statuses": [r.info.status for r in _mlflow_runs(b, "train/tinyA/rpb/seed0")],
+        "statuses": [r.info.status for r in _mlflow_runs(b, "train/tinyA/math/rpb/base0/seed0")],
         "table1": (b / "table1.csv").exists(),
     }
     # The same command, without the fault.
@@ -143,7 +143,7 @@ def test_killed_training_job_resumes_in_the_pipeline(runs: dict[str, Any]) -> No
     log = (runs["b"] / "logs" / "posttrain" / "tinyA_math_rpb_seed0.log").read_text()
     assert "removing incomplete checkpoint" in log
     assert f"resuming from {runs['b'] / KILLED / 'checkpoints' / 'checkpoint-3'}" in log
-    old, new = _mlflow_runs(runs["b"], "train/tinyA/rpb/seed0")
+    old, new = _mlflow_runs(runs["b"], "train/tinyA/math/rpb/base0/seed0")
     assert (old.info.status, new.info.status) == ("KILLED", "FINISHED")
     assert new.data.tags["resumed_from"] == "checkpoint-3"
     # Finished jobs delete their checkpoints.

@@ -1,7 +1,7 @@
 """Multi-process training on CPU (torch.distributed with gloo, 2 ranks, one spawn): rpb_adaptive's
 bias stays identical across ranks that see different data; anchor_weight under FSDP2
 `fully_shard` gives the single-process loss and gradients (its term is taken inside the router
-forward, where FSDP has gathered the full weight); `rpb train` on both ranks (the Trainer
+forward, where FSDP has gathered the full weight); `rpb pipeline train` on both ranks (the Trainer
 under DDP, as `accelerate launch` starts it) opens one MLflow run and writes its outputs once; and
 `RouterMethodTrainer` on both ranks logs the method term and drift of the whole global batch, the
 values one process logs on the same data.
@@ -108,11 +108,12 @@ def _trainer_history(out: Path, batch: int, ga: int) -> list[dict[str, float]]:
 
 
 def _train_job(world: dict[str, str]) -> list[str]:
-    """`rpb train` arguments of a 2-step rpb_adaptive job with a checkpoint after step 1."""
+    """`rpb pipeline train` arguments of a 2-step rpb_adaptive job, a checkpoint after step 1."""
     method = {"name": "rpb_adaptive", "options": {"update_rate": 0.5}}
     spec = {"steps": 2, "batch_size": 2, "lr": 0.01, "max_length": 16, "log_every": 1}
     return [
-        *("train", "--name", "tiny", "--label", "rpb_adaptive", "--base", world["base"]),
+        *("pipeline", "train", "--name", "tiny", "--label", "rpb_adaptive"),
+        *("--base", world["base"]),
         *("--prior", world["prior"], "--corpus", world["corpus"], "--corpus-name", "c"),
         *("--method", json.dumps(method), "--spec", json.dumps({**spec, "save_every": 1})),
         *("--out", world["out"], "--tracking-uri", world["uri"], "--experiment", "dist"),
@@ -255,7 +256,7 @@ def test_train_on_two_ranks_tracks_and_writes_once(ranks: list[dict[str, Any]]) 
     client = MlflowClient(tracking_uri=world["uri"])
     experiment = client.get_experiment_by_name("dist")
     (run,) = client.search_runs([experiment.experiment_id])  # one run, not one per rank
-    assert run.info.run_name == "train/tiny/rpb_adaptive/seed0"
+    assert run.info.run_name == "train/tiny/c/rpb_adaptive/base0/seed0"
     assert run.info.status == "FINISHED"
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "task_loss")]
     assert steps == [1, 2]

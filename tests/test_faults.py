@@ -3,8 +3,8 @@ MLflow runs such jobs leave behind. Damaged inputs (a truncated prior or eval ou
 folder without its weights, a config file that is not YAML): one line naming the file, and no
 finished output lost.
 
-The central test kills a real `rpb train` process (SIGKILL, no chance to clean up) while it is
-writing its third checkpoint, reruns the same command, and requires the result to be
+The central test kills a real `rpb pipeline train` process (SIGKILL, no chance to clean up)
+while it is writing its third checkpoint, reruns the same command, and requires the result to be
 bit-identical to an uninterrupted run: weights, training history and the router method's state
 (`rpb_adaptive`, whose per-expert bias is state outside the model). The pipeline-level version
 (Snakemake deletes the failed job's outputs but not its checkpoints) is in test_determinism.py,
@@ -104,7 +104,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, store: str) -> dict[str, Any
 
 def _train_args(world: dict, out: Path, experiment: str = "faults") -> list[str]:
     return [
-        "train",
+        *("pipeline", "train"),
         *("--tracking-uri", world["uri"], "--experiment", experiment),
         *("--name", "tiny8", "--label", "rpb_adaptive", "--base", str(world["base"])),
         *("--prior", str(world["prior"]), "--corpus", str(world["corpus"])),
@@ -537,8 +537,9 @@ def test_a_swapped_model_folder_is_recorded(
     assert problem.path == str(weights) and problem.what.endswith("truncated or changed since")
 
 
-def _job(world: dict, command: str, *args: str) -> list[str]:
-    return [command, "--tracking-uri", world["uri"], "--experiment", "inputs", *args]
+def _job(world: dict, job: str, *args: str) -> list[str]:
+    """`rpb pipeline <job>` arguments, tracked in the "inputs" experiment."""
+    return ["pipeline", job, "--tracking-uri", world["uri"], "--experiment", "inputs", *args]
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])
@@ -560,14 +561,16 @@ def test_a_job_reading_a_damaged_model_fails_in_one_line(
     err = [line for line in lines if "error" in line.lower() or "Traceback" in line]
     assert code == 2 and err == lines[-1:], lines  # MLflow's INFO lines aside
     if damage == "missing":
-        assert err[0].startswith("rpb prior: error: Error no file named model.safetensors")
+        assert err[0].startswith("rpb pipeline prior: error: Error no file named model.safetensors")
         assert f"found in directory {base}" in err[0]
     else:
-        assert err[0].startswith(f"rpb prior: error: {weights}: Error while deserializing header")
+        assert err[0].startswith(
+            f"rpb pipeline prior: error: {weights}: Error while deserializing header"
+        )
     assert err[0].endswith("; delete it and rerun the pipeline to rebuild it")
     run = _runs(world["uri"], "inputs")[-1]
     assert run.info.status == "FAILED"
-    assert run.data.tags[END_REASON_TAG] == err[0].removeprefix("rpb prior: error: ")
+    assert run.data.tags[END_REASON_TAG] == err[0].removeprefix("rpb pipeline prior: error: ")
 
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:

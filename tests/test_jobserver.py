@@ -105,7 +105,7 @@ def test_a_served_job_writes_its_outputs_and_reports_errors(tmp_path: Path, sock
     store = tmp_path / "mlflow.db"
     rpb = _client(tmp_path)
     ok = subprocess.run(
-        [*rpb, "init-tracking", "--tracking-uri", f"sqlite:///{store}"],
+        [*rpb, "pipeline", "init-tracking", "--tracking-uri", f"sqlite:///{store}"],
         cwd=decoy.parent,
         env=env,
         capture_output=True,
@@ -124,7 +124,7 @@ def test_a_served_job_writes_its_outputs_and_reports_errors(tmp_path: Path, sock
         eval_args = ["--name", "m", "--label", "x", "--model", "missing", "--eval-dir", "."]
         eval_args += ["--tasks", "math", "--work", "w", "--out", "o.json"]
         bad = subprocess.run(
-            [*rpb, "eval", *eval_args, "--tracking-uri", f"sqlite:///{store}"],
+            [*rpb, "pipeline", "eval", *eval_args, "--tracking-uri", f"sqlite:///{store}"],
             cwd=tmp_path,
             env=env,
             capture_output=True,
@@ -133,7 +133,7 @@ def test_a_served_job_writes_its_outputs_and_reports_errors(tmp_path: Path, sock
         )
         # Bad input: the same one-line error and status as without the server.
         assert bad.returncode == 2, bad.stderr
-        assert bad.stderr.strip().splitlines()[-1].startswith("rpb eval: error:")
+        assert bad.stderr.strip().splitlines()[-1].startswith("rpb pipeline eval: error:")
         assert FALLBACK not in bad.stderr
         # A client of another copy of rpb: the server answers `stale` and stops listening.
         other = {"package": "/elsewhere/rpb", "sources": identity()["sources"]}
@@ -213,7 +213,7 @@ def test_another_user_is_refused_and_nothing_runs(
     server = jobserver._start_server(key, path)
     marker = tmp_path / "written-by-the-job.db"  # tmp_path is 0700: nobody cannot write there
     request = {
-        "argv": ["init-tracking", "--tracking-uri", f"sqlite:///{marker}"],
+        "argv": ["pipeline", "init-tracking", "--tracking-uri", f"sqlite:///{marker}"],
         "cwd": "/",
         "env": env,
         "rpb": identity(),
@@ -262,7 +262,13 @@ def test_a_silent_server_costs_one_line_and_seconds(tmp_path: Path, sockets: Pat
         silent.listen(8)  # connections queue and are never accepted, nor answered
         start = time.monotonic()
         proc = subprocess.Popen(
-            [*_client(tmp_path), "init-tracking", "--tracking-uri", f"sqlite:///{store}"],
+            [
+                *_client(tmp_path),
+                "pipeline",
+                "init-tracking",
+                "--tracking-uri",
+                f"sqlite:///{store}",
+            ],
             cwd=tmp_path,
             env=env,
             stderr=subprocess.PIPE,
@@ -293,14 +299,14 @@ def test_an_unsafe_socket_directory_is_refused_in_one_line(
         if name == "foreign":
             os.chown(unsafe, NOBODY, NOBODY)
         monkeypatch.setenv(DIR_ENV, str(unsafe))
-        assert run_via_server(["init-tracking"]) is None  # the caller runs the job
+        assert run_via_server(["pipeline", "init-tracking"]) is None  # the caller runs the job
         err = capsys.readouterr().err
         assert err == f"{FALLBACK}{unsafe} {message}; running the job in this process\n"
         assert list(unsafe.iterdir()) == []  # no server started, no socket made
     link = sockets / "link"
     link.symlink_to(sockets)
     monkeypatch.setenv(DIR_ENV, str(link))
-    assert run_via_server(["init-tracking"]) is None
+    assert run_via_server(["pipeline", "init-tracking"]) is None
     assert capsys.readouterr().err == (
         f"{FALLBACK}{link} is not a directory; running the job in this process\n"
     )

@@ -465,7 +465,7 @@ def test_gpu_smoke_bench_runs_tiny(tmp_path):
 def test_train_launcher_starts_rpb_cli():
     """The paper's accelerate command line (FSDP config) reaches rpb's CLI (here on 1 CPU)."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    cmd = f"{PAPER['train_launcher']} train --help"
+    cmd = f"{PAPER['train_launcher']} pipeline train --help"
     proc = subprocess.run(
         ["bash", "-c", cmd], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )

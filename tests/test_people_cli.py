@@ -168,7 +168,7 @@ def test_finetune_logs_to_mlflow_only_when_asked(world: dict[str, Path], tmp_pat
         mlflow.set_tracking_uri(previous)
     (run,) = runs
     assert run.info.status == "FINISHED"
-    assert run.data.tags["mlflow.runName"] == "finetune/base/lbl/seed0"
+    assert run.data.tags["mlflow.runName"] == "finetune/base/text/lbl/seed0"
     assert run.data.metrics["router_loss"] > 0 and "mean/usage_entropy" in run.data.metrics
 
 

@@ -87,25 +87,25 @@ def test_mlflow_has_one_finished_run_per_job(smoke_results: Path) -> None:
     assert len(names) == len(set(names)), "a job was recorded twice"
     seeds, methods = (0,), ("none", "lbl", "rpb")
     expected = {
-        "corpora/-/-/seed-",
-        "pretrain/tinyA/lbl/seed0",
-        "prior/tinyA/-/seed-",
-        "table1/tinyA/-/seed-",
-        "eval/tinyA/base/seed0",
-        "analysis/tinyA/base/seed0",
+        "corpora",
+        "pretrain/tinyA/base0",
+        "prior/tinyA/math/base0",
+        "table1/tinyA/math",
+        "eval/tinyA/math/base/base0/seed0",
+        "analysis/tinyA/math/base/base0/seed0",
     }
     for m in methods:
         for s in seeds:
             expected |= {
-                f"train/tinyA/{m}/seed{s}",
-                f"eval/tinyA/{m}/seed{s}",
-                f"analysis/tinyA/{m}/seed{s}",
+                f"train/tinyA/math/{m}/base0/seed{s}",
+                f"eval/tinyA/math/{m}/base0/seed{s}",
+                f"analysis/tinyA/math/{m}/base0/seed{s}",
             }
     assert set(names) == expected
-    train = next(r for r in runs if r.info.run_name == "train/tinyA/rpb/seed0")
+    train = next(r for r in runs if r.info.run_name == "train/tinyA/math/rpb/base0/seed0")
     # Lineage: the training run names the base and prior runs it consumed.
     assert train.data.tags["parent.base"] and train.data.tags["parent.prior"]
-    assert train.data.tags["stage"] == "train" and train.data.tags["method"] == "rpb"
+    assert train.data.tags["stage"] == "train" and train.data.params["method"] == "rpb"
     history = client.get_metric_history(train.info.run_id, "task_loss")
     assert len(history) >= 2, "training should log its loss as it goes"
 
@@ -126,7 +126,7 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
         *("--", f"{out}/table1.csv"),
     )
     assert "--name tinyA_p1 --model-type deepseek_v3" in text  # the replicate is pretrained
-    runs = [line for line in text.splitlines() if "rpb run --name" in line]
+    runs = [line for line in text.splitlines() if "rpb pipeline run --name" in line]
     replica = [line for line in runs if '"seed": 1000' in line]
     assert len(replica) == 3 and len(runs) == 12  # 3 methods x 2 seeds x 2 bases
     for line in replica:
@@ -155,7 +155,8 @@ def test_a_models_own_holdout_trains_and_reads_its_prior_from_its_own_corpora(
     )
     own = f"{out}/data/holdout/below50/post/math.jsonl"
     assert f"--out {out}/data/holdout/below50 --seed" in text and "--holdout below50" in text
-    lines = [ln for ln in text.splitlines() if "rpb run --name" in ln or "rpb prior --name" in ln]
+    jobs = ("rpb pipeline run --name", "rpb pipeline prior --name")
+    lines = [ln for ln in text.splitlines() if any(job in ln for job in jobs)]
     assert len(lines) == 4  # a prior and a run per model
     for line in lines:
         model = "tinyB" if "--name tinyB" in line else "tinyA"
@@ -174,8 +175,9 @@ def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
         *("--configfile", "config/config.yaml", str(extra), "--config", f"results_dir={out}"),
         *("--", f"{out}/rpb_readings.csv", f"{out}/drift.csv", f"{out}/table2.csv"),
     )
+    job = r"rpb pipeline {} --results \S+ --spec '(.*?)' --out"
     specs = {
-        name: json.loads(re.search(rf"rpb {name} --results \S+ --spec '(.*?)' --out", text)[1])
+        name: json.loads(re.search(job.format(name), text)[1])
         for name in ("readings", "drift", "table2")
     }
     assert specs["readings"]["seeds"] == [0, 1000]  # seed 0 on each of tinyA's two bases

@@ -533,7 +533,8 @@ def test_cli_trainable_choices_are_the_library_s() -> None:
     from rpb.cli import build_parser
 
     parser = build_parser()
-    train = parser._subparsers._group_actions[0].choices["train"]
+    pipeline = parser._subparsers._group_actions[0].choices["pipeline"]
+    train = pipeline._subparsers._group_actions[0].choices["train"]
     flag = next(a for a in train._actions if a.dest == "trainable")
     assert tuple(flag.choices) == TRAINABLE
 
@@ -621,7 +622,7 @@ def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> N
          "config/smoke.yaml", "--config", f"results_dir={results}"],
         cwd=ROOT, capture_output=True, text=True, check=True,
     )  # fmt: skip
-    commands = [line for line in proc.stdout.splitlines() if " train --name " in line]
+    commands = [line for line in proc.stdout.splitlines() if " pipeline train --name " in line]
     diagnostic = [c for c in commands if f"{results}/diagnostic/runs/" in c]
     assert diagnostic and all('"trainable": "routed_experts_and_routers"' in c for c in diagnostic)
     assert all('"trainable": "all"' in c for c in commands if c not in diagnostic)
@@ -650,10 +651,11 @@ def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> N
 
 
 def _swap_commands(stdout: str) -> dict[str, tuple[str, str, str]]:
-    """label -> (--target, --source, --parts) of each `rpb router-swap` command of a dry run."""
+    """label -> (--target, --source, --parts) of each `rpb pipeline router-swap` command of a
+    dry run."""
     out = {}
     for line in stdout.splitlines():
-        if " router-swap --name " in line:
+        if " pipeline router-swap --name " in line:
             flags = dict(re.findall(r"--([a-z-]+) (\S+)", line))
             out[flags["label"]] = (flags["target"], flags["source"], flags["parts"])
     return out

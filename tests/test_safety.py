@@ -136,7 +136,7 @@ def test_jobs_take_trust_remote_code_from_the_model_entry(tmp_path: Path) -> Non
     kinds = set()
     for line in commands:
         name = re.search(r" --name (\S+)", line).group(1)
-        kinds.add(re.search(r"\b(train|prior|eval|analyze) --name", line).group(1))
+        kinds.add(re.search(r"\bpipeline (train|prior|eval|analyze) --name", line).group(1))
         assert ("--trust-remote-code" in line) == (name == "moonlight"), line
     assert kinds == {"train", "prior", "eval", "analyze"}, kinds
 
@@ -217,7 +217,7 @@ def test_cli_passes_trust_remote_code_through(
     }[command]
     monkeypatch.setattr(rpb.tracking, "tracked_run", lambda **_: contextlib.nullcontext())
     for flag in ([], ["--trust-remote-code"]):
-        args = build_parser().parse_args([command, "--name", "x", *argv, *flag])
+        args = build_parser().parse_args(["pipeline", command, "--name", "x", *argv, *flag])
         with pytest.raises(ValueError, match="stop here"):
             args.func(args)
     assert seen == [False, True]
@@ -288,7 +288,7 @@ def test_tracked_run_writes_no_secret_anywhere(
     ):
         pass
     (run,) = MlflowClient(tracking_uri=uri).search_runs([experiment_id])
-    assert run.data.params == {"train.lr": "0.1"}
+    assert run.data.params == {"train.lr": "0.1", "model": "m"}
     assert FAKE_TOKEN not in repr(run.data.tags) + caplog.text
     # Nor anywhere in the store's file.
     assert FAKE_TOKEN.encode() not in (tmp_path / "m.db").read_bytes()

@@ -66,7 +66,7 @@ def test_jobs_nest_under_their_invocation(store: dict[str, Any]) -> None:
     )
     note = client.get_experiment_by_name("rpb").tags[tracking.NOTE_TAG]
     assert "config/smoke.yaml" in note and tracking.config_hash(CONFIG) in note
-    with tracking.tracked_run(stage="corpora", model="-", tracking_uri=uri):
+    with tracking.tracked_run(stage="corpora", tracking_uri=uri):
         pass
     with tracking.tracked_run(
         stage="train", model="m", method="rpb", seed=0, parents={"base": "b1"}, tracking_uri=uri
@@ -83,7 +83,7 @@ def test_jobs_nest_under_their_invocation(store: dict[str, Any]) -> None:
     assert "hf_token" not in json.dumps(config), "a credential reached MLflow"
     experiment_id = parent.info.experiment_id
     children = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{first}'")
-    assert sorted(r.info.run_name for r in children) == ["corpora/-/-/seed-", "train/m/rpb/seed0"]
+    assert sorted(r.info.run_name for r in children) == ["corpora", "train/m/rpb/seed0"]
     train = next(r for r in children if r.info.run_name.startswith("train"))
     assert train.data.tags["parent.base"] == "b1", "lineage tags stay beside the nesting"
 
@@ -143,19 +143,19 @@ def test_eval_summary_has_known_percentages() -> None:
     }
     spec = {"ood": ["addition", "facts"], "corpus_tasks": {}}
     assert tracking.eval_summary(result, "math", spec) == {
-        "in_domain": 75.0,
-        "ood_addition": 40.0,
-        "ood_facts": 0.0,
-        "ood_mean": 20.0,
+        "accuracy/in_domain": 75.0,
+        "ood/addition": 40.0,
+        "ood/facts": 0.0,
+        "accuracy/ood_mean": 20.0,
     }
     # Paper scale: a corpus scored by standard benchmarks, items pooled across them.
     paper = {"tasks": {"gsm8k": {"items": [1, 1, 1]}, "math": {"items": [0]}}}
     spec = {"ood": [], "corpus_tasks": {"math": ["gsm8k", "math"]}}
-    assert tracking.eval_summary(paper, "math", spec) == {"in_domain": 75.0}
+    assert tracking.eval_summary(paper, "math", spec) == {"accuracy/in_domain": 75.0}
     # A missing OOD task leaves it and the mean out instead of a mean over fewer tasks.
     spec = {"ood": ["addition", "sort"], "corpus_tasks": {}}
     summary = tracking.eval_summary(result, "math", spec)
-    assert "ood_mean" not in summary and summary["ood_addition"] == 40.0
+    assert "accuracy/ood_mean" not in summary and summary["ood/addition"] == 40.0
 
 
 def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
@@ -163,20 +163,14 @@ def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
     (job / "model").mkdir(parents=True)
     method = {"name": "rpb", "strength": 0.5, "options": {"warmup": 3}}
     (job / "train_history.json").write_text(json.dumps({"history": [], "method": method}))
-    params = tracking.model_job_params(
-        model="m", method="rpb_strong", seed=1, corpus="math", model_dir=job / "model"
-    )
+    params = tracking.model_job_params(method="rpb_strong", model_dir=job / "model", limit=5)
     assert params["kind"] == "rpb" and params["strength"] == 0.5
     assert json.loads(params["options"]) == {"warmup": 3}
-    assert (params["model"], params["method"], params["corpus"], params["seed"]) == (
-        "m",
-        "rpb_strong",
-        "math",
-        1,
-    )
-    base = tracking.model_job_params(
-        model="m", method="base", seed=0, corpus="math", model_dir=tmp_path / "base" / "model"
-    )
+    assert params["limit"] == 5 and params["model_dir"] == str(job / "model")
+    # The schema's params are tracked_run's: none of them here, no `method.<key>` either.
+    assert not set(params) & set(tracking.SCHEMA_PARAMS)
+    assert not any(k.startswith("method.") for k in params)
+    base = tracking.model_job_params(method="base", model_dir=tmp_path / "base" / "model")
     assert base["kind"] == "base" and base["strength"] == "-" and base["options"] == "{}"
 
 
@@ -283,16 +277,21 @@ def _latest_runs(results: Path) -> tuple[Any, list[Any]]:
     return client, runs
 
 
-def _finished_by_name(runs: list[Any], corpus: str) -> dict[str, Any]:
-    """The latest finished run of each name among the runs on `corpus` (run names carry no
-    corpus: table 3's math2 runs share their names with table 1's math runs)."""
+def _finished_by_name(runs: list[Any]) -> dict[str, Any]:
+    """The latest finished main run of each name (names carry the corpus: table 3's math2 runs
+    are apart from table 1's math runs)."""
     return {
         r.info.run_name: r
         for r in runs
-        if r.info.status == "FINISHED"
-        and r.data.tags.get("corpus") in (corpus, "pretrain", "-")
-        and r.data.tags.get(tracking.GROUP_TAG, "main") == "main"
+        if r.info.status == "FINISHED" and r.data.tags.get(tracking.GROUP_TAG, "main") == "main"
     }
+
+
+def _job_name(stage: str, model: str, corpus: str, method: str, run_id: int) -> str:
+    """The run name of a job on results run id `run_id` (1000 * base + seed)."""
+    base, seed = tracking.split_run_id(run_id)
+    schema = tracking.schema_params(model=model, corpus=corpus, method=method, base=base, seed=seed)
+    return tracking.run_name(stage, schema)
 
 
 @pytest.mark.slow
@@ -317,7 +316,7 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     _, runs = _latest_runs(smoke_run)
     table = pd.read_csv(smoke_run / "table1.csv").set_index("method")
     spec = json.loads((smoke_run / "table1.meta.json").read_text())
-    latest = _finished_by_name(runs, spec["corpus"])
+    latest = _finished_by_name(runs)
     # The exact-match columns; their p(target) twins (`ood_<task>_p`, rpb.tables) are no run
     # metrics (eval_summary logs exact match only).
     ood = [c for c in table.columns if c.startswith("ood_") and not c.endswith("_p")]
@@ -325,8 +324,9 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     structure = ["community_nmi", "coact_cosine", "modularity"]
     for method, row in table.iterrows():
         seeds = [0] if method == "base" else spec["seeds"]
-        evals = [latest[f"eval/{spec['model']}/{method}/seed{s}"] for s in seeds]
-        analyses = [latest[f"analysis/{spec['model']}/{method}/seed{s}"] for s in seeds]
+        names = [(spec["model"], spec["corpus"], method, s) for s in seeds]
+        evals = [latest[_job_name("eval", *name)] for name in names]
+        analyses = [latest[_job_name("analysis", *name)] for name in names]
         for run in evals + analyses:
             params = run.data.params
             assert (params["model"], params["method"], params["corpus"]) == (
@@ -334,12 +334,13 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
                 method,
                 spec["corpus"],
             )
-            assert {"kind", "strength", "options", "seed"} <= set(params)
+            assert {"kind", "strength", "options", "base", "seed"} <= set(params)
             if method == "base":
                 assert params["kind"] == "base" and params["strength"] == "-"
         # Table 1's cell: the mean over seeds of the runs' metrics (CSV rounded to 4 places).
         for column, group in [(c, evals) for c in accuracy] + [(c, analyses) for c in structure]:
-            values = [run.data.metrics.get(column, math.nan) for run in group]
+            metric = tracking.table1_metric(column)
+            values = [run.data.metrics.get(metric, math.nan) for run in group]
             mean = sum(values) / len(values)
             assert mean == pytest.approx(row[column], abs=1e-4, nan_ok=True), (method, column)
         assert all("topk_overlap_with_base" in run.data.metrics for run in analyses)
@@ -355,27 +356,27 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
 def test_smoke_datasets_and_training_metric_names(smoke_run: Path) -> None:
     _, runs = _latest_runs(smoke_run)
     manifest = json.loads((smoke_run / "data" / "manifest.json").read_text())["files"]
-    latest = _finished_by_name(runs, "math")
+    latest = _finished_by_name(runs)
 
     def inputs(name: str) -> dict[str, tuple[str, str]]:
         found = latest[name].inputs.dataset_inputs
         return {d.dataset.name: (d.dataset.digest, d.tags[0].value) for d in found}
 
-    train = inputs("train/tinyA/rpb/seed0")
+    train = inputs("train/tinyA/math/rpb/base0/seed0")
     assert train == {"post/math": (manifest["post/math.jsonl"]["sha256"][:36], "training")}
-    assert inputs("pretrain/tinyA/lbl/seed0")["pretrain"][1] == "training"
-    evaluated = inputs("eval/tinyA/rpb/seed0")
+    assert inputs("pretrain/tinyA/base0")["pretrain"][1] == "training"
+    evaluated = inputs("eval/tinyA/math/rpb/base0/seed0")
     assert evaluated["eval/addition"] == (
         manifest["eval/addition.jsonl"]["sha256"][:36],
         "evaluation",
     )
-    assert inputs("analysis/tinyA/rpb/seed0")["eval/math"][1] == "probe"
+    assert inputs("analysis/tinyA/math/rpb/base0/seed0")["eval/math"][1] == "probe"
     # Training metrics keep train_history.json's names ("layer1/kl_to_base").
     history = json.loads(
         (smoke_run / "runs" / "tinyA" / "math" / "rpb" / "seed0" / "train_history.json").read_text()
     )["history"]
     names = {k for entry in history for k in entry if k != "step"}
-    logged = set(latest["train/tinyA/rpb/seed0"].data.metrics)
+    logged = set(latest["train/tinyA/math/rpb/base0/seed0"].data.metrics)
     assert any("/" in n for n in names) and names <= logged, names - logged
 
 

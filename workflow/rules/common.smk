@@ -230,6 +230,14 @@ def base_run_ids(model):
     return runs(model, [0])
 
 
+def base_of_flags(wildcards):
+    """`--family F --base-index K` of a pretrained model (`tinyA_p1`: tinyA, base 1): the
+    tracking schema's `model` and `base` (rpb.tracking.SCHEMA_PARAMS)."""
+    family = config["models"][wildcards.model].get("replicate_of", wildcards.model)
+    index = bases(family).index(wildcards.model) if family in config["models"] else 0
+    return f"--family {family} --base-index {index}"
+
+
 def run_base(wildcards):
     """The base model (a key of `models`) a run of (model, seed) was trained from."""
     return base_of_run(config["models"], wildcards.model, int(wildcards.seed))
@@ -388,7 +396,7 @@ def sweep_spec():
 
 
 def table1_claims_option():
-    """`rpb table1`'s --claims-spec: table 1's claims (C1, C2) judged from its runs open its
+    """`rpb pipeline table1`'s --claims-spec: table 1's claims (C1, C2) judged from its runs open its
     caption; nothing without a claims section."""
     return "" if CLAIMS is None else f"--claims-spec {as_json(claims_spec())}"
 
@@ -641,5 +649,5 @@ def corpus_inputs(wildcards):
 
 
 def holdout_arg(holdout):
-    """`rpb corpora`'s hold-out option (empty without one, so its command is unchanged)."""
+    """`rpb pipeline corpora`'s hold-out option (empty without one, so its command is unchanged)."""
     return "" if holdout is None else f" --holdout {holdout}"

@@ -16,4 +16,4 @@ rule permute_prior:
     conda:
         CONDA_ENV
     shell:
-        "rpb permute-prior --prior {input.prior} --out {output.prior} --seed 0 > {log} 2>&1"
+        "rpb pipeline permute-prior --prior {input.prior} --out {output.prior} --seed 0 > {log} 2>&1"

@@ -11,7 +11,7 @@ rule tracking_init:
     params:
         track=TRACK,
     shell:
-        "rpb init-tracking {params.track} > {log} 2>&1"
+        "rpb pipeline init-tracking {params.track} > {log} 2>&1"
 
 
 rule corpora:
@@ -33,7 +33,7 @@ rule corpora:
         level=config["data"].get("level", 1),
         holdout=holdout_arg(config["data"].get("holdout")),
     shell:
-        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
+        "rpb pipeline corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
         " --level {params.level}{params.holdout} {params.track}"
         " > {log} 2>&1"
 
@@ -62,6 +62,6 @@ rule holdout_corpora:
         level=config["data"].get("level", 1),
         holdout=lambda wc: holdout_arg(None if wc.holdout == "none" else wc.holdout),
     shell:
-        "rpb corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
+        "rpb pipeline corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
         " --level {params.level}{params.holdout} {params.track}"
         " > {log} 2>&1"

@@ -42,7 +42,7 @@ rule router_swap:
         part=lambda wc: part_swap.parse_label(wc.label)[2],
         track=DIAGNOSTIC_TRACK,
     shell:
-        "rpb router-swap --name {wildcards.model} --label {wildcards.label}"
+        "rpb pipeline router-swap --name {wildcards.model} --label {wildcards.label}"
         " --seed {wildcards.seed} --corpus-name {wildcards.corpus} --target {input.target}"
         " --source {input.source} --parts {params.part} --out {output.model}"
         " {params.track} > {log} 2>&1"
@@ -91,7 +91,7 @@ rule router_swap_table:
         ),
         results=parent_dir(0),
     shell:
-        "rpb router_swap_table --results {params.results} --spec {params.spec}"
+        "rpb pipeline router-swap-table --results {params.results} --spec {params.spec}"
         " --out {output.csv} {params.track} > {log} 2>&1"
 
 
@@ -172,5 +172,5 @@ rule diagnostic_table1:
             os.path.dirname(output.csv), "diagnostic"
         ),
     shell:
-        "rpb diagnostic_table1 --results {params.results} --spec {params.spec}"
+        "rpb pipeline diagnostic-table1 --results {params.results} --spec {params.spec}"
         " --out {output.csv} {params.track} > {log} 2>&1"

@@ -33,7 +33,7 @@ rule evaluate:
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "rpb eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
+        "rpb pipeline eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
         " --tasks {params.tasks} --limit {params.limit} --batch-size {params.batch_size}"
         " --work {output.work} --out {output.result} {params.trust} {params.experts}"
@@ -68,7 +68,7 @@ rule analyze:
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "rpb analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
+        "rpb pipeline analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
         " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"
         " --prior {input.prior} --eval-dir {params.eval_dir} --tasks {params.tasks}"
         " --limit {params.limit} --out {output.summary} {params.trust} {params.experts}"

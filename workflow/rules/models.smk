@@ -30,11 +30,12 @@ rule pretrain_base:
         spec=lambda wc: as_json(pretrain_spec(wc.model)),
         lbl=lambda wc: config["models"][wc.model]["pretrain"]["lbl_coef"],
         experts=experts_flag,
+        base_of=base_of_flags,
     shell:
-        "rpb pretrain --name {wildcards.model} --model-type {params.model_type}"
+        "rpb pipeline pretrain --name {wildcards.model} --model-type {params.model_type}"
         " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
         " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out}"
-        " --threads {threads} {params.experts} {params.track} > {log} 2>&1"
+        " --threads {threads} {params.experts} {params.base_of} {params.track} > {log} 2>&1"
 
 
 rule extract_prior:
@@ -60,6 +61,8 @@ rule extract_prior:
         corpus=post_corpus,
         trust=trust_remote_code_flag,
         experts=experts_flag,
+        base_of=base_of_flags,
     shell:
-        "rpb prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
-        " --out {output.prior} {params.trust} {params.experts} {params.track} > {log} 2>&1"
+        "rpb pipeline prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
+        " --out {output.prior} {params.trust} {params.experts} {params.base_of}"
+        " {params.track} > {log} 2>&1"

@@ -50,7 +50,7 @@ rule table1:
         results=parent_dir(0),
         claims=lambda wc: table1_claims_option(),
     shell:
-        "rpb table1 --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline table1 --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.claims} {params.track} > {log} 2>&1"
 
 
@@ -76,7 +76,7 @@ rule testbed_report:
         ),
         results=parent_dir(0),
     shell:
-        "rpb testbed --results {params.results} --spec {params.spec} --out {output.md}"
+        "rpb pipeline testbed --results {params.results} --spec {params.spec} --out {output.md}"
         " {params.track} > {log} 2>&1"
 
 
@@ -120,7 +120,7 @@ rule table2:
         spec=lambda wc: as_json(table_spec("table2")),
         results=parent_dir(0),
     shell:
-        "rpb table2 --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline table2 --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -150,7 +150,7 @@ rule table3:
         spec=lambda wc: as_json(table_spec("table3")),
         results=parent_dir(0),
     shell:
-        "rpb table3 --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline table3 --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -202,7 +202,7 @@ rule table4:
         spec=lambda wc: as_json(table_spec("table4")),
         results=parent_dir(0),
     shell:
-        "rpb table4 --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline table4 --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -272,7 +272,7 @@ rule table5:
         spec=lambda wc: as_json(table_spec("table5")),
         results=parent_dir(0),
     shell:
-        "rpb table5 --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline table5 --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -322,7 +322,7 @@ rule sweep:
         spec=lambda wc: as_json(sweep_spec()),
         results=parent_dir(0),
     shell:
-        "rpb sweep --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline sweep --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -345,7 +345,7 @@ rule drift:
         spec=lambda wc: as_json(table_spec("drift")),
         results=parent_dir(0),
     shell:
-        "rpb drift --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline drift --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -398,7 +398,7 @@ rule claims:
         spec=lambda wc: as_json(claims_spec()),
         results=parent_dir("csv"),
     shell:
-        "rpb claims --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline claims --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
 
 
@@ -435,5 +435,5 @@ rule readings:
         spec=lambda wc: as_json(table_spec("readings")),
         results=parent_dir(0),
     shell:
-        "rpb readings --results {params.results} --spec {params.spec} --out {output.csv}"
+        "rpb pipeline readings --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"

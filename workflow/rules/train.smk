@@ -36,7 +36,7 @@ rule posttrain:
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "{params.launcher} train --name {wildcards.model} --label {wildcards.method}"
+        "{params.launcher} pipeline train --name {wildcards.model} --label {wildcards.method}"
         " --base {input.base} --prior {input.prior}"
         " --corpus {params.corpus} --corpus-name {wildcards.corpus} --method {params.method}"
         " --spec {params.spec} --out {params.out} --threads {threads} {params.trust}"
@@ -102,7 +102,7 @@ if ONE_PROCESS_PER_RUN:
             probe_limit=PROBE_LIMIT,
         # The last line of the log names the run and its wall time; the pipeline prints it.
         shell:
-            "{params.launcher} run --name {wildcards.model} --label {wildcards.method}"
+            "{params.launcher} pipeline run --name {wildcards.model} --label {wildcards.method}"
             " --base {input.base} --prior {input.prior}"
             " --corpus {params.corpus} --corpus-name {wildcards.corpus} --method {params.method}"
             " --spec {params.spec} --out {params.out} --threads {threads} {params.trust}"
@@ -112,4 +112,4 @@ if ONE_PROCESS_PER_RUN:
             " --probe-tasks {params.probe_tasks} --probe-limit {params.probe_limit}"
             " --analysis-out {output.summary} --analysis-prior {input.base_prior}"
             " {params.track} > {log} 2>&1"
-            " && grep '^rpb run: ' {log}"
+            " && grep '^rpb pipeline run: ' {log}"

@@ -1,0 +1,173 @@
+"""One parameter schema across every run kind (rpb.tracking.SCHEMA_PARAMS; docs/tracking.md):
+`model`, `base`, `method`, `corpus` and `seed` under the same names everywhere, no placeholder in
+a run name, no tag named like a param, one unit per metric family, and table runs that carry
+their table and its headline numbers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rpb import tracking
+
+# Each run kind as its job opens it (rpb.cli), on results run id 1001 (seed 1 on base 1) where it
+# has one: (kwargs of tracked_run, the run name, the schema params it has).
+KINDS: list[tuple[dict[str, Any], str, dict[str, str]]] = [
+    ({"stage": "corpora", "params": {"data_seed": 0}}, "corpora", {}),
+    (
+        {"stage": "pretrain", "model": "tinyA", "base": 1,
+         "params": {"base_name": "tinyA_p1", "train": {"seed": 1}}},
+        "pretrain/tinyA/base1",
+        {"model": "tinyA", "base": "1"},
+    ),
+    (
+        {"stage": "prior", "model": "tinyA", "base": 1, "corpus": "math",
+         "params": {"base_name": "tinyA_p1", "corpus_file": "post/math.jsonl"}},
+        "prior/tinyA/math/base1",
+        {"model": "tinyA", "base": "1", "corpus": "math"},
+    ),
+    (
+        {"stage": "train", "model": "tinyA", "method": "rpb", "corpus": "math", "base": 1,
+         "seed": 1, "params": {**tracking.method_params("rpb", {"name": "rpb", "strength": 1.0}),
+                               "train": {"seed": 1001}}},
+        "train/tinyA/math/rpb/base1/seed1",
+        {"model": "tinyA", "base": "1", "method": "rpb", "corpus": "math", "seed": "1"},
+    ),
+    (
+        {"stage": "eval", "model": "tinyA", "method": "base", "corpus": "math", "base": 1,
+         "seed": 0, "params": {"kind": "base", "tasks": ["math"]}},
+        "eval/tinyA/math/base/base1/seed0",
+        {"model": "tinyA", "base": "1", "method": "base", "corpus": "math", "seed": "0"},
+    ),
+    (
+        {"stage": "table1", "model": "tinyA", "corpus": "math",
+         "params": {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"]}},
+        "table1/tinyA/math",
+        {"model": "tinyA", "corpus": "math"},
+    ),
+]  # fmt: skip
+
+
+@pytest.fixture
+def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    import mlflow
+
+    previous = mlflow.get_tracking_uri()
+    monkeypatch.delenv(tracking.INVOCATION_ENV, raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    yield f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(previous)
+
+
+def test_every_run_kind_logs_the_schema_and_a_plain_name(uri: str) -> None:
+    from mlflow.tracking import MlflowClient
+
+    for kwargs, _, _ in KINDS:
+        with tracking.tracked_run(tracking_uri=uri, **kwargs):
+            pass
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("rpb").experiment_id
+    runs = {r.info.run_name: r for r in client.search_runs([experiment])}
+    assert set(runs) == {name for _, name, _ in KINDS}
+    for kwargs, name, schema in KINDS:
+        run = runs[name]
+        params, tags = run.data.params, run.data.tags
+        assert {k: params[k] for k in tracking.SCHEMA_PARAMS if k in params} == schema, name
+        assert "-" not in name.split("/") and "seed-" not in name, name
+        assert not set(tags) & set(params), f"{name}: a tag named like a param"
+        assert not any(k.startswith("method.") for k in params), name
+        assert tags["stage"] == kwargs["stage"]
+    # No method on runs that have none: the pretraining runs are no `lbl` group.
+    assert "method" not in runs["pretrain/tinyA/base1"].data.params
+    train = runs["train/tinyA/math/rpb/base1/seed1"].data.params
+    assert (train["kind"], train["strength"]) == ("rpb", "1.0")
+
+
+def test_a_schema_name_with_two_values_is_refused(uri: str) -> None:
+    with (
+        pytest.raises(ValueError, match="'model'"),
+        tracking.tracked_run(
+            stage="table1", model="tinyA", params={"model": "tinyB"}, tracking_uri=uri
+        ),
+    ):
+        pass
+
+
+def test_run_ids_split_into_base_and_seed() -> None:
+    assert tracking.split_run_id(1001) == (1, 1)
+    assert tracking.split_run_id("2") == (0, 2)
+    schema = tracking.schema_params(model="m", method="-", seed=None, corpus="")
+    assert schema == {"model": "m"} and tracking.run_name("eval", schema, "diagnostic") == (
+        "diagnostic/eval/m"
+    )
+
+
+def test_accuracy_metrics_are_percent_with_plain_names() -> None:
+    """The unit rule: accuracy-like scores in percent (`_pct` on per-task names), the `rpb_`
+    task prefix dropped; other metrics keep their unit and no `_pct`."""
+    result = {
+        "tasks": {
+            "rpb_math": {"metric": "exact_match", "score": 0.25},
+            "rpb_math_ll": {"metric": "ll_per_token", "score": -1.5},
+            "mmlu": {"metric": "acc", "score": 0.5},
+        }
+    }
+    metrics = tracking.task_metrics(result)
+    assert metrics == {
+        "math.exact_match_pct": 25.0,
+        "math_ll.ll_per_token": -1.5,
+        "mmlu.acc_pct": 50.0,
+    }
+    assert not any(name.startswith("rpb_") for name in metrics)
+    summary = tracking.eval_summary(
+        {"tasks": {"rpb_math": {"items": [1, 0, 0, 0]}, "rpb_facts": {"items": [1, 1]}}},
+        "math",
+        {"ood": ["facts"], "corpus_tasks": {}},
+    )
+    # table 1's columns in the same unit as the per-task scores: percent.
+    assert summary == {"accuracy/in_domain": 25.0, "ood/facts": 100.0, "accuracy/ood_mean": 100.0}
+
+
+def test_table1_run_logs_its_table_and_headline_numbers(uri: str, tmp_path: Path) -> None:
+    import mlflow
+    from mlflow.tracking import MlflowClient
+
+    csv = tmp_path / "table1.csv"
+    csv.write_text(
+        "model,method,in_domain,in_domain_ci_low,in_domain_ci_high,in_domain_p,ood_mean,"
+        "ood_mean_p,paper_in_domain\n"
+        "tinyA,base,10.0,5.0,15.0,1.5,3.0,0.5,\n"
+        "tinyA,rpb,40.0,30.0,50.0,2.5,4.0,0.7,45.77\n"
+    )
+    with tracking.tracked_run(
+        stage="table1", model="tinyA", corpus="math", tracking_uri=uri
+    ) as run:
+        logged = tracking.log_table_run("table1", csv)
+    assert (
+        logged["table1/rpb/in_domain"] == 40.0 and logged["table1/base/in_domain_ci_high"] == 15.0
+    )
+    assert logged["table1/rpb/ood_mean_p"] == 0.7 and "table1/rpb/paper_in_domain" not in logged
+    client = MlflowClient(tracking_uri=uri)
+    found = client.get_run(run.info.run_id)
+    assert found.data.metrics == logged
+    table = json.loads(Path(client.download_artifacts(run.info.run_id, "table1.json")).read_text())
+    assert table["columns"][:2] == ["model", "method"] and len(table["data"]) == 2
+    assert mlflow.active_run() is None
+
+
+def test_table1_metrics_open_the_chart_view() -> None:
+    """MLflow's chart view orders named sections (a metric's name up to its last `/`)
+    alphabetically and puts unsectioned metrics after them: table 1's run metrics must sit in
+    sections that sort before every section a training run logs, so they show first."""
+    columns = ["in_domain", "ood_mean", "ood_addition", *tracking.STRUCTURE_COLUMNS]
+    names = [tracking.table1_metric(c) for c in columns]
+    assert names[:3] == ["accuracy/in_domain", "accuracy/ood_mean", "ood/addition"]
+    assert tracking.table1_metric("topk_overlap_with_base") == "topk_overlap_with_base"
+    table1 = {n.rsplit("/", 1)[0] for n in names if "/" in n} - {"ood"}
+    assert table1 == {"accuracy", "coactivation"}
+    # What training logs (rpb.trainer's router statistics: per layer and their mean).
+    training = {"layer0", "layer11", "layer0/load", "mean"}
+    assert max(table1, key=str.casefold).casefold() < min(training, key=str.casefold).casefold()
