@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from rpb.training import MethodSpec, TrainSpec, posttrain
+from rpb.training import MethodChoice, TrainSpec, posttrain
 
 
 def train(base: Path, corpus: Path, threads: int, steps: int, out: Path) -> dict[str, torch.Tensor]:
@@ -28,7 +28,7 @@ def train(base: Path, corpus: Path, threads: int, steps: int, out: Path) -> dict
         base_dir=base,
         prior_path=None,
         corpus=corpus,
-        method_spec=MethodSpec("none"),
+        method=MethodChoice("none"),
         spec=spec,
         out_dir=out,
     )

@@ -213,10 +213,10 @@ def cmd_train(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.tracking import log_datasets, method_params, tracked_run
-    from rpb.training import MethodSpec, is_main_process, posttrain
+    from rpb.training import MethodChoice, is_main_process, posttrain
 
     spec = _train_spec(args)
-    method = MethodSpec(**args.method)
+    method = MethodChoice(**args.method)
     parents = _lineage(
         base=_run_dir_of(args.base),
         prior=args.prior.parent / f"{args.prior.stem}.run" if args.prior else None,
@@ -243,7 +243,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             base_dir=args.base,
             prior_path=args.prior,
             corpus=args.corpus,
-            method_spec=method,
+            method=method,
             spec=spec,
             out_dir=args.out,
             trust_remote_code=args.trust_remote_code,

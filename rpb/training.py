@@ -85,7 +85,7 @@ class TrainSpec:
 
 
 @dataclass
-class MethodSpec:
+class MethodChoice:
     """Which router method to attach, at what strength, with which options. `strength` None is
     the method's default; `lbl` also takes "family" (the model's own coefficient, read when the
     method attaches). The config's entry reaches it unchanged (`rpb pipeline train --method`)."""
@@ -438,7 +438,7 @@ def posttrain(
     base_dir: Path,
     prior_path: Path | None,
     corpus: Path,
-    method_spec: MethodSpec,
+    method: MethodChoice,
     spec: TrainSpec,
     out_dir: Path,
     trust_remote_code: bool = False,
@@ -474,25 +474,25 @@ def posttrain(
     prior = RouterPrior.load(prior_path) if prior_path else None
     if prior is not None:
         prior.check_compatible(model)
-    method = method_spec.build()
-    method.attach(model, prior)
+    router_method = method.build()
+    router_method.attach(model, prior)
     history = run_training(
         model,
         tokenizer,
         dataset,
-        method,
+        router_method,
         spec,
         out_dir,
         save_to=out_dir / "model" if save_model else None,
         callbacks=callbacks,
         # A method that keeps steering at evaluation (hard, keep_bias_at_eval) travels with the
         # model: written into the folder before it appears, so no model lacks its routing.
-        complete_model=lambda folder: save_eval_routing(folder, method, prior),
+        complete_model=lambda folder: save_eval_routing(folder, router_method, prior),
     )
     summary = {
         "final": history[-1] if history else {},
         "spec": asdict(spec),
-        "method": asdict(method_spec),
+        "method": asdict(method),
     }
     if is_main_process():
         _write_json(out_dir / "train_history.json", {"history": history, **summary})

@@ -333,7 +333,7 @@ def _method_entry(config: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
 def test_a_family_strength_reaches_the_lbl_method_unchanged() -> None:
     """`strength: family` (lbl's: the model family's own load-balancing coefficient) passes the
     check as it is, travels unchanged through the training rule's `--method` and
-    `rpb pipeline train`'s MethodSpec, and the library resolves it when the method attaches to
+    `rpb pipeline train`'s MethodChoice, and the library resolves it when the method attaches to
     the model."""
     from rpb.architectures import random_model
     from rpb.cli import build_parser
@@ -354,9 +354,9 @@ def test_a_family_strength_reaches_the_lbl_method_unchanged() -> None:
             *("--corpus-name", "math", "--method", method_json, "--spec", "{}", "--out", "o"),
         ]
     )
-    from rpb.training import MethodSpec
+    from rpb.training import MethodChoice
 
-    spec = MethodSpec(**args.method)
+    spec = MethodChoice(**args.method)
     assert spec.strength == "family"
     method = spec.build()
     assert method.family_strength

@@ -425,13 +425,13 @@ def test_a_truncated_model_weights_file_stops_the_invocation_and_loses_nothing(
 
 def _posttrain_hard(world: dict, out: Path) -> None:
     """Two steps of `hard` (its model folder carries its eval-time routing) on the tiny base."""
-    from rpb.training import MethodSpec, TrainSpec, posttrain
+    from rpb.training import MethodChoice, TrainSpec, posttrain
 
     posttrain(
         base_dir=world["base"],
         prior_path=world["prior"],
         corpus=world["corpus"],
-        method_spec=MethodSpec("hard"),
+        method=MethodChoice("hard"),
         spec=TrainSpec(steps=2, batch_size=4, lr=1e-3, max_length=16),
         out_dir=out,
     )

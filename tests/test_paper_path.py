@@ -28,7 +28,7 @@ from rpb.evaluation import SUITE_FILE, LMEvalSuite, TaskSetting, evaluate_model,
 from rpb.methods import METHODS
 from rpb.prior import RouterPrior
 from rpb.routing import find_routers
-from rpb.training import MethodSpec, TrainSpec, posttrain
+from rpb.training import MethodChoice, TrainSpec, posttrain
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())
@@ -237,7 +237,7 @@ def test_two_training_steps_per_method(paper_models, name):
             base_dir=paths["base"],
             prior_path=paths["prior"],
             corpus=paths["corpus"],
-            method_spec=MethodSpec(method, entry.get("strength"), entry.get("options", {})),
+            method=MethodChoice(method, entry.get("strength"), entry.get("options", {})),
             spec=spec,
             out_dir=out,
         )

@@ -574,7 +574,7 @@ def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_pat
     from safetensors.torch import load_file
 
     from rpb.tokenizer import build_tokenizer
-    from rpb.training import MethodSpec, posttrain
+    from rpb.training import MethodChoice, posttrain
 
     tokenizer = build_tokenizer(tmp_path / "base")
     base = random_model(
@@ -600,7 +600,7 @@ def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_pat
         base_dir=tmp_path / "base",
         prior_path=None,
         corpus=corpus,
-        method_spec=MethodSpec("none"),
+        method=MethodChoice("none"),
         spec=spec,
         out_dir=tmp_path / "post",
     )

@@ -17,7 +17,7 @@ from rpb.architectures import random_model
 from rpb.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS
 from rpb.tokenizer import build_tokenizer
 from rpb.trainable import UpdateScaleCallback, parameter_parts, select_trainable
-from rpb.training import MethodSpec, TrainSpec, posttrain, tokenize_prompt_completion
+from rpb.training import MethodChoice, TrainSpec, posttrain, tokenize_prompt_completion
 from rpb.training import unseen_token_ids as unseen
 
 
@@ -80,7 +80,7 @@ def test_moe_changes_only_experts_routers_and_new_rows(
         base_dir=base,
         prior_path=None,
         corpus=_corpus(tmp_path / "math.jsonl"),
-        method_spec=MethodSpec("none"),
+        method=MethodChoice("none"),
         spec=spec,
         out_dir=tmp_path / "post",
     )
@@ -161,7 +161,7 @@ def test_damped_trunk_moves_everything_and_trunk_less(tmp_path: Path) -> None:
             base_dir=base,
             prior_path=None,
             corpus=corpus,
-            method_spec=MethodSpec("none"),
+            method=MethodChoice("none"),
             spec=spec,
             out_dir=tmp_path / label,
         )

@@ -15,7 +15,7 @@ from rpb.data import SIZE_PRESETS, write_corpora
 from rpb.eval_routing import eval_routing_spec
 from rpb.evaluation import evaluate_model
 from rpb.tokenizer import build_tokenizer
-from rpb.training import MethodSpec, TrainSpec, posttrain, pretrain
+from rpb.training import MethodChoice, TrainSpec, posttrain, pretrain
 
 ARCH = {
     "hidden_size": 32,
@@ -106,7 +106,7 @@ def test_posttraining_each_method(base, method: str) -> None:
         base_dir=base["base"] / "model",
         prior_path=base["prior"],
         corpus=base["data"] / "post" / "math.jsonl",
-        method_spec=MethodSpec(method),
+        method=MethodChoice(method),
         spec=spec,
         out_dir=out,
     )
@@ -132,7 +132,7 @@ def test_same_seed_same_data_order(base) -> None:
             base_dir=base["base"] / "model",
             prior_path=base["prior"],
             corpus=base["data"] / "post" / "math.jsonl",
-            method_spec=MethodSpec("rpb"),
+            method=MethodChoice("rpb"),
             spec=spec,
             out_dir=base["root"] / f"paired_{run}",
         )

@@ -300,7 +300,7 @@ def run_record(
     import torch
 
     from rpb.router_swap import swap_routers
-    from rpb.training import MethodSpec, TrainSpec, posttrain
+    from rpb.training import MethodChoice, TrainSpec, posttrain
 
     run_dir = _paths(work)["runs"] / model / point.label / f"seed{seed}"
     record_path = run_dir / "record.json"
@@ -325,7 +325,7 @@ def run_record(
         base_dir=base_dir,
         prior_path=None,
         corpus=data / "post" / "math.jsonl",
-        method_spec=MethodSpec("none"),
+        method=MethodChoice("none"),
         spec=spec,
         out_dir=run_dir,
     )

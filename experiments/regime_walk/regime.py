@@ -290,7 +290,7 @@ def calibration_run(
     from transformers import AutoTokenizer
 
     from rpb.data import load_jsonl
-    from rpb.training import MethodSpec, TrainSpec
+    from rpb.training import MethodChoice, TrainSpec
     from rpb.training import posttrain as run_posttrain
 
     torch.set_num_threads(1)
@@ -314,7 +314,7 @@ def calibration_run(
             base_dir=base_dir,
             prior_path=None,
             corpus=data_dir / "post" / f"{corpus}.jsonl",
-            method_spec=MethodSpec("none"),
+            method=MethodChoice("none"),
             spec=spec,
             out_dir=Path(tmp),
             callbacks=[callback],

@@ -69,7 +69,7 @@ def run_one(job: dict) -> dict:
     import torch
 
     from rpb.analysis import analyze_model
-    from rpb.training import MethodSpec, TrainSpec, posttrain
+    from rpb.training import MethodChoice, TrainSpec, posttrain
 
     torch.set_num_threads(1)
     results = Path(job["results"])
@@ -96,7 +96,7 @@ def run_one(job: dict) -> dict:
             base_dir=base,
             prior_path=prior,
             corpus=corpus,
-            method_spec=MethodSpec("none"),
+            method=MethodChoice("none"),
             spec=spec,
             out_dir=out,
         )

@@ -36,7 +36,7 @@ from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rpb.training import (
-    MethodSpec,
+    MethodChoice,
     RightPadCollator,
     TrainSpec,
     posttrain,
@@ -63,7 +63,7 @@ def trainer_step_ms(base: Path, prior: Path, corpus: Path, steps: int, lr: float
                 base_dir=base,
                 prior_path=prior,
                 corpus=corpus,
-                method_spec=MethodSpec("none"),
+                method=MethodChoice("none"),
                 spec=spec,
                 out_dir=Path(tmp) / attempt,
                 save_model=False,
