@@ -63,7 +63,9 @@ def base_structure(model_dir: Path, corpus: Path, prior_path: Path, seed: int = 
                 ),
             }
         )
-    baseline = uniform_baseline(prior.num_experts, prior.top_k, halves[0]["tokens"], seed=seed)
+    # uniform_baseline splits its token count into two halves: give it both halves' tokens.
+    split_tokens = halves[0]["tokens"] + halves[1]["tokens"]
+    baseline = uniform_baseline(prior.num_experts, prior.top_k, split_tokens, seed=seed)
     return {"layers": layers, "uniform": baseline, "tokens": prior.n_tokens}
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import shutil
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -96,6 +98,15 @@ def tiny_prior(tiny_model: PreTrainedModel):
     )
 
 
+def skip_table_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Build method tables without drawing their co-activation heatmaps (about a second per
+    figure on the 2-core machines), for tests about a table's numbers and text; the tests that
+    look at the figures draw them (tests/test_tables.py, tests/test_render.py)."""
+    import rpb.tables
+
+    monkeypatch.setattr(rpb.tables, "table_figures", lambda results, spec, stem: [])
+
+
 def perturb_routers(model: PreTrainedModel, scale: float = 0.5, seed: int = 1) -> None:
     """Move every router weight away from the base (as fine-tuning would)."""
     from rpb.routing import find_routers
@@ -105,6 +116,24 @@ def perturb_routers(model: PreTrainedModel, scale: float = 0.5, seed: int = 1) -
         for h in find_routers(model):
             w = h.module.weight
             w.add_(scale * w.std() * torch.randn(w.shape, generator=g))
+
+
+@pytest.fixture(scope="session")
+def empty_store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An MLflow sqlite store holding its schema alone (what a first connection creates): making
+    one costs a second or two, a copy of it (`new_store`) milliseconds."""
+    from mlflow.tracking import MlflowClient
+
+    db = tmp_path_factory.mktemp("empty_store") / "mlflow.db"
+    MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()
+    return db
+
+
+def new_store(empty_store: Path, db: Path) -> str:
+    """The URI of a fresh sqlite store at `db`, a copy of `empty_store` (the session's)."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(empty_store, db)
+    return f"sqlite:///{db}"
 
 
 @pytest.fixture(scope="session")

@@ -37,12 +37,19 @@ PAPER_WORLD = {
 
 def _block_counts(tokens: int, structured: bool, seed: int = 0) -> np.ndarray:
     """[2 layers, 4 experts, 4 experts] counts of top-2 routing: experts {0,1} / {2,3} always
-    together (structured) or every pair equally often (no structure at all)."""
+    together (structured) or every pair equally often (no structure at all). Token t selects
+    pair (t + seed) mod the number of pairs."""
+    return _block_counts_cached(tokens, structured, seed).copy()
+
+
+@functools.cache
+def _block_counts_cached(tokens: int, structured: bool, seed: int) -> np.ndarray:
     pairs = [(0, 1), (2, 3)] if structured else [(i, j) for i in range(4) for j in range(i + 1, 4)]
+    # How many of the tokens select each pair.
+    times = np.bincount((np.arange(tokens) + seed) % len(pairs), minlength=len(pairs))
     counts = np.zeros((4, 4))
-    for t in range(tokens):
-        i, j = pairs[(t + seed) % len(pairs)]
-        counts[[i, j, i, j], [j, i, i, j]] += 1
+    for (i, j), n in zip(pairs, times, strict=True):
+        counts[[i, j, i, j], [j, i, i, j]] += n
     return np.stack([counts, counts])
 
 

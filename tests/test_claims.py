@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -210,18 +211,57 @@ def _build(
     kwargs.setdefault("n_items", N_ITEMS)
     write_world(tmp_path, world, seeds=tuple(seeds), routing=routing or _routing(world), **kwargs)
     _testbed(tmp_path, split_half)
-    build_claims(tmp_path, spec or _spec(seeds), tmp_path / "claims.csv")
-    table = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
+    return _audit(tmp_path, spec or _spec(seeds), tmp_path / "claims.csv")
+
+
+def _audit(results: Path, spec: dict, out_csv: Path) -> pd.DataFrame:
+    """build_claims of `results` (only read) into `out_csv` (claims.md and the pages beside it)."""
+    build_claims(results, spec, out_csv)
+    table = pd.read_csv(out_csv, keep_default_na=False)
     assert list(table.columns) == PART_COLUMNS
     return table
+
+
+# Each of these builds or audits a synthetic world of its own (~5 s on the 2-core machines): end
+# to end of the audit, so the unit tier keeps the shared paper world's tests (and one premise).
+world_of_its_own = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def paper_world(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The paper world as `_build` writes it by default (every premise holds, split-half NMI
+    0.8), shared: tests only read it, and audit into their own folders (`_audit`)."""
+    root = tmp_path_factory.mktemp("paper_world")
+    write_world(
+        root, PAPER_WORLD, seeds=tuple(SEEDS), routing=_routing(PAPER_WORLD), n_items=N_ITEMS
+    )
+    _testbed(root, 0.8)
+    return root
+
+
+@pytest.fixture(scope="module")
+def paper_audit(paper_world: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """claims.csv (and claims.md beside it) of the paper world under the default spec."""
+    out = tmp_path_factory.mktemp("paper_audit") / "claims.csv"
+    _audit(paper_world, _spec(), out)
+    return out
+
+
+def _paper_table(paper_audit: Path) -> pd.DataFrame:
+    return pd.read_csv(paper_audit, keep_default_na=False)
+
+
+def _copy(world: Path, tmp_path: Path) -> Path:
+    """A copy of a shared world for a test that changes it."""
+    return Path(shutil.copytree(world, tmp_path / "results"))
 
 
 def _verdicts(table: pd.DataFrame) -> dict[str, str]:
     return table.groupby("claim", sort=False)["claim_verdict"].first().to_dict()
 
 
-def test_paper_world_supports_every_claim(tmp_path: Path) -> None:
-    table = _build(tmp_path, PAPER_WORLD)
+def test_paper_world_supports_every_claim(paper_audit: Path) -> None:
+    table = _paper_table(paper_audit)
     verdicts = _verdicts(table)
     assert list(verdicts) == ["C1", "C2", "C3", "C4", "C5", "C6"]
     assert set(verdicts.values()) == {SUPPORTED}, table[["part", "verdict_detail"]]
@@ -250,7 +290,7 @@ def test_paper_world_supports_every_claim(tmp_path: Path) -> None:
     assert "45.77" in c1.paper
     assert table[table["claim"] == "C3"]["paper"].eq("").all()
     assert set(table["kind"]) == {"confirmatory"}
-    md = (tmp_path / "claims.md").read_text()
+    md = paper_audit.with_suffix(".md").read_text()
     assert "## C5: supported" in md and "## Manipulation checks" in md
     assert "Accuracy parts are judged on p(target)" in md
     n_parts = len(table)
@@ -354,6 +394,7 @@ DISAGREE_WORLD = {
 }
 
 
+@world_of_its_own
 def test_exact_match_disagreeing_makes_a_p_target_part_inconclusive(tmp_path: Path) -> None:
     table = _build(tmp_path, DISAGREE_WORLD).set_index("name")
     part = table.loc["tinyA/math in_domain rpb - lbl"]
@@ -378,6 +419,7 @@ def test_exact_match_disagreeing_makes_a_p_target_part_inconclusive(tmp_path: Pa
     assert "exact match disagrees" in (tmp_path / "claims.md").read_text()
 
 
+@world_of_its_own
 def test_at_paper_scale_the_verdict_ignores_p_target(tmp_path: Path) -> None:
     """scale: paper judges exact match alone: the disagreeing world's rpb - lbl is then not
     supported (exact match resolves it below 0), and replacing every p(target) item changes
@@ -398,6 +440,7 @@ def test_at_paper_scale_the_verdict_ignores_p_target(tmp_path: Path) -> None:
     assert "Accuracy parts are judged on exact match" in (tmp_path / "a" / "claims.md").read_text()
 
 
+@world_of_its_own
 def test_reversed_world_supports_no_claim(tmp_path: Path) -> None:
     table = _build(tmp_path, REVERSED_WORLD)
     assert set(_verdicts(table).values()) == {NOT_SUPPORTED}, table[["part", "verdict_detail"]]
@@ -427,6 +470,7 @@ def test_undecided_world_is_inconclusive_and_says_it_is_underpowered(tmp_path: P
     assert (c1["seeds_needed"].astype(int) > 2).all()
 
 
+@world_of_its_own
 def test_a_reading_that_does_not_anchor_makes_rpb_claims_not_testable(tmp_path: Path) -> None:
     routing = _routing(PAPER_WORLD)
     # rpb routes (top-k overlap) like none: the readings rule's position is 0.
@@ -445,6 +489,7 @@ def test_a_reading_that_does_not_anchor_makes_rpb_claims_not_testable(tmp_path: 
     assert "M2 the configured rpb reading anchors" in (tmp_path / "claims.md").read_text()
 
 
+@world_of_its_own
 def test_failed_premises_name_their_check(tmp_path: Path) -> None:
     # lbl near the ceiling of p(target), the measure M5 reads at tiny scale.
     world = {**PAPER_WORLD, "lbl": (0.97, 0.50, 0.30, 1.0, 0.50)}
@@ -473,11 +518,19 @@ def test_failed_premises_name_their_check(tmp_path: Path) -> None:
     assert hard_parts["verdict_detail"].str.contains("M3 hard routes exactly as the base").all()
 
 
-@pytest.mark.parametrize(("split_half", "expected"), [(0.8, SUPPORTED), (0.3, NOT_TESTABLE)])
+@pytest.mark.parametrize(
+    ("split_half", "expected"),
+    [(0.8, SUPPORTED), pytest.param(0.3, NOT_TESTABLE, marks=world_of_its_own)],
+)
 def test_c6_association_needs_a_stable_base_structure(
-    tmp_path: Path, split_half: float, expected: str
+    paper_world: Path, paper_audit: Path, tmp_path: Path, split_half: float, expected: str
 ) -> None:
-    table = _build(tmp_path, PAPER_WORLD, split_half=split_half)
+    if split_half == 0.8:  # the shared world's testbed report
+        table = _paper_table(paper_audit)
+    else:
+        results = _copy(paper_world, tmp_path)
+        _testbed(results, split_half)
+        table = _audit(results, _spec(), tmp_path / "claims.csv")
     association = table[table["name"].str.startswith("association")]
     assert len(association) == 2 and (association["verdict"] == expected).all()
     if expected == NOT_TESTABLE:
@@ -489,16 +542,17 @@ def test_c6_association_needs_a_stable_base_structure(
         assert "split-half NMI 0.300" in association["verdict_detail"].iloc[0]
 
 
-def test_c6_without_a_testbed_report_is_not_testable(tmp_path: Path) -> None:
-    table = _build(tmp_path, PAPER_WORLD)
-    (tmp_path / "testbed.json").unlink()
-    build_claims(tmp_path, _spec(), tmp_path / "claims.csv")
-    table = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
+@world_of_its_own
+def test_c6_without_a_testbed_report_is_not_testable(paper_world: Path, tmp_path: Path) -> None:
+    results = _copy(paper_world, tmp_path)
+    (results / "testbed.json").unlink()
+    table = _audit(results, _spec(), tmp_path / "claims.csv")
     association = table[table["name"].str.startswith("association")]
     assert (association["verdict"] == NOT_TESTABLE).all()
     assert "split-half NMI undetermined" in association["verdict_detail"].iloc[0]
 
 
+@world_of_its_own
 def test_unstructured_base_fails_m6(tmp_path: Path) -> None:
     table = _build(tmp_path, PAPER_WORLD, structured_base=False)
     assert _verdicts(table)["C6"] == NOT_TESTABLE
@@ -517,6 +571,7 @@ ANTI_TRACKING_WORLD = {
 }
 
 
+@world_of_its_own
 def test_c6_anti_association_is_not_supported(tmp_path: Path) -> None:
     table = _build(tmp_path, ANTI_TRACKING_WORLD)
     association = table[table["name"].str.startswith("association")]
@@ -524,6 +579,7 @@ def test_c6_anti_association_is_not_supported(tmp_path: Path) -> None:
     assert (association["ci_high"].astype(float) < 0).all()
 
 
+@world_of_its_own
 def test_controls_placebo_identical_to_none_and_permuted_prior(tmp_path: Path) -> None:
     """The placebo built from runs identical to `none` yields exactly no difference (not
     supported: no false positive); rpb beats its permuted-prior twin (which learns like none)."""
@@ -546,17 +602,17 @@ def test_controls_placebo_identical_to_none_and_permuted_prior(tmp_path: Path) -
     assert set(_verdicts(table)[c] for c in ("C1", "C2", "C3", "C4", "C5", "C6")) == {SUPPORTED}
 
 
+@world_of_its_own
 def test_a_placebo_that_differs_is_reported_as_a_false_positive(tmp_path: Path) -> None:
     world = {**PAPER_WORLD, "placebo": PAPER_WORLD["lbl"]}
     _build(tmp_path, world, spec=_spec(placebo="placebo"))
     assert "FALSE POSITIVE" in (tmp_path / "claims.md").read_text()
 
 
-def test_unknown_method_is_named(tmp_path: Path) -> None:
-    write_world(tmp_path, PAPER_WORLD, seeds=(0, 1))
+def test_unknown_method_is_named(paper_world: Path, tmp_path: Path) -> None:
     spec = _spec([0, 1]) | {"method": "rbp"}
     with pytest.raises(ValueError, match=r"claims\.method 'rbp'"):
-        build_claims(tmp_path, spec, tmp_path / "claims.csv")
+        build_claims(paper_world, spec, tmp_path / "claims.csv")
 
 
 def test_nan_in_a_metric_is_an_error_not_a_verdict() -> None:
@@ -564,6 +620,7 @@ def test_nan_in_a_metric_is_an_error_not_a_verdict() -> None:
         run_interval([1.0, math.nan])
 
 
+@world_of_its_own
 def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
     from result_worlds import write_run
 
@@ -590,11 +647,13 @@ def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
     assert "## Per-base verdicts" in (tmp_path / "claims.md").read_text()
 
 
-def test_a_family_whose_premise_was_not_met_reads_premise_not_met(tmp_path: Path) -> None:
+def test_a_family_whose_premise_was_not_met_reads_premise_not_met(
+    paper_world: Path, paper_audit: Path, tmp_path: Path
+) -> None:
     """calibration.premise_not_met (M0): every accuracy part on that family reads "premise not
     met", whatever its numbers say (here the paper world, which would support every claim)."""
     reason = "no grid point passes L on both bases"
-    table = _build(tmp_path, PAPER_WORLD, spec=_spec(premise_not_met={"tinyA": reason}))
+    table = _audit(paper_world, _spec(premise_not_met={"tinyA": reason}), tmp_path / "claims.csv")
     verdicts = _verdicts(table)
     # Tables 1, 4 and 5 are on tinyA; C4 has a tinyA part; table 2 (C3) is on tinyB.
     for claim in ("C1", "C2", "C4", "C5", "C6"):
@@ -612,7 +671,7 @@ def test_a_family_whose_premise_was_not_met_reads_premise_not_met(tmp_path: Path
     assert reason in detail
     assert "premise not met" in (tmp_path / "claims.md").read_text()
     # The numbers' own verdict is kept aside: the same table without the premise.
-    without = _build(tmp_path / "without", PAPER_WORLD, spec=_spec())
+    without = _paper_table(paper_audit)
     assert table["verdict_checks_waived"].tolist() == without["verdict"].tolist()
     assert without["verdict_checks_waived"].tolist() == without["verdict"].tolist()
 
@@ -647,7 +706,9 @@ def test_two_audits_are_compared_part_by_part() -> None:
         compare_claims(a, b.iloc[:2])
 
 
-def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(tmp_path: Path) -> None:
+def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
+    paper_world: Path, paper_audit: Path, tmp_path: Path
+) -> None:
     """`table_verdicts`: the lines that open table 1's caption agree with the full audit; a check
     whose runs table 1 lacks (M2: the readings' hard runs) is undetermined, so the parts it
     guards are not testable from table 1 alone, while a failed premise (M0) still reads
@@ -655,8 +716,8 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(tmp_path: Pat
     from rpb.claims import table_verdicts
     from rpb.run_records import analysis_path
 
-    table = _build(tmp_path, PAPER_WORLD)
-    lines = table_verdicts(tmp_path, _spec())
+    table = _paper_table(paper_audit)
+    lines = table_verdicts(paper_world, _spec())
     assert lines[0] == "Verdicts (judged on p(target), docs/claims.md):"
     assert lines[1].startswith("C1 supported: tinyA/math in_domain rpb - none: supported (")
     assert lines[2].startswith("C2 supported: ")
@@ -664,12 +725,13 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(tmp_path: Pat
     full = table[table["claim"] == "C1"].set_index("name")["estimate"]
     assert f"{float(full['tinyA/math in_domain rpb - lbl']):+.1f} pp" in lines[1]
     # Without the readings' upper end (hard), M2 is undetermined here.
+    results = _copy(paper_world, tmp_path)
     for seed in SEEDS:
-        analysis_path(tmp_path, "tinyA", "math", "hard", seed).unlink()
-    lines = table_verdicts(tmp_path, _spec())
+        analysis_path(results, "tinyA", "math", "hard", seed).unlink()
+    lines = table_verdicts(results, _spec())
     assert lines[1].startswith("C1 not testable: ")
     assert "M2 the configured rpb reading anchors (readings rule, tinyA/math): FAILED" in lines[-1]
     assert "undetermined" in lines[-1] and "snakemake all" in lines[-1]
-    unmet = table_verdicts(tmp_path, _spec(premise_not_met={"tinyA": "L 0.39 < 0.50"}))
+    unmet = table_verdicts(results, _spec(premise_not_met={"tinyA": "L 0.39 < 0.50"}))
     assert unmet[1].startswith("C1 premise not met: ")
     assert "M0 the testbed's premise holds for tinyA: FAILED (L 0.39 < 0.50)" in unmet[-1]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import new_store
 
 from rpb.architectures import random_model
 from rpb.cli import build_parser, main
@@ -38,7 +39,7 @@ def _write_jsonl(path: Path, rows: list[Any]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def world(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> Iterator[dict[str, Any]]:
     """Two saved bases, a valid corpus, a tracking store and a real prior of the 4-expert base."""
     import mlflow
     from transformers.utils import logging as hf_logging
@@ -66,7 +67,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         "root": root,
         "bases": bases,
         "corpus": _write_jsonl(root / "math.jsonl", CORPUS_LINES),
-        "uri": f"sqlite:///{root / 'm.db'}",
+        "uri": new_store(empty_store, root / "m.db"),
     }
     world["prior4"] = root / "priors" / "tiny4" / "math.safetensors"
     world["prior_rc"] = main(

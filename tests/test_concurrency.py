@@ -167,7 +167,11 @@ def _dag_edges(configfile: str, results: Path) -> tuple[dict[str, str], set[tupl
     return nodes, edges
 
 
-@pytest.mark.parametrize("configfile", ["config/smoke.yaml", "config/config.yaml"])
+@pytest.mark.parametrize(
+    "configfile",
+    # A Snakemake process each (seconds): the unit tier plans the smoke config's DAG.
+    ["config/smoke.yaml", pytest.param("config/config.yaml", marks=pytest.mark.slow)],
+)
 def test_every_tracked_job_waits_for_tracking_init(tmp_path: Path, configfile: str) -> None:
     import networkx as nx
 

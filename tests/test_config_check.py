@@ -317,43 +317,58 @@ def test_valid_variants_pass() -> None:
     assert config["tracking"]["experiment"] == "rpb"
 
 
-def _method_entry(config: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
-    """workflow/rules/common.smk's `method_entry` (what a training rule passes as `--method`),
-    run on `config`."""
-    import re
+def _planned_training_command(tmp_path: Path, methods: dict[str, Any], label: str) -> list[str]:
+    """The command line (rpb's arguments, after the launcher) of `label`'s training job in
+    `snakemake -n -p` of the smoke config with `methods` merged into its methods: what the
+    training rule would run, quoting included."""
+    import shlex
 
-    text = (ROOT / "workflow" / "rules" / "common.smk").read_text()
-    found = re.search(r"^def method_entry\(.*?(?=^\S)", text, flags=re.MULTILINE | re.DOTALL)
-    assert found, "common.smk has no method_entry"
-    namespace: dict[str, Any] = {"config": config}
-    exec(found.group(0), namespace)
-    return namespace["method_entry"]
+    extra = tmp_path / "methods.yaml"
+    extra.write_text(yaml.safe_dump({"methods": methods}))
+    results = tmp_path / "results"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1"),
+            *("--configfile", "config/smoke.yaml", str(extra)),
+            *("--config", f"results_dir={results}", "--"),
+            f"{results}/analysis/tinyA/math/{label}/seed0.json",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (shell,) = [
+        line.removeprefix("Shell command: ")
+        for line in proc.stdout.splitlines()
+        if line.startswith("Shell command: ") and f" --label {label} " in line
+    ]
+    words = shlex.split(shell)
+    return words[1 : words.index(">")]  # after the launcher (`rpb`), before the log redirection
 
 
-def test_a_family_strength_reaches_the_lbl_method_unchanged() -> None:
+def test_a_family_strength_reaches_the_lbl_method_unchanged(tmp_path: Path) -> None:
     """`strength: family` (lbl's: the model family's own load-balancing coefficient) passes the
-    check as it is, travels unchanged through the training rule's `--method` and
-    `rpb pipeline train`'s MethodChoice, and the library resolves it when the method attaches to
-    the model."""
+    check as it is, travels unchanged through the training rule's `--method` (the command line a
+    dry run plans) and `rpb pipeline train`'s MethodChoice, and the library resolves it when the
+    method attaches to the model."""
     from rpb.architectures import random_model
     from rpb.cli import build_parser
 
+    methods = {
+        "lbl_own": {"kind": "lbl", "strength": "family"},
+        "lbl": {"strength": "family", "options": {"pooling": "pooled"}},
+    }
     config = copy.deepcopy(BASE)
-    config["methods"]["lbl_own"] = {"kind": "lbl", "strength": "family"}
-    config["methods"]["lbl"] = {"strength": "family", "options": {"pooling": "pooled"}}
+    config["methods"].update(copy.deepcopy(methods))
     config["table1"]["methods"] = [*config["table1"]["methods"], "lbl_own"]
     check_config(config, SCHEMA)
     assert config["methods"]["lbl_own"] == {"kind": "lbl", "strength": "family"}
-    entry = _method_entry(config)("lbl_own")
-    assert entry == {"name": "lbl", "strength": "family", "options": {}}
-    method_json = json.dumps(entry, sort_keys=True)  # common.smk's as_json, unquoted
-    args = build_parser().parse_args(
-        [
-            *("pipeline", "train", "--name", "m", "--label", "lbl_own", "--base", "b"),
-            *("--corpus", "c"),
-            *("--corpus-name", "math", "--method", method_json, "--spec", "{}", "--out", "o"),
-        ]
-    )
+    args = build_parser().parse_args(_planned_training_command(tmp_path, methods, "lbl_own"))
+    assert args.method == {"name": "lbl", "strength": "family", "options": {}}
     from rpb.training import MethodChoice
 
     spec = MethodChoice(**args.method)
@@ -432,7 +447,15 @@ SNAKEMAKE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(SNAKEMAKE_CASES))
+@pytest.mark.parametrize(
+    "case",
+    # Each case is a Snakemake process (seconds): the unit tier runs the first; the messages
+    # themselves are the in-process check_config tests above.
+    [
+        pytest.param(case, marks=[pytest.mark.slow] if i else [])
+        for i, case in enumerate(SNAKEMAKE_CASES)
+    ],
+)
 def test_snakemake_dry_run_prints_one_line(case: str, tmp_path: Path) -> None:
     text, expected = SNAKEMAKE_CASES[case]
     bad = tmp_path / "bad.yaml"

@@ -113,7 +113,11 @@ def test_default_config_has_both_controls() -> None:
     assert config["methods"]["rpb_permuted"]["prior"] == "permuted"
 
 
-@pytest.mark.parametrize("one_process", [True, False])
+@pytest.mark.parametrize(
+    # A Snakemake process each (seconds): the unit tier plans the one-process path.
+    "one_process",
+    [True, pytest.param(False, marks=pytest.mark.slow)],
+)
 def test_only_the_permuted_label_trains_with_the_permuted_prior(
     tmp_path: Path, one_process: bool
 ) -> None:

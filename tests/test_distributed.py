@@ -36,6 +36,8 @@ WORLD = 2
 ADAPTIVE = {"strength": 1.0, "update_rate": 0.5}  # large: the bias moves routing every step
 ADAPTIVE_STEPS = 3
 ANCHOR = 1.0  # strong enough that a lost anchor gradient shows next to the task gradient
+# End to end: every test reads one 2-process run (spawned interpreters, `rpb train` on both).
+pytestmark = pytest.mark.slow
 
 
 def _free_port() -> int:

@@ -20,6 +20,8 @@ EXAMPLES = {
     "trl_sft.py": ("rpb", True),
 }
 METRICS = ("task_loss", "router_loss", "mean/kl_to_base", "mean/topk_overlap_with_base")
+# End to end: each test runs an example script in its own interpreter, training a model.
+pytestmark = pytest.mark.slow
 
 
 def run_example(script: str, *args: str) -> subprocess.CompletedProcess:

@@ -164,8 +164,10 @@ def test_sigkilled_training_resumes_bit_identical(world: dict) -> None:
     (killed,) = _runs(world["uri"], "faults")
     assert killed.info.status == "RUNNING"  # nothing could end it
 
+    # The console script of this interpreter's environment, not whichever `rpb` is on PATH.
+    rpb = str(Path(sys.executable).parent / "rpb")
     rerun = subprocess.run(
-        ["rpb", *_train_args(world, out)], env=_env(), capture_output=True, text=True
+        [rpb, *_train_args(world, out)], env=_env(), capture_output=True, text=True
     )
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "removing incomplete checkpoint" in rerun.stderr and "checkpoint-9" in rerun.stderr

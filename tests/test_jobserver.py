@@ -93,6 +93,7 @@ def _raw_request(path: str, request: dict) -> str:
     return data.decode()
 
 
+@pytest.mark.slow  # end to end: client and server processes, a job run through them
 def test_a_served_job_writes_its_outputs_and_reports_errors(tmp_path: Path, sockets: Path) -> None:
     """Run from a working directory that holds another copy of rpb (a broken one): the server is
     started with the client's interpreter and copy, answers at the client's address, and a client
@@ -196,6 +197,7 @@ def _can_switch(dac_override: bool = False) -> bool:
         return False
 
 
+@pytest.mark.slow  # end to end: client and server processes, a job run through them
 @pytest.mark.skipif(os.geteuid() != 0, reason="running a process as another uid needs root")
 def test_another_user_is_refused_and_nothing_runs(
     tmp_path: Path, sockets: Path, monkeypatch: pytest.MonkeyPatch
@@ -250,6 +252,7 @@ def test_another_user_is_refused_and_nothing_runs(
         server.wait(timeout=60)
 
 
+@pytest.mark.slow  # end to end: client and server processes, a job run through them
 def test_a_silent_server_costs_one_line_and_seconds(tmp_path: Path, sockets: Path) -> None:
     """A socket that takes connections and never answers: the client says so in one line and
     runs the job itself, within ANSWER_TIMEOUT (not the former 120 s)."""

@@ -77,6 +77,7 @@ def _run_python(code: str, python: str = sys.executable, **kwargs) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers
 def test_importing_the_library_loads_no_pipeline_package(tmp_path):
     """A fresh interpreter imports every library module: none of the pipeline's packages is
     imported beyond what transformers' own modules import when they happen to be installed."""
@@ -94,6 +95,7 @@ print(json.dumps({{"by_transformers": by_transformers, "added": added}}))
     assert got["added"] == [], f"importing the library loads {got['added']}"
 
 
+@pytest.mark.slow  # a fresh interpreter that trains a step
 def test_the_library_works_without_the_pipeline_packages(tmp_path):
     """With every pipeline package made unimportable (as if not installed), the library modules
     import, a method trains a step on a tiny model with a prior, the drift statistics (usage

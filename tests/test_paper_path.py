@@ -222,41 +222,56 @@ def test_paper_architectures_build_full_size_configs():
             assert getattr(config, key) == value, (name, key)
 
 
-@pytest.mark.parametrize("name", list(ROUTING))
-def test_two_training_steps_per_method(paper_models, name):
+# The unit tier trains one method per paper model (a zero and a positive router term); every
+# other method x model pair is a slow test (about a second each).
+FAST_TRAINING = {("qwen3", "rpb"), ("moonlight", "anchor_kl")}
+
+
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [
+        pytest.param(
+            name,
+            method,
+            marks=[] if (name, method) in FAST_TRAINING else [pytest.mark.slow],
+            id=f"{name}-{method}",
+        )
+        for name in ROUTING
+        for method in METHODS
+    ],
+)
+def test_two_training_steps_per_method(paper_models, name, method):
     paths = paper_models[name]
     raw = dict(PAPER["posttrain"], steps=2, batch_size=4, max_length=64, log_every=1, save_every=0)
     spec = TrainSpec.from_dict(raw)
     assert spec.bf16 and spec.gradient_checkpointing  # the paper settings run here too
     base = AutoModelForCausalLM.from_pretrained(paths["base"])
     n_layers = len(find_routers(base))
-    for method in METHODS:
-        entry = PAPER["methods"].get(method, {})
-        out = paths["root"] / "runs" / method
-        summary = posttrain(
-            base_dir=paths["base"],
-            prior_path=paths["prior"],
-            corpus=paths["corpus"],
-            method=MethodChoice(method, entry.get("strength"), entry.get("options", {})),
-            spec=spec,
-            out_dir=out,
-        )
-        last = summary["final"]
-        assert math.isfinite(last["task_loss"]), method
-        # Terms that are zero at the base are positive after one update; the others are zero.
-        if method in ("lbl", "anchor_weight", "anchor_logit", "anchor_kl"):
-            assert last["router_loss"] > 0, method
-        else:
-            assert last["router_loss"] == 0, method
-        for layer in range(n_layers):
-            assert 0.5 <= last[f"layer{layer}/topk_overlap_with_base"] <= 1.0, (method, layer)
-            assert last[f"layer{layer}/kl_to_base"] >= 0, (method, layer)
-        trained = AutoModelForCausalLM.from_pretrained(out / "model")
-        moved = [
-            not torch.equal(p, q)
-            for p, q in zip(trained.parameters(), base.parameters(), strict=True)
-        ]
-        assert any(moved), f"{method}: training changed no weight"
+    entry = PAPER["methods"].get(method, {})
+    out = paths["root"] / "runs" / method
+    summary = posttrain(
+        base_dir=paths["base"],
+        prior_path=paths["prior"],
+        corpus=paths["corpus"],
+        method=MethodChoice(method, entry.get("strength"), entry.get("options", {})),
+        spec=spec,
+        out_dir=out,
+    )
+    last = summary["final"]
+    assert math.isfinite(last["task_loss"]), method
+    # Terms that are zero at the base are positive after one update; the others are zero.
+    if method in ("lbl", "anchor_weight", "anchor_logit", "anchor_kl"):
+        assert last["router_loss"] > 0, method
+    else:
+        assert last["router_loss"] == 0, method
+    for layer in range(n_layers):
+        assert 0.5 <= last[f"layer{layer}/topk_overlap_with_base"] <= 1.0, (method, layer)
+        assert last[f"layer{layer}/kl_to_base"] >= 0, (method, layer)
+    trained = AutoModelForCausalLM.from_pretrained(out / "model")
+    moved = [
+        not torch.equal(p, q) for p, q in zip(trained.parameters(), base.parameters(), strict=True)
+    ]
+    assert any(moved), f"{method}: training changed no weight"
 
 
 @pytest.fixture(scope="module")
@@ -462,6 +477,7 @@ def test_gpu_smoke_bench_runs_tiny(tmp_path):
         assert all(m["step_s"] > 0 for m in r["methods"].values())
 
 
+@pytest.mark.slow  # accelerate launches a fresh interpreter running rpb's CLI
 def test_train_launcher_starts_rpb_cli():
     """The paper's accelerate command line (FSDP config) reaches rpb's CLI (here on 1 CPU)."""
     env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
@@ -474,9 +490,20 @@ def test_train_launcher_starts_rpb_cli():
 
 
 def test_profiles_name_existing_rules():
-    rules = set()
-    for path in (ROOT / "workflow" / "rules").glob("*.smk"):
-        rules |= set(re.findall(r"^rule (\w+):", path.read_text(), flags=re.M))
+    """Every rule a profile sets resources for is a rule of the workflow (`snakemake
+    --list-rules`: the rules it defines, wherever and however they are written)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--list-rules"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rules = set(proc.stdout.split())
+    assert {"posttrain", "posttrain_run", "pretrain_base", "table1"} <= rules, proc.stdout
     for profile in ("slurm", "local"):
         cfg = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
         assert set(cfg["set-resources"]) <= rules, profile

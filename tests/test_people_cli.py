@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from conftest import new_store
 
 from rpb.architectures import random_model
 from rpb.cli import build_parser, main
@@ -153,10 +154,12 @@ def test_prior_verb_writes_a_prior_that_finetune_uses(
     assert all(not torch.equal(t, after[n]) for n, t in before.items() if "norm" not in n)
 
 
-def test_finetune_logs_to_mlflow_only_when_asked(world: dict[str, Path], tmp_path: Path) -> None:
+def test_finetune_logs_to_mlflow_only_when_asked(
+    world: dict[str, Path], tmp_path: Path, empty_store: Path
+) -> None:
     import mlflow
 
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = new_store(empty_store, tmp_path / "m.db")
     previous = mlflow.get_tracking_uri()
     try:
         flags = ("--method", "lbl", "--mlflow", "--tracking-uri", uri, "--experiment", "people")

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import skip_table_figures
 from result_worlds import OOD_ALL, PAPER_WORLD, write_json, write_run, write_world
 
 import rpb.tables
@@ -74,6 +75,12 @@ class _Page(HTMLParser):
         for part in (self._caption, self._cell):
             if part is not None:
                 part.append(data)
+
+
+@pytest.fixture(autouse=True)
+def _no_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages and captions only: the tables are built without their heatmaps."""
+    skip_table_figures(monkeypatch)
 
 
 def _number(text: str) -> float:
@@ -163,6 +170,16 @@ def test_table1_caption_names_the_interval_the_code_computes(
     assert f"<h1>{title}</h1>" in text and "<table" in text and "data:text/csv" not in text
 
 
+@pytest.fixture(scope="module")
+def table1_at_90(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Table 1's runs and its page at 90% confidence, shared (only read)."""
+    root = tmp_path_factory.mktemp("table1_at_90")
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        skip_table_figures(monkeypatch)
+        build_table1(root, _world(root) | {"confidence": 0.9}, root / "table1.csv")
+    return root
+
+
 @pytest.mark.parametrize(
     ("stated", "claimed"),
     [
@@ -172,15 +189,14 @@ def test_table1_caption_names_the_interval_the_code_computes(
     ],
 )
 def test_a_caption_that_disagrees_with_the_computation_fails(
-    tmp_path: Path, stated: str, claimed: str
+    table1_at_90: Path, stated: str, claimed: str
 ) -> None:
     """The check above catches a caption claiming another kind or confidence."""
-    build_table1(tmp_path, _world(tmp_path) | {"confidence": 0.9}, tmp_path / "table1.csv")
-    text = (tmp_path / "table1.html").read_text()
-    check_table1_caption(text, tmp_path)
+    text = (table1_at_90 / "table1.html").read_text()
+    check_table1_caption(text, table1_at_90)
     assert stated in text
     with pytest.raises(AssertionError):
-        check_table1_caption(text.replace(stated, claimed), tmp_path)
+        check_table1_caption(text.replace(stated, claimed), table1_at_90)
 
 
 def test_a_computation_that_drifts_from_its_caption_fails(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import new_store
 
 from rpb.tracking import init_store, redact_uri, scrub, tracked_run
 
@@ -274,12 +275,15 @@ def test_redact_uri_hides_passwords_only() -> None:
 
 
 def test_tracked_run_writes_no_secret_anywhere(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    empty_store: Path,
 ) -> None:
     from mlflow.tracking import MlflowClient
 
     monkeypatch.setenv("HF_TOKEN", FAKE_TOKEN)
-    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    uri = new_store(empty_store, tmp_path / "m.db")
     caplog.set_level(logging.DEBUG)
     experiment_id = init_store(uri, "safety")
     params = {"hf_token": FAKE_TOKEN, "train": {"lr": 0.1, "hub_token": FAKE_TOKEN}}

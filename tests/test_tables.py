@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import skip_table_figures
 from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, write_json, write_world
 from safetensors.torch import save_file
 from scipy import stats
@@ -26,6 +27,20 @@ from rpb.tables import (
     build_table4,
     build_table5,
 )
+
+# The tests that look at the heatmaps; every other one builds its tables without drawing them.
+DRAWS_FIGURES = {
+    "test_table1_columns_and_rows",
+    "test_table2_is_table1_for_another_model",
+    "test_table5_correlation_hard_and_base",
+}
+
+
+@pytest.fixture(autouse=True)
+def _figures_where_looked_at(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    if request.node.originalname not in DRAWS_FIGURES:
+        skip_table_figures(monkeypatch)
+
 
 # --- build_table1 -----------------------------------------------------------------------------
 

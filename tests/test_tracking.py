@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import new_store
 
 from rpb import tracking
 
@@ -21,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
-def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_store: Path) -> dict[str, Any]:
     """A fresh sqlite store, and the invocation record path every job of this test reads."""
     import mlflow
 
@@ -29,7 +30,8 @@ def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     record = tmp_path / "results" / ".mlflow_invocation.json"
     monkeypatch.setenv(tracking.INVOCATION_ENV, str(record))
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    yield {"uri": f"sqlite:///{tmp_path / 'mlflow.db'}", "record": record, "dir": tmp_path}
+    uri = new_store(empty_store, tmp_path / "mlflow.db")
+    yield {"uri": uri, "record": record, "dir": tmp_path}
     mlflow.set_tracking_uri(previous)
 
 
@@ -116,7 +118,9 @@ def test_a_run_group_keeps_diagnostic_runs_apart_from_the_main_ones(
     assert by_name["diagnostic/eval/m/none/seed0"].data.tags[tracking.GROUP_TAG] == "diagnostic"
 
 
-def test_record_of_another_store_or_a_killed_invocation(store: dict[str, Any]) -> None:
+def test_record_of_another_store_or_a_killed_invocation(
+    store: dict[str, Any], empty_store: Path
+) -> None:
     uri, record = store["uri"], store["record"]
     client = _client(uri)
     killed = tracking.start_invocation(record, uri, config=CONFIG, command=["snakemake"])
@@ -124,7 +128,7 @@ def test_record_of_another_store_or_a_killed_invocation(store: dict[str, Any]) -
     again = tracking.start_invocation(record, uri, config=CONFIG, command=["snakemake"])
     assert client.get_run(killed).info.status == "KILLED"
     assert "next invocation" in client.get_run(killed).data.tags[tracking.END_REASON_TAG]
-    other = f"sqlite:///{store['dir'] / 'other.db'}"
+    other = new_store(empty_store, store["dir"] / "other.db")
     with tracking.tracked_run(stage="eval", model="m", tracking_uri=other) as run:
         run_id = run.info.run_id
     assert tracking.PARENT_RUN_TAG not in _client(other).get_run(run_id).data.tags

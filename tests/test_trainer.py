@@ -314,9 +314,10 @@ def test_bad_wiring_is_refused(tmp_path: Path) -> None:
     method.detach()
 
 
-def test_library_module_stays_light_and_training_reexports_it() -> None:
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers
+def test_library_module_stays_light() -> None:
     """rpb.trainer is for users' training scripts: no tracking, workflow, evaluation or TRL
-    import; the pipeline's rpb.training hands out the same classes."""
+    import."""
     code = (
         "import sys, rpb.trainer; "
         "print(sorted(m for m in ('mlflow', 'snakemake', 'lm_eval', 'matplotlib', 'trl') "
@@ -324,6 +325,10 @@ def test_library_module_stays_light_and_training_reexports_it() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_training_reexports_the_library_trainer() -> None:
+    """The pipeline's rpb.training hands out the same classes as the library's rpb.trainer."""
     import rpb.training
 
     assert rpb.training.RouterMethodTrainer is RouterMethodTrainer
