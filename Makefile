@@ -40,9 +40,10 @@ check-config: install
 test: install
 	pytest
 
-# The unit tests alone: no pipeline run (tests marked slow share one smoke run of it).
+# The unit tests alone: no pipeline run (tests marked slow share one smoke run of it), one worker
+# per core, a test module per worker (module fixtures stay shared): about 2 minutes on 2 cores.
 test-fast: install
-	pytest -m "not slow"
+	pytest -m "not slow" -n auto --dist loadfile
 
 # Cost of one tiny run against the reference commit, and the router methods' step overhead
 # (docs/performance.md); minutes each.
