@@ -1,43 +1,24 @@
 """Claims audit: does this run support each of the paper's claims C1-C6?
 
-Each claim is split into parts; each part is one interval (the t-interval of a paired per-run
-difference, or of a within-seed rank correlation) with its minimum detectable effect, judged by
-a rule fixed before any result was seen (docs/claims.md):
+Each claim is split into parts; each part is one interval with its minimum detectable effect,
+judged by a rule fixed before any result was seen (the rules: rpb.verdicts; the evidence, checks
+and parts: rpb.audit; docs/claims.md). This module holds the claims themselves (which parts and
+checks each claim has), the controls (P1 placebo, P2 permuted prior, exploratory parts judged by
+the same rules), and the outputs: claims.csv, claims.md, claims.html, and table 1's verdict
+caption (`table_verdicts`).
 
-- `direction` ("X beats Y"): supported when the CI of X - Y lies above 0; not supported when it
-  lies below 0, or when it lies inside (-margin, +margin) and the MDE is at most the margin (a
-  design able to see an effect worth claiming saw none); otherwise inconclusive, "underpowered"
-  where the MDE exceeds the margin.
-- `equivalence` ("X and Y are comparable"): supported when the CI lies inside (-margin, +margin);
-  not supported when it lies wholly outside it; otherwise inconclusive (underpowered where the
-  equivalence MDE exceeds the margin).
-- `exceeds` ("X - Y is larger than t"): supported when the CI lies above t; not supported when it
-  lies below t; otherwise inconclusive (underpowered where the MDE exceeds the part's scale).
-
-Accuracy is judged on one measure (`rpb.tables.primary_measure`): at tiny scale p(target), with
-exact match's estimate of the same difference required to agree for "supported" (same sign for
-a direction part, above the threshold for an exceeds part, inside (-margin, +margin) for an
-equivalence part; otherwise "inconclusive (exact match disagrees: estimate x)"); at paper scale
-exact match, the standard tasks' own metric, alone (docs/claims.md, "The primary metric at tiny
-scale"). Every accuracy part reports both measures' estimate, interval and MDE.
-
-Before any of that, checks test the premises. M0 is the testbed's premise (the premise screen,
-docs/testbed.md): a part on a family whose premise was not met reads "premise not met". The
-manipulation checks (M1-M6) test that each method did what it claims: a part whose check fails is
-"not testable", naming the check and its value. A claim is not supported when any judged part
-is, otherwise "premise not met" when any part is, not testable when any part is, supported when
-every part is, and inconclusive otherwise. Controls (P1 placebo, P2 permuted prior) are
-exploratory parts judged by the same rules.
-Only the paper's reported numbers (C1's three) are constants here; every measured number is read
-from this run's outputs through `rpb.run_records` and the tables' frames (`rpb.tables`).
+A claim is not supported when any judged part is, otherwise "premise not met" when any part is
+(check M0, the testbed's premise), not testable when any part is (a failed manipulation check
+M1-M6), supported when every part is, and inconclusive otherwise. Only the paper's reported
+numbers (C1's three) are constants here; every measured number is read from this run's outputs
+through `rpb.run_records` and the tables' frames (`rpb.tables`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +26,24 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
-from rpb.exploratory import ANCHOR_METRICS
+from rpb.audit import (
+    NONE,
+    Audit,
+    Check,
+    Part,
+    checked,
+    diff_text,
+    fmt,
+    judged_part,
+    measures_text,
+)
 from rpb.report_html import write_claims_html
-from rpb.run_records import analysis_mean, analysis_path
 from rpb.specs import base_index
 from rpb.stats import (
-    DEFAULT_POWER,
     Difference,
     describe_interval,
     friedman_power,
-    paired_runs,
     rank_consistency,
-    seeds_needed,
 )
 from rpb.tables import (
     EXACT_MATCH,
@@ -64,24 +51,21 @@ from rpb.tables import (
     P_TARGET,
     PAPER_TABLE1,
     SUFFIX,
-    compare,
     hard_labels,
-    primary_measure,
     rank_order,
     table4_frames,
     table5_frames,
 )
-
-SUPPORTED = "supported"
-NOT_SUPPORTED = "not supported"
-INCONCLUSIVE = "inconclusive"
-NOT_TESTABLE = "not testable"
-PREMISE_NOT_MET = "premise not met"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE, PREMISE_NOT_MET)
-PREMISE_CHECK = "M0"  # the testbed's premise; a failed one reads PREMISE_NOT_MET
-CONFIRMATORY = "confirmatory"
-EXPLORATORY = "exploratory"
-NONE = "none"  # the unanchored plain fine-tuning every check compares against
+from rpb.verdicts import (
+    CONFIRMATORY,
+    EXPLORATORY,
+    INCONCLUSIVE,
+    NOT_SUPPORTED,
+    NOT_TESTABLE,
+    PREMISE_NOT_MET,
+    SUPPORTED,
+    combine,
+)
 
 STATEMENTS = {
     "C1": "On family A, math post-training with RPB beats re-applied LBL and unanchored "
@@ -112,550 +96,6 @@ MEASURED_BY = {
 }
 KINDS = {c: CONFIRMATORY for c in ("C1", "C2", "C3", "C4", "C5", "C6")}
 KINDS |= {"P1": EXPLORATORY, "P2": EXPLORATORY}
-
-
-# --- the rules ----------------------------------------------------------------------------------
-
-
-def _check_interval(low: float, high: float) -> bool:
-    """False for an undefined interval (NaN), which every rule reads as inconclusive."""
-    if math.isnan(low) or math.isnan(high):
-        return False
-    if low > high:
-        raise ValueError(f"interval low {low} exceeds high {high}")
-    return True
-
-
-def underpowered(mde: float | None, margin: float) -> bool:
-    """True when the design cannot see an effect of the margin's size: MDE > margin, or an
-    unknown MDE (one run). None means "not stated" (no power gate)."""
-    return mde is not None and not (mde <= margin)
-
-
-def direction_verdict(low: float, high: float, margin: float, mde: float | None = None) -> str:
-    """ "X beats Y" from the CI [low, high] of X - Y and its MDE (see the module docstring)."""
-    if margin < 0:
-        raise ValueError(f"margin must be >= 0, got {margin}")
-    if not _check_interval(low, high):
-        return INCONCLUSIVE
-    if low > 0:
-        return SUPPORTED
-    if high < 0:
-        return NOT_SUPPORTED  # a resolved effect the other way, whatever the power
-    if underpowered(mde, margin):
-        return INCONCLUSIVE  # no effect seen by a design that could not see one
-    if -margin < low and high < margin:
-        return NOT_SUPPORTED
-    return INCONCLUSIVE
-
-
-def equivalence_verdict(low: float, high: float, margin: float) -> str:
-    """ "X and Y are comparable" from the CI [low, high] of X - Y."""
-    if margin <= 0:
-        raise ValueError(f"an equivalence margin must be > 0, got {margin}")
-    if not _check_interval(low, high):
-        return INCONCLUSIVE
-    if -margin < low and high < margin:
-        return SUPPORTED
-    if low >= margin or high <= -margin:
-        return NOT_SUPPORTED
-    return INCONCLUSIVE
-
-
-def exceeds_verdict(low: float, high: float, threshold: float) -> str:
-    """ "X - Y exceeds `threshold`" from the CI [low, high] of X - Y."""
-    if not _check_interval(low, high):
-        return INCONCLUSIVE
-    if low > threshold:
-        return SUPPORTED
-    if high < threshold:
-        return NOT_SUPPORTED
-    return INCONCLUSIVE
-
-
-def combine(verdicts: Sequence[str]) -> str:
-    """A claim from its parts: any part not supported -> not supported; else any premise not met
-    -> premise not met; else any not testable -> not testable; all supported -> supported;
-    otherwise inconclusive."""
-    if not verdicts:
-        raise ValueError("a claim needs at least one part")
-    unknown = [v for v in verdicts if v not in VERDICTS]
-    if unknown:
-        raise ValueError(f"unknown verdict {unknown[0]!r} (known: {', '.join(VERDICTS)})")
-    if NOT_SUPPORTED in verdicts:
-        return NOT_SUPPORTED
-    if PREMISE_NOT_MET in verdicts:
-        return PREMISE_NOT_MET
-    if NOT_TESTABLE in verdicts:
-        return NOT_TESTABLE
-    if all(v == SUPPORTED for v in verdicts):
-        return SUPPORTED
-    return INCONCLUSIVE
-
-
-# --- checks and parts ---------------------------------------------------------------------------
-
-
-def _fmt(x: float, digits: int = 1) -> str:
-    return "nan" if x is None or math.isnan(x) else f"{x:.{digits}f}"
-
-
-@dataclass(frozen=True)
-class Check:
-    """A manipulation check: a premise of some parts, judged before any accuracy verdict."""
-
-    id: str
-    premise: str
-    passed: bool
-    value: str
-
-    def text(self) -> str:
-        return f"{self.id} {self.premise}: {'passed' if self.passed else 'FAILED'} ({self.value})"
-
-
-@dataclass(frozen=True)
-class Part:
-    """One judged piece of evidence of a claim: its verdict, the numbers behind it, the checks it
-    depended on, and (for an inconclusive or not testable part) why."""
-
-    verdict: str
-    evidence: str
-    name: str = ""
-    rule: str = ""
-    estimate: float = math.nan
-    low: float = math.nan
-    high: float = math.nan
-    margin: float = math.nan
-    mde: float = math.nan
-    seeds_needed: int = -1
-    n_runs: int = 0
-    checks: tuple[Check, ...] = field(default_factory=tuple)
-    note: str = ""
-    # The measure the part is judged on (p_target, exact_match; a structure part: its metric)
-    # and exact match's numbers of the same comparison (NaN for a part that is not accuracy).
-    metric: str = ""
-    em_estimate: float = math.nan
-    em_low: float = math.nan
-    em_high: float = math.nan
-    em_mde: float = math.nan
-    # What the part's rule says of its numbers were every check passed; differs from `verdict`
-    # only where a check failed. Not a verdict on the claim: it lets two runs be compared
-    # number for number (bench/verdict_stability.py) while a premise fails on both.
-    checks_waived: str = ""
-
-    @property
-    def waived(self) -> str:
-        """`checks_waived`, or the verdict itself where the part has no rule verdict of its own."""
-        return self.checks_waived or self.verdict
-
-    @property
-    def detail(self) -> str:
-        """The verdict as claims.md prints it: with its reason where it has one."""
-        if self.verdict in (NOT_TESTABLE, PREMISE_NOT_MET):
-            return f"{self.verdict}: {self.note}"
-        return f"{self.verdict} ({self.note})" if self.note else self.verdict
-
-
-def _underpowered_note(mde: float, needed: int, unit: str) -> str:
-    if needed < 0:
-        return "underpowered: one run per arm, no spread estimate; needs at least 2 seeds"
-    seeds = f"more than {needed - 1} seeds" if needed > 1000 else f"{needed} seeds"
-    return f"underpowered: MDE {_fmt(mde, 1 if unit == 'pp' else 3)} {unit}, needs {seeds}"
-
-
-def exact_match_agrees(rule: str, estimate: float, margin: float, threshold: float = 0.0) -> bool:
-    """Does exact match's estimate agree with a "supported" p(target) part (docs/claims.md, "The
-    primary metric at tiny scale")? Direction: it is above 0 (the supported sign); exceeds t: it
-    is above t; equivalence: it lies inside (-margin, +margin). An undefined estimate does not."""
-    if math.isnan(estimate):
-        return False
-    if rule == "direction":
-        return estimate > 0
-    if rule == "exceeds":
-        return estimate > threshold
-    if rule == "equivalence":
-        return -margin < estimate < margin
-    raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
-
-
-def judged_part(
-    name: str,
-    diff: Difference,
-    rule: str,
-    margin: float,
-    evidence: str,
-    checks: Sequence[Check] = (),
-    *,
-    threshold: float = 0.0,
-    unit: str = "pp",
-    metric: str = "",
-    exact_match: Difference | None = None,
-) -> Part:
-    """Judge one interval: not testable if a check failed; else by `rule` ("direction",
-    "equivalence", "exceeds" with `threshold`) with the power gate at `margin`. `metric` names
-    the measure `diff` is on; on p(target) `exact_match` (the same comparison in exact match) is
-    required, and "supported" then also needs its estimate to agree (`exact_match_agrees`).
-    The part carries exact match's numbers (`em_*`: `exact_match`, or `diff` itself where
-    `metric` is exact match)."""
-    equivalence = rule == "equivalence"
-    if metric == P_TARGET and exact_match is None:
-        raise ValueError(f"{name}: a p(target) part needs exact match's estimate beside it")
-    em = exact_match if exact_match is not None else diff if metric == EXACT_MATCH else None
-    mde = diff.mde_equivalence if equivalence else diff.mde
-    needed = seeds_needed(
-        diff.sd,
-        margin,
-        confidence=diff.confidence,
-        power=diff.power,
-        equivalence=equivalence,
-    )
-    common = {
-        "name": name,
-        "rule": rule if rule != "exceeds" else f"exceeds {threshold:g}",
-        "estimate": diff.estimate,
-        "low": diff.low,
-        "high": diff.high,
-        "margin": margin,
-        "mde": mde,
-        "seeds_needed": needed,
-        "n_runs": diff.n_seeds,
-        "checks": tuple(checks),
-        "metric": metric,
-    }
-    if em is not None:
-        common |= {"em_estimate": em.estimate, "em_low": em.low, "em_high": em.high}
-        common["em_mde"] = em.mde_equivalence if equivalence else em.mde
-    note = ""
-    if diff.n_seeds < 2:
-        # No run-to-run spread: an interval over one run's items says nothing about runs.
-        verdict, note = INCONCLUSIVE, _underpowered_note(mde, -1, unit)
-    elif rule == "direction":
-        verdict = direction_verdict(diff.low, diff.high, margin, mde)
-    elif equivalence:
-        verdict = equivalence_verdict(diff.low, diff.high, margin)
-    elif rule == "exceeds":
-        verdict = exceeds_verdict(diff.low, diff.high, threshold)
-    else:
-        raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
-    if not note and verdict == INCONCLUSIVE and underpowered(mde, margin):
-        note = _underpowered_note(mde, needed, unit)
-    if verdict == SUPPORTED and metric == P_TARGET:
-        # p(target) moves with calibration alone; greedy answers must move the same way.
-        assert exact_match is not None
-        if not exact_match_agrees(rule, exact_match.estimate, margin, threshold):
-            digits = 1 if unit == "pp" else 3
-            value = exact_match.estimate
-            # Undefined where exact match cannot order the runs at all (every score tied).
-            shown = "undefined" if math.isnan(value) else f"{value:+.{digits}f}"
-            verdict = INCONCLUSIVE
-            note = f"exact match disagrees: estimate {shown}" + (
-                f" {unit}" if unit == "pp" and not math.isnan(value) else ""
-            )
-    return _checked(Part(verdict, evidence, note=note, **common))
-
-
-def _checked(part: Part) -> Part:
-    """`part` made "premise not met" if the testbed's premise (M0) failed, else not testable if
-    one of its checks failed, its rule's verdict kept aside."""
-    failed = [c for c in part.checks if not c.passed]
-    if not failed:
-        return part
-    note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
-    premise = any(c.id == PREMISE_CHECK for c in failed)
-    verdict = PREMISE_NOT_MET if premise else NOT_TESTABLE
-    return replace(part, verdict=verdict, note=note, checks_waived=part.verdict)
-
-
-def _diff_text(where: str, a: float, b: float, diff: Difference, unit: str = "pp") -> str:
-    digits = 1 if unit == "pp" else 3
-    return (
-        f"{where}: {_fmt(a, digits)} vs {_fmt(b, digits)}, diff {diff.estimate:+.{digits}f} "
-        f"{unit} [{_fmt(diff.low, digits)}, {_fmt(diff.high, digits)}], MDE "
-        f"{_fmt(diff.mde, digits)}, p={_fmt(diff.p_value, 3)} ({diff.n_seeds} runs"
-        + (f" x {diff.n_items} items)" if diff.n_items else ")")
-    )
-
-
-def _measures_text(
-    where: str,
-    measure: str,
-    scores: tuple[float, float, Difference],
-    em: tuple[float, float, Difference] | None,
-    extra: str = "",
-    equivalence: bool = False,
-) -> str:
-    """An accuracy part's evidence: the judged measure's numbers (with the equivalence MDE for
-    an `equivalence` part, then `extra`), and exact match's beside them where the judged measure
-    is p(target)."""
-
-    def eq_mde(diff: Difference) -> str:
-        return f", equivalence MDE {_fmt(diff.mde_equivalence)}" if equivalence else ""
-
-    text = _diff_text(f"{where} ({MEASURE_NAMES[measure]})", *scores)
-    text += eq_mde(scores[2]) + extra
-    if measure != EXACT_MATCH and em is not None:
-        a, b, diff = em
-        text += (
-            f"; exact match: {_fmt(a)} vs {_fmt(b)}, diff {diff.estimate:+.1f} pp "
-            f"[{_fmt(diff.low)}, {_fmt(diff.high)}], MDE {_fmt(diff.mde)}" + eq_mde(diff)
-        )
-    return text
-
-
-class Audit:
-    """Everything one audit reads: the spec, the results folder, and each manipulation check,
-    computed once and shared by every part that depends on it."""
-
-    def __init__(self, results: Path, spec: dict[str, Any], partial: bool = False) -> None:
-        self.results = Path(results)
-        self.spec = spec
-        # Judging from a subset of the runs (table 1's caption, `table_verdicts`): a check whose
-        # runs that subset lacks is undetermined (failed, saying so), not an error.
-        self.partial = partial
-        self.method, self.reference = spec["method"], spec["reference"]
-        self.margin = float(spec["margin"])
-        self.nmi_margin = float(spec["nmi_margin"])
-        self.rho_margin = float(spec.get("rho_margin", 0.5))
-        self.confidence = float(spec["confidence"])
-        self.power = float(spec.get("power", DEFAULT_POWER))
-        # The measure accuracy is judged on: p(target) at tiny scale, else exact match.
-        self.measure = primary_measure(spec)
-        self._checks: dict[tuple, Check] = {}
-
-    @property
-    def level(self) -> dict[str, float]:
-        return {"confidence": self.confidence, "power": self.power}
-
-    def compare(
-        self,
-        spec: dict[str, Any],
-        model: str,
-        corpora: Sequence[str],
-        method: str,
-        other: str,
-        metric: str,
-        seeds: Sequence[int],
-    ) -> tuple[tuple[float, float, Difference], tuple[float, float, Difference] | None]:
-        """`rpb.tables.compare` on the judged measure, and on exact match beside it (None where
-        exact match is the judged measure)."""
-        args = (self.results, spec, model, corpora, method, other, metric, seeds)
-        judged = compare(*args, measure=self.measure)
-        return judged, (None if self.measure == EXACT_MATCH else compare(*args))
-
-    def _cached(self, key: tuple, compute: Callable[[], Check]) -> Check:
-        if key not in self._checks:
-            self._checks[key] = compute()
-        return self._checks[key]
-
-    @property
-    def checks(self) -> list[Check]:
-        return list(self._checks.values())
-
-    def _metric(self, model: str, corpus: str, label: str, seeds: Sequence[int], key: str):
-        return np.array(
-            [analysis_mean(self.results, model, corpus, label, s).get(key, math.nan) for s in seeds]
-        )
-
-    def _paired_metric(
-        self, model: str, corpus: str, label: str, seeds: Sequence[int], key: str
-    ) -> Difference | None:
-        a = self._metric(model, corpus, label, seeds, key)
-        b = self._metric(model, corpus, NONE, seeds, key)
-        if not (np.isfinite(a).all() and np.isfinite(b).all()):
-            return None
-        return paired_runs(a, b, **self.level)
-
-    # M1 -------------------------------------------------------------------------------------
-    def flattening_site(self, model: str) -> tuple[str, Sequence[int]] | None:
-        """The corpus and seeds where `model` has both `none` and reference runs (tables 1, 2)."""
-        t1, t2 = self.spec["table1"], self.spec.get("table2", {})
-        for table in (t1, t2):
-            if table.get("model") == model and {NONE, self.reference} <= set(table["methods"]):
-                return table["corpus"], table["seeds"]
-        return None
-
-    def reference_flattens(self, model: str) -> Check:
-        def compute() -> Check:
-            premise = f"{self.reference} flattens routing vs none ({model})"
-            site = self.flattening_site(model)
-            if site is None:
-                return Check("M1", premise, False, f"undetermined: no none/{self.reference} runs")
-            corpus, seeds = site
-            ent = self._paired_metric(model, corpus, self.reference, seeds, "usage_entropy")
-            mod = self._paired_metric(model, corpus, self.reference, seeds, "modularity")
-            if ent is None or mod is None:
-                return Check("M1", premise, False, "undetermined: entropy or modularity missing")
-            passed = bool(ent.low > 0 or mod.high < 0)
-            value = (
-                f"{model}/{corpus} {self.reference} - none usage entropy {ent.estimate:+.4f} "
-                f"[{_fmt(ent.low, 4)}, {_fmt(ent.high, 4)}], modularity {mod.estimate:+.4f} "
-                f"[{_fmt(mod.low, 4)}, {_fmt(mod.high, 4)}] over {ent.n_seeds} seeds"
-            )
-            return Check("M1", premise, passed, value)
-
-        return self._cached(("M1", model), compute)
-
-    # M2 -------------------------------------------------------------------------------------
-    def method_anchors(self) -> Check:
-        def compute() -> Check:
-            t5 = self.spec["table5"]
-            r = self.spec.get("readings") or {}
-            model, corpus = r.get("model", t5["model"]), r.get("corpus", t5["corpus"])
-            lower, upper = r.get("lower", NONE), r.get("upper", "hard")
-            min_gain = float(r.get("min_gain", 0.25))
-            seeds = r.get("seeds", t5["seeds"])
-            premise = (
-                f"the configured {self.method} reading anchors (readings rule, {model}/{corpus})"
-            )
-            labels = (lower, self.method, upper)
-            missing = [
-                (label, s)
-                for label in labels
-                for s in seeds
-                if not analysis_path(self.results, model, corpus, label, s).is_file()
-            ]
-            if missing and self.partial:
-                return Check(
-                    "M2",
-                    premise,
-                    False,
-                    f"undetermined: {len(missing)} of the readings runs' analyses are not built "
-                    "by this target (`snakemake all` builds them)",
-                )
-            means = {
-                label: {
-                    m: float(np.mean(self._metric(model, corpus, label, seeds, m)))
-                    for m in ANCHOR_METRICS
-                }
-                for label in (lower, self.method, upper)
-            }
-            positions, texts = [], []
-            for m in ANCHOR_METRICS:
-                gap = means[upper][m] - means[lower][m]
-                pos = (means[self.method][m] - means[lower][m]) / gap if gap > 0 else math.nan
-                positions.append(pos)
-                texts.append(
-                    f"{m} position {_fmt(pos, 3)}"
-                    if math.isfinite(pos)
-                    else f"{m} position undefined ({upper} does not exceed {lower})"
-                )
-            passed = all(math.isfinite(p) and p >= min_gain for p in positions)
-            return Check("M2", premise, passed, ", ".join(texts) + f" (needs >= {min_gain:g})")
-
-        return self._cached(("M2",), compute)
-
-    # M3 -------------------------------------------------------------------------------------
-    def hard_routes_as_base(self) -> Check:
-        def compute() -> Check:
-            t5 = self.spec["table5"]
-            hard = hard_labels(t5)
-            premise = "hard routes exactly as the base at evaluation"
-            if not hard:
-                return Check("M3", premise, False, "no hard-routing method in table 5")
-            texts, passed = [], True
-            for h in hard:
-                overlap = self._metric(
-                    t5["model"], t5["corpus"], h, t5["seeds"], "topk_overlap_with_base"
-                )
-                ok = bool(np.isfinite(overlap).all() and (overlap >= 1 - 1e-6).all())
-                passed &= ok
-                texts.append(
-                    f"{h} top-k overlap with the base per seed {np.round(overlap, 6).tolist()}"
-                )
-            return Check("M3", premise, passed, "; ".join(texts))
-
-        return self._cached(("M3",), compute)
-
-    # M4 -------------------------------------------------------------------------------------
-    def anchor_reduces_drift(self, anchor: str) -> Check:
-        def compute() -> Check:
-            t5 = self.spec["table5"]
-            premise = f"{anchor} reduces router drift vs none"
-            diff = self._paired_metric(t5["model"], t5["corpus"], anchor, t5["seeds"], "kl_to_base")
-            if diff is None:
-                return Check("M4", premise, False, "undetermined: KL to the base missing")
-            value = (
-                f"{t5['model']}/{t5['corpus']} {anchor} - none KL to the base router "
-                f"{diff.estimate:+.4f} [{_fmt(diff.low, 4)}, {_fmt(diff.high, 4)}] over "
-                f"{diff.n_seeds} seeds"
-            )
-            return Check("M4", premise, bool(diff.high < 0), value)
-
-        return self._cached(("M4", anchor), compute)
-
-    # M0 -------------------------------------------------------------------------------------
-    def premise_checks(self, model: str) -> list[Check]:
-        """The testbed's premise on `model`'s family, when the premise screen found it not met
-        (`calibration.premise_not_met`, docs/testbed.md, "Testbed v2"): a failed premise of every
-        part on it that compares accuracy (not of hard's structure retention, nor of the
-        placebo control), which then reads "premise not met"."""
-        reason = (self.spec.get("premise_not_met") or {}).get(model)
-        if reason is None:
-            return []
-        return [
-            self._cached(
-                (PREMISE_CHECK, model),
-                lambda: Check(
-                    PREMISE_CHECK, f"the testbed's premise holds for {model}", False, reason
-                ),
-            )
-        ]
-
-    # M5 -------------------------------------------------------------------------------------
-    def headroom(self, where: str, label: str, score: float) -> Check:
-        """`label`'s in-domain score on the judged measure (p(target) at tiny scale) leaves room
-        for an effect of the margin."""
-        ceiling = 100.0 - self.margin
-        return self._cached(
-            ("M5", where, label),
-            lambda: Check(
-                "M5",
-                f"headroom above {label} ({where})",
-                bool(score <= ceiling),
-                f"{label} in-domain {_fmt(score)}% ({MEASURE_NAMES[self.measure]}), an effect of "
-                f"{self.margin:g} pp needs <= {ceiling:g}%",
-            ),
-        )
-
-    # M6 -------------------------------------------------------------------------------------
-    def base_structured(self, frames: dict[str, pd.DataFrame]) -> Check:
-        def compute() -> Check:
-            t5 = self.spec["table5"]
-            model = t5["model"]
-            min_split = float(self.spec.get("min_split_half_nmi", 0.5))
-            premise = f"the base {model} router has stable community structure"
-            base = frames["base"].set_index("layer").loc["mean"]
-            modular = bool(base.modularity > base.uniform_modularity)
-            head = (
-                f"modularity {_fmt(base.modularity, 3)} vs uniform routing "
-                f"{_fmt(base.uniform_modularity, 3)}"
-            )
-            path = self.results / "testbed.json"
-            structure = (
-                json.loads(path.read_text()).get(model, {}).get("structure")
-                if path.is_file()
-                else None
-            )
-            if not structure:
-                return Check(
-                    "M6",
-                    premise,
-                    False,
-                    f"{head}; split-half NMI undetermined (no {path.name} entry)",
-                )
-            halves = [float(r["split_half_nmi"]) for r in structure["layers"]]
-            halves = [h for h in halves if math.isfinite(h)]
-            split = float(np.mean(halves)) if halves else math.nan
-            uniform = float(structure["uniform"]["split_half_nmi"])
-            uniform = 0.0 if math.isnan(uniform) else uniform  # no structure at chance at all
-            stable = math.isfinite(split) and split >= min_split and split > uniform
-            value = (
-                f"{head}; split-half NMI {_fmt(split, 3)} vs uniform routing {_fmt(uniform, 3)} "
-                f"(needs >= {min_split:g})"
-            )
-            return Check("M6", premise, bool(modular and stable), value)
-
-        return self._cached(("M6",), compute)
 
 
 # --- the claims ---------------------------------------------------------------------------------
@@ -689,7 +129,7 @@ def _direction_part(
         diff,
         "direction",
         audit.margin,
-        _measures_text(where, audit.measure, judged, em),
+        measures_text(where, audit.measure, judged, em),
         checks,
         metric=audit.measure,
         exact_match=em[2] if em else None,
@@ -789,7 +229,7 @@ def claim_c5(audit: Audit) -> list[Part]:
             )
             diff = judged[2]
             where = f"{t4['model']} in_domain {first} - {second} (corpora {'+'.join(corpora)})"
-            text = _measures_text(where, audit.measure, judged, em, equivalence=True)
+            text = measures_text(where, audit.measure, judged, em, equivalence=True)
             parts.append(
                 judged_part(
                     where,
@@ -823,14 +263,14 @@ def claim_c5(audit: Audit) -> list[Part]:
     )
     text = (
         f"in-domain {MEASURE_NAMES[audit.measure]} ranking over {check.n_blocks} (corpus, seed) "
-        f"blocks: Kendall's W {_fmt(check.kendall_w, 2)}, Friedman p={_fmt(check.friedman_p, 3)}, "
-        f"its power {_fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block "
-        f"noise {_fmt(pw.noise_sd)} pp); mean-rank order {rank_order(check.mean_rank)}"
+        f"blocks: Kendall's W {fmt(check.kendall_w, 2)}, Friedman p={fmt(check.friedman_p, 3)}, "
+        f"its power {fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block "
+        f"noise {fmt(pw.noise_sd)} pp); mean-rank order {rank_order(check.mean_rank)}"
     )
     if audit.measure != EXACT_MATCH:
         text += (
-            f"; exact match: Kendall's W {_fmt(em_check.kendall_w, 2)}, Friedman "
-            f"p={_fmt(em_check.friedman_p, 3)}, mean-rank order {rank_order(em_check.mean_rank)}"
+            f"; exact match: Kendall's W {fmt(em_check.kendall_w, 2)}, Friedman "
+            f"p={fmt(em_check.friedman_p, 3)}, mean-rank order {rank_order(em_check.mean_rank)}"
         )
     name = f"{t4['model']} no consistent in-domain ordering of {', '.join(methods)}"
     common = {
@@ -856,9 +296,9 @@ def claim_c5(audit: Audit) -> list[Part]:
             if pw.blocks_needed > 200
             else f"{pw.blocks_needed} blocks"
         )
-        note = f"underpowered: Friedman power {_fmt(pw.power, 2)}, needs {blocks}"
+        note = f"underpowered: Friedman power {fmt(pw.power, 2)}, needs {blocks}"
         part = Part(INCONCLUSIVE, text, note=note, seeds_needed=pw.blocks_needed, **common)
-    return [*parts, _checked(part)]
+    return [*parts, checked(part)]
 
 
 def claim_c6(audit: Audit) -> list[Part]:
@@ -882,14 +322,14 @@ def claim_c6(audit: Audit) -> list[Part]:
         where = f"association of community_nmi with {accuracy} within seeds ({t5['model']})"
         text = (
             f"{where}: Spearman rho with {MEASURE_NAMES[audit.measure]} across the soft methods "
-            f"per seed, mean {_fmt(diff.estimate, 2)} [{_fmt(diff.low, 2)}, "
-            f"{_fmt(diff.high, 2)}], MDE {_fmt(diff.mde, 2)} over {diff.n_seeds} seeds "
+            f"per seed, mean {fmt(diff.estimate, 2)} [{fmt(diff.low, 2)}, "
+            f"{fmt(diff.high, 2)}], MDE {fmt(diff.mde, 2)} over {diff.n_seeds} seeds "
             f"({diff.n_items} runs)"
         )
         if audit.measure != EXACT_MATCH:
             text += (
-                f"; with exact match {_fmt(em.estimate, 2)} [{_fmt(em.low, 2)}, "
-                f"{_fmt(em.high, 2)}], MDE {_fmt(em.mde, 2)}"
+                f"; with exact match {fmt(em.estimate, 2)} [{fmt(em.low, 2)}, "
+                f"{fmt(em.high, 2)}], MDE {fmt(em.mde, 2)}"
             )
         parts.append(
             judged_part(
@@ -933,7 +373,7 @@ def claim_c6(audit: Audit) -> list[Part]:
         else:
             r = nmi.iloc[0]
             diff = _row_difference(r, audit)
-            text = _diff_text(where, r.method_score, r.other_score, diff, unit="NMI")
+            text = diff_text(where, r.method_score, r.other_score, diff, unit="NMI")
             text += f" (keeps the structure if above -{audit.nmi_margin:g})"
             parts.append(
                 judged_part(
@@ -952,7 +392,7 @@ def claim_c6(audit: Audit) -> list[Part]:
         where = f"{audit.method} - {h} in_domain"
         judged = _flipped_scores(acc, audit, suffix)
         em = _flipped_scores(acc, audit, "") if audit.measure != EXACT_MATCH else None
-        text = _measures_text(
+        text = measures_text(
             where, audit.measure, judged, em, f" (sharp if above {audit.margin:g})"
         )
         parts.append(
@@ -1101,7 +541,7 @@ def table_verdicts(
         parts = CLAIMS[claim](audit)
         shown = "; ".join(
             f"{p.name}: {p.verdict} ({p.estimate:+.{digits}f} pp "
-            f"[{_fmt(p.low, digits)}, {_fmt(p.high, digits)}], MDE {_fmt(p.mde, digits)})"
+            f"[{fmt(p.low, digits)}, {fmt(p.high, digits)}], MDE {fmt(p.mde, digits)})"
             for p in parts
         )
         lines.append(f"{claim} {combine([p.verdict for p in parts])}: {shown}.")

@@ -160,7 +160,7 @@ def write_table_html(
 
 
 class CheckLike(Protocol):
-    """A manipulation check as `rpb.claims.Check` has it."""
+    """A manipulation check as `rpb.audit.Check` has it."""
 
     id: str
     premise: str

@@ -17,104 +17,18 @@ import pandas as pd
 import pytest
 from result_worlds import OOD_ALL, PAPER_WORLD, write_world
 
-from rpb.claims import (
+from rpb.audit import Check, exact_match_agrees, judged_part
+from rpb.claims import PART_COLUMNS, build_claims, compare_claims
+from rpb.stats import Difference, paired_runs, run_interval
+from rpb.verdicts import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     NOT_TESTABLE,
-    PART_COLUMNS,
     PREMISE_NOT_MET,
     SUPPORTED,
-    Check,
-    build_claims,
-    combine,
-    compare_claims,
-    direction_verdict,
-    equivalence_verdict,
-    exact_match_agrees,
-    exceeds_verdict,
-    judged_part,
 )
-from rpb.stats import Difference, paired_runs, run_interval
 
 NAN = float("nan")
-
-# --- the rules -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("low", "high", "expected"),
-    [
-        (0.5, 9.0, SUPPORTED),  # above zero, however small
-        (-9.0, -0.5, NOT_SUPPORTED),  # the other direction
-        (-3.0, 4.0, NOT_SUPPORTED),  # inside (-5, 5): no effect of a claimable size
-        (-3.0, 7.0, INCONCLUSIVE),  # could be zero, could be large
-        (-7.0, 3.0, INCONCLUSIVE),
-        (0.0, 6.0, INCONCLUSIVE),  # touching zero is not excluding it
-        (NAN, NAN, INCONCLUSIVE),
-    ],
-)
-def test_direction_verdict(low: float, high: float, expected: str) -> None:
-    assert direction_verdict(low, high, margin=5.0) == expected
-    assert direction_verdict(low, high, margin=5.0, mde=4.0) == expected  # powered: the same
-
-
-@pytest.mark.parametrize(
-    ("low", "high", "expected"),
-    [
-        (-3.0, 4.0, INCONCLUSIVE),  # "no effect" from a design that could not see one
-        (0.5, 9.0, SUPPORTED),  # a resolved effect stands whatever the power
-        (-9.0, -0.5, NOT_SUPPORTED),  # so does a resolved effect the other way
-    ],
-)
-def test_direction_verdict_when_underpowered(low: float, high: float, expected: str) -> None:
-    assert direction_verdict(low, high, margin=5.0, mde=8.0) == expected
-    assert direction_verdict(low, high, margin=5.0, mde=NAN) == expected
-
-
-def test_direction_without_margin_is_the_sign_rule() -> None:
-    assert direction_verdict(-0.1, 0.1, margin=0.0) == INCONCLUSIVE
-    assert direction_verdict(0.1, 0.2, margin=0.0) == SUPPORTED
-
-
-@pytest.mark.parametrize(
-    ("low", "high", "expected"),
-    [
-        (-4.0, 4.0, SUPPORTED),
-        (5.0, 9.0, NOT_SUPPORTED),  # wholly outside the margin
-        (-12.0, -6.0, NOT_SUPPORTED),
-        (-2.0, 6.0, INCONCLUSIVE),  # straddles the margin
-        (-8.0, 8.0, INCONCLUSIVE),
-        (NAN, 1.0, INCONCLUSIVE),
-    ],
-)
-def test_equivalence_verdict(low: float, high: float, expected: str) -> None:
-    assert equivalence_verdict(low, high, margin=5.0) == expected
-
-
-@pytest.mark.parametrize(
-    ("low", "high", "expected"),
-    [(6.0, 20.0, SUPPORTED), (-1.0, 4.0, NOT_SUPPORTED), (3.0, 8.0, INCONCLUSIVE)],
-)
-def test_exceeds_verdict(low: float, high: float, expected: str) -> None:
-    assert exceeds_verdict(low, high, threshold=5.0) == expected
-
-
-def test_combine_and_bad_input() -> None:
-    assert combine([SUPPORTED, SUPPORTED]) == SUPPORTED
-    assert combine([SUPPORTED, INCONCLUSIVE]) == INCONCLUSIVE
-    assert combine([SUPPORTED, INCONCLUSIVE, NOT_SUPPORTED]) == NOT_SUPPORTED
-    assert combine([SUPPORTED, INCONCLUSIVE, NOT_TESTABLE]) == NOT_TESTABLE
-    assert combine([NOT_TESTABLE, NOT_SUPPORTED]) == NOT_SUPPORTED  # a testable part refutes it
-    assert combine([NOT_TESTABLE, PREMISE_NOT_MET, SUPPORTED]) == PREMISE_NOT_MET
-    assert combine([PREMISE_NOT_MET, NOT_SUPPORTED]) == NOT_SUPPORTED
-    with pytest.raises(ValueError, match="at least one"):
-        combine([])
-    with pytest.raises(ValueError, match="unknown verdict 'maybe'"):
-        combine([SUPPORTED, "maybe"])
-    with pytest.raises(ValueError, match="exceeds high"):
-        direction_verdict(2.0, 1.0, 5.0)
-    with pytest.raises(ValueError, match="margin"):
-        equivalence_verdict(-1.0, 1.0, 0.0)
 
 
 def test_judged_part_states_power_and_premises() -> None:

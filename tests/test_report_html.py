@@ -19,18 +19,11 @@ from result_worlds import OOD_ALL, PAPER_WORLD, write_json, write_run, write_wor
 
 import rpb.tables
 from rpb import stats
-from rpb.claims import (
-    EXPLORATORY,
-    INCONCLUSIVE,
-    NOT_TESTABLE,
-    SUPPORTED,
-    Check,
-    Part,
-    build_claims,
-    claims_frame,
-)
+from rpb.audit import Check, Part
+from rpb.claims import build_claims, claims_frame
 from rpb.report_html import CLAIMS_BY_TABLE, table_html, verdict_class, write_table_html
 from rpb.tables import build_table1, build_table3
+from rpb.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "workflow" / "report"
