@@ -269,7 +269,7 @@ REPORT_JOBS: dict[str, tuple[str, str]] = {
     ),
     "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
     "router_swap_table": (
-        "rpb.router_swap:build_router_swap_table",
+        "rpb.router_swap_table:build_router_swap_table",
         "router-swap decomposition of a method's change by part (routers, experts, trunk)",
     ),
     "diagnostic_table1": (

@@ -26,7 +26,6 @@ from rpb.config_check import ConfigError, check_config
 from rpb.router_swap import (
     LABEL_PATTERN,
     PARTS,
-    build_router_swap_table,
     cell_eval_paths,
     cells,
     decompose,
@@ -41,6 +40,7 @@ from rpb.router_swap import (
     swap_saved_parts,
     table_inputs,
 )
+from rpb.router_swap_table import build_router_swap_table
 from rpb.routing import find_routers
 from rpb.trainable import TRAINABLE, parameter_parts, select_trainable
 from rpb.training import TokenizedExamples, TrainSpec, run_training
