@@ -81,6 +81,22 @@ def snakemake_command(
     return cmd, env
 
 
+def snakemake_in_repo(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m snakemake ARGS` from the repository root, offline, one thread per job (a dry run,
+    a rule listing); fails the calling test with the output's tail unless it succeeds."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return proc
+
+
 def run(results: Path, *args: str, site: Path | None = None) -> subprocess.CompletedProcess:
     """Run a smoke invocation (see `snakemake_command`) and return the finished process."""
     cmd, env = snakemake_command(results, *args, site=site)

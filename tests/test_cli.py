@@ -14,14 +14,13 @@ import argparse
 import json
 import re
 import shlex
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import new_store
+from smoke_pipeline import snakemake_in_repo
 
 from rpb.architectures import random_model
 from rpb.cli import build_parser, main
@@ -338,12 +337,11 @@ def test_every_rule_s_rpb_command_parses(tmp_path: Path) -> None:
     """`snakemake -n -p` of the smoke config's `all` prints every job's shell command: each
     `rpb ...` one parses with the CLI's parser, and together they use every pipeline job."""
     results = tmp_path / "results"
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "--configfile",
-         "config/smoke.yaml", "--config", f"results_dir={results}", "--", "all"],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    proc = snakemake_in_repo(
+        *("-n", "-p", "--cores", "1", "--configfile", "config/smoke.yaml"),
+        *("--config", f"results_dir={results}", "--", "all"),
+        timeout=600,
+    )
     commands = [argv for line in proc.stdout.splitlines() if (argv := _rpb_command(line))]
     assert len(commands) > 50, proc.stdout[-3000:]
     parser = build_parser()

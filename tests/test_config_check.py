@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from smoke_pipeline import snakemake_in_repo
 
 from rpb.config_check import (
     METHOD_FAMILIES,
@@ -326,21 +327,11 @@ def _planned_training_command(tmp_path: Path, methods: dict[str, Any], label: st
     extra = tmp_path / "methods.yaml"
     extra.write_text(yaml.safe_dump({"methods": methods}))
     results = tmp_path / "results"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1"),
-            *("--configfile", "config/smoke.yaml", str(extra)),
-            *("--config", f"results_dir={results}", "--"),
-            f"{results}/analysis/tinyA/math/{label}/seed0.json",
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = snakemake_in_repo(
+        *("-n", "-p", "--cores", "1", "--configfile", "config/smoke.yaml", str(extra)),
+        *("--config", f"results_dir={results}", "--"),
+        f"{results}/analysis/tinyA/math/{label}/seed0.json",
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     (shell,) = [
         line.removeprefix("Shell command: ")
         for line in proc.stdout.splitlines()

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from smoke_pipeline import snakemake_in_repo
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -492,18 +493,8 @@ def test_train_launcher_starts_rpb_cli():
 def test_profiles_name_existing_rules():
     """Every rule a profile sets resources for is a rule of the workflow (`snakemake
     --list-rules`: the rules it defines, wherever and however they are written)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "--list-rules"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rules = set(proc.stdout.split())
-    assert {"posttrain", "posttrain_run", "pretrain_base", "table1"} <= rules, proc.stdout
+    rules = set(snakemake_in_repo("--list-rules").stdout.split())
+    assert {"posttrain", "posttrain_run", "pretrain_base", "table1"} <= rules, rules
     for profile in ("slurm", "local"):
         cfg = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
         assert set(cfg["set-resources"]) <= rules, profile

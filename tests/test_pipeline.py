@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import smoke_pipeline
+from smoke_pipeline import snakemake_in_repo
 
 
 @pytest.fixture
@@ -22,13 +21,7 @@ def smoke_results(smoke_run: Path) -> Path:
 
 def _dry_run(*args: str) -> str:
     """`snakemake -n -p` from the repository root with `args`; its whole output."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", *args],
-        cwd=Path(__file__).resolve().parents[1],
-        capture_output=True,
-        text=True,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = snakemake_in_repo("-n", "-p", "--cores", "1", *args)
     return proc.stdout + proc.stderr
 
 

@@ -5,14 +5,12 @@ results layout the rules write and the loaders read."""
 from __future__ import annotations
 
 import math
-import os
 import re
 import string
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from smoke_pipeline import snakemake_in_repo
 
 from rpb.specs import CORPORA, EVAL_SETS, METHOD_SPECS, PATHS, Option, method_spec, results_path
 
@@ -75,20 +73,10 @@ def test_the_rules_write_where_the_loaders_read(tmp_path: Path) -> None:
     results = tmp_path / "results"
     fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "seed": 0}
     targets = {kind: f"{results}/{results_path(kind, **fields)}" for kind in PATHS}
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1")
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "snakemake", "-n", "--cores", "1"),
-            *("--configfile", "config/smoke.yaml", "--config", f"results_dir={results}"),
-            *("--", *targets.values()),
-        ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+    proc = snakemake_in_repo(
+        *("-n", "--cores", "1", "--configfile", "config/smoke.yaml"),
+        *("--config", f"results_dir={results}", "--", *targets.values()),
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
     planned = {
         path
         for line in proc.stdout.splitlines()
