@@ -41,7 +41,7 @@ test: install
 	pytest
 
 # The unit tests alone: no pipeline run (tests marked slow share one smoke run of it), one worker
-# per core, a test module per worker (module fixtures stay shared): about 2 minutes on 2 cores.
+# per core, a test module per worker (module fixtures stay shared): 2-2.5 minutes on 2 cores.
 test-fast: install
 	pytest -m "not slow" -n auto --dist loadfile
 
