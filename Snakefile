@@ -5,7 +5,7 @@ import sys
 
 from snakemake.utils import min_version
 
-from rpb.config_check import ConfigError, check_yaml_syntax
+from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
 
 min_version("9.0")
 
@@ -39,7 +39,7 @@ check_integrity()
 
 # One MLflow parent run per invocation that runs jobs (not for dry runs or "nothing to be done").
 onstart:
-    from rpb.tracking import TrackingUnavailable, start_invocation
+    from rpb.pipeline.tracking import TrackingUnavailable, start_invocation
 
     try:
         start_invocation(
@@ -56,7 +56,7 @@ onstart:
 
 onsuccess:
     from rpb.artifacts import release_results_lock
-    from rpb.tracking import end_invocation
+    from rpb.pipeline.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FINISHED")
     release_results_lock(RESULTS)
@@ -64,7 +64,7 @@ onsuccess:
 
 onerror:
     from rpb.artifacts import release_results_lock
-    from rpb.tracking import end_invocation
+    from rpb.pipeline.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FAILED")
     release_results_lock(RESULTS)

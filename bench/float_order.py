@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from rpb.training import MethodChoice, TrainSpec, posttrain
+from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
 
 
 def train(base: Path, corpus: Path, threads: int, steps: int, out: Path) -> dict[str, torch.Tensor]:

@@ -162,7 +162,7 @@ def _batch(vocab: int, batch: int, seq: int) -> dict[str, torch.Tensor]:
 
 
 def _interval(values: list[float]) -> list[float]:
-    from rpb.stats import t_interval
+    from rpb.report.stats import t_interval
 
     mean, low, high, _ = t_interval(values)
     return [float(mean), float(low), float(high)]

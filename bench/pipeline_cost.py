@@ -119,7 +119,7 @@ def _patch_class_method(cls: type, name: str, stage: str) -> None:
 
 
 # module -> [(attribute path, stage)]: patched as soon as the module has been executed. Functions
-# are patched where callers look them up (e.g. rpb.analysis.save_file, not safetensors').
+# are patched where callers look them up (e.g. rpb.pipeline.analysis.save_file, not safetensors').
 PATCHES: dict[str, list[tuple[str, str]]] = {
     "transformers.modeling_utils": [
         ("PreTrainedModel.from_pretrained", "model load"),
@@ -131,23 +131,23 @@ PATCHES: dict[str, list[tuple[str, str]]] = {
     ],
     "transformers.trainer": [("Trainer.train", "training steps")],
     "lm_eval.evaluator": [("simple_evaluate", "evaluation")],
-    "rpb.evaluation": [
+    "rpb.pipeline.evaluation": [
         ("write_tasks", "evaluation"),
         ("_task_manager", "evaluation"),
         ("_load_tasks", "evaluation"),
         ("save_results", "writes"),
     ],
-    "rpb.analysis": [
+    "rpb.pipeline.analysis": [
         ("routing_pass", "analysis"),
         ("summarize_layers", "analysis"),
         ("save_file", "writes"),
     ],
-    "rpb.training": [
+    "rpb.pipeline.training": [
         ("_write_json", "writes"),
         ("save_eval_routing", "writes"),
         ("remove_checkpoints", "writes"),
     ],
-    "rpb.tracking": [("end_stale_runs", "tracking"), ("git_commit", "tracking")],
+    "rpb.pipeline.tracking": [("end_stale_runs", "tracking"), ("git_commit", "tracking")],
     "mlflow": [
         (name, "tracking")
         for name in (
@@ -240,7 +240,7 @@ def run_job(out: Path, argv: list[str]) -> int:
     code = 1
     try:
         with _booking("imports"):
-            from rpb.cli import main
+            from rpb.pipeline.cli import main
         code = main()
     finally:
         write(code)
@@ -254,13 +254,13 @@ def serve_timed(key: str) -> None:
     """rpb's job server under the stage timer: every forked job books its own seconds and
     writes them to the file its client names in PIPELINE_COST_RECORD."""
     sys.meta_path.insert(0, _ImportTimer())
-    import rpb.cli
-    import rpb.jobserver
+    import rpb.pipeline.cli
+    import rpb.pipeline.jobserver
 
-    original = rpb.jobserver._run_child
+    original = rpb.pipeline.jobserver._run_child
     real_exit = os._exit
 
-    def timed_child(request: dict, fds: list[int], job: rpb.jobserver.Job) -> None:
+    def timed_child(request: dict, fds: list[int], job: rpb.pipeline.jobserver.Job) -> None:
         _stack.clear()
         _booked.clear()
         _booked_cpu.clear()
@@ -279,8 +279,8 @@ def serve_timed(key: str) -> None:
         _push("other")
         original(request, fds, job)
 
-    rpb.jobserver._run_child = timed_child
-    rpb.jobserver.serve(key, job=rpb.cli.main)
+    rpb.pipeline.jobserver._run_child = timed_child
+    rpb.pipeline.jobserver.serve(key, job=rpb.pipeline.cli.main)
 
 
 # --- bench mode ---------------------------------------------------------------------------------
@@ -361,7 +361,7 @@ def _job_prefix(tree: Path) -> list[str]:
     """What comes before a job's name on `tree`'s command line: `rpb pipeline <job>` since the
     people's commands took the top level, `rpb <job>` before (the default reference commit)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "rpb.cli", "pipeline", "--help"],
+        [sys.executable, "-m", "rpb.pipeline.cli", "pipeline", "--help"],
         cwd=tree,
         env=_env(tree),
         capture_output=True,
@@ -456,7 +456,7 @@ def make_inputs(config: dict[str, Any], inputs: Path, pretrain_steps: int, log: 
     for argv in jobs:
         with log.open("a") as f:
             subprocess.run(
-                [sys.executable, "-m", "rpb.cli", "pipeline", *argv],
+                [sys.executable, "-m", "rpb.pipeline.cli", "pipeline", *argv],
                 cwd=ROOT,
                 env=_env(ROOT),
                 stdout=f,
@@ -491,7 +491,7 @@ def _one_run(
     # The store is created once per pipeline (rule tracking_init), not per run: untimed.
     store = [*prefix, "init-tracking", "--tracking-uri", f"sqlite:///{out / 'mlflow.db'}"]
     subprocess.run(
-        [sys.executable, "-m", "rpb.cli", *store],
+        [sys.executable, "-m", "rpb.pipeline.cli", *store],
         cwd=tree,
         env=_env(tree),
         check=True,
@@ -535,7 +535,7 @@ def _summary(rounds: list[dict]) -> dict[str, Any]:
 def _start_server(log: Path) -> tuple[str, subprocess.Popen]:
     """This checkout's job server, under the stage timer, answering on a fresh key."""
     sys.path.insert(0, str(ROOT))
-    from rpb.jobserver import _connect, address
+    from rpb.pipeline.jobserver import _connect, address
 
     key = f"pipeline-cost-{os.getpid()}-{time.monotonic_ns()}"
     # It must outlive the reference's rounds (it is stopped at the end).

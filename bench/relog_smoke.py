@@ -1,7 +1,7 @@
 """Re-log a smoke results folder's runs into a fresh MLflow store with the current tracking code
-(rpb.tracking: its parameter schema, run names, metric units and table runs), without running a
-model: for a store made by older code, so that `bench/browser_check.py` shows what the current
-code logs.
+(rpb.pipeline.tracking: its parameter schema, run names, metric units and table runs), without
+running a model: for a store made by older code, so that `bench/browser_check.py` shows what the
+current code logs.
 
     python bench/relog_smoke.py --results /tmp/rpb_smoke   # replaces <results>/mlflow.db
 
@@ -21,9 +21,8 @@ from pathlib import Path
 
 import mlflow
 
-from rpb import tracking
-from rpb.run_records import analysis_path
-from rpb.specs import bases_of
+from rpb.pipeline import tracking
+from rpb.specs import analysis_path, bases_of
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -33,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import yaml
 
-    from rpb.config_check import expand_replicates
+    from rpb.pipeline.config_check import expand_replicates
 
     results = args.results.resolve()
     config = yaml.safe_load(Path("config/config.yaml").read_text())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from rpb.claims import compare_claims
+from rpb.report.claims import compare_claims
 
 RESULTS = Path(__file__).parent / "results"
 

@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rpb.architectures import random_model
 from rpb.methods import make_method
+from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import extract_prior
-from rpb.tokenizer import build_tokenizer
 
 p = argparse.ArgumentParser()
 p.add_argument("--model", help="a checkpoint directory (default: a tiny random Qwen3-MoE)")

@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
 
 from rpb.architectures import random_model
 from rpb.methods import make_method
+from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import extract_prior
-from rpb.tokenizer import build_tokenizer
 from rpb.trainer import RouterMethodTrainer
 
 p = argparse.ArgumentParser()

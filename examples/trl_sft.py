@@ -18,8 +18,8 @@ from trl import SFTConfig
 
 from rpb.architectures import random_model
 from rpb.methods import make_method
+from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import extract_prior
-from rpb.tokenizer import build_tokenizer
 from rpb.trl import RouterMethodSFTTrainer
 
 p = argparse.ArgumentParser()

@@ -1,3 +1,3 @@
-from rpb.cli import main
+from rpb.pipeline.cli import main
 
 raise SystemExit(main())

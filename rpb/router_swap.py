@@ -48,8 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rpb.artifacts import atomic_folder
-from rpb.run_records import eval_path
-from rpb.specs import RUN_STRIDE, base_index, base_of_run, results_path
+from rpb.specs import RUN_STRIDE, base_index, base_of_run, eval_path, results_path
 
 if TYPE_CHECKING:
     from torch import Tensor, nn

@@ -2,11 +2,11 @@
 testbed's corpora and eval sets, and the results path layout.
 
 Everything that must agree reads this module: `rpb.methods` (strength defaults and options of each
-method class), `rpb.config_check` (what a config may name), the Snakemake rules (paths), the
-tables and the CLI. It imports nothing heavy, because the Snakefile imports it at every parse.
+method class), `rpb.pipeline.config_check` (what a config may name), the Snakemake rules (paths),
+the tables and the CLI. It imports nothing heavy, because the Snakefile imports it at every parse.
 
 A new method is a class in `rpb.methods` plus its `MethodSpec` here; a new tiny eval set is a
-generator in `rpb.data` plus its name in `EVAL_SETS`.
+generator in `rpb.pipeline.data` plus its name in `EVAL_SETS`.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 __all__ = [
@@ -182,7 +183,7 @@ def method_spec(name: str) -> MethodSpec:
 
 
 # The tiny testbed's corpora (post-training; each doubles as the in-domain eval set of its name)
-# and eval sets (rpb.data writes them).
+# and eval sets (rpb.pipeline.data writes them).
 CORPORA: tuple[str, ...] = ("math", "math2")
 EVAL_SETS: dict[str, tuple[str, ...]] = {
     "in_domain": CORPORA,
@@ -206,6 +207,22 @@ def results_path(kind: str, **fields: Any) -> str:
     return PATHS[kind].format(**fields)
 
 
+def run_path(kind: str, results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where output `kind` (a key of PATHS) of one run lies under `results`."""
+    fields = {"model": model, "corpus": corpus, "method": label, "seed": seed}
+    return Path(results) / results_path(kind, **fields)
+
+
+def eval_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where the evaluation output of one trained model lies (`base`: the base, seed 0)."""
+    return run_path("eval", results, model, corpus, label, seed)
+
+
+def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+    """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
+    return run_path("analysis", results, model, corpus, label, seed)
+
+
 # Replicate bases: a pretrained model's `replicates` (pretraining seeds) become further models of
 # the same family, each its own base. A table pools the (base, seed) runs of a model over its bases
 # under one run id per pair, so every table, path and statistic keeps one integer per run: run id
@@ -220,7 +237,7 @@ def replicate_name(model: str, pretrain_seed: int) -> str:
 
 def bases_of(models: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
     """`model` and its replicate bases, in the order of its `replicates` (a model without any:
-    itself alone). `models` is the config's `models` after rpb.config_check expanded it."""
+    itself alone). `models` is the config's `models` after rpb.pipeline.config_check expanded it."""
     seeds = (models.get(model) or {}).get("replicates") or []
     return [model, *(replicate_name(model, s) for s in seeds)]
 
@@ -244,36 +261,3 @@ def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run_id: int
     if k >= len(bases):
         raise ValueError(f"run {run_id} of {model} needs base {k}, but {model} has {len(bases)}")
     return bases[k]
-
-
-# Report jobs besides table 1: stage -> (builder "module:function", help). The CLI makes one job
-# per entry, `rpb pipeline <key>` with the key's underscores as dashes (`router-swap-table`), and
-# imports the builder lazily (`rpb pipeline --help` stays fast); the config's `tables` keys are
-# checked against it (rpb.config_check). Plain data, so that neither of the two imports the other.
-REPORT_JOBS: dict[str, tuple[str, str]] = {
-    "table2": ("rpb.tables:build_table2", "table 2: table 1's rows for the family-B model"),
-    "table3": ("rpb.tables:build_table3", "table 3: method vs reference on the independent corpus"),
-    "table4": (
-        "rpb.tables:build_table4",
-        "table 4: anchors and RPB, ranks and ordering consistency",
-    ),
-    "table5": ("rpb.tables:build_table5", "table 5: structure retention vs accuracy, hard routing"),
-    "sweep": (
-        "rpb.exploratory:build_sweep",
-        "softness sweep: accuracy and retention against strength",
-    ),
-    "drift": ("rpb.exploratory:build_drift", "training-time routing drift curves"),
-    "readings": (
-        "rpb.exploratory:build_readings",
-        "which RPB reading anchors (the default's rule)",
-    ),
-    "claims": ("rpb.claims:build_claims", "claims audit C1-C6 (results/claims.csv)"),
-    "router_swap_table": (
-        "rpb.router_swap_table:build_router_swap_table",
-        "router-swap decomposition of a method's change by part (routers, experts, trunk)",
-    ),
-    "diagnostic_table1": (
-        "rpb.tables:build_table1",
-        "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
-    ),
-}

@@ -20,7 +20,7 @@ a batch statistic (the load-balancing loss) is the token-weighted mean of its mi
 values, as if each micro-batch were its own batch.
 
 Only torch, transformers and rpb's own modules are imported here: the pipeline's tracking
-(MLflow) stays in `rpb.training`, TRL's SFTTrainer in `rpb.trl`.
+(MLflow) stays in `rpb.pipeline.training`, TRL's SFTTrainer in `rpb.trl`.
 """
 
 from __future__ import annotations

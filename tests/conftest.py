@@ -102,9 +102,9 @@ def skip_table_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """Build method tables without drawing their co-activation heatmaps (about a second per
     figure on the 2-core machines), for tests about a table's numbers and text; the tests that
     look at the figures draw them (tests/test_tables.py, tests/test_render.py)."""
-    import rpb.tables
+    import rpb.report.tables
 
-    monkeypatch.setattr(rpb.tables, "table_figures", lambda results, spec, stem: [])
+    monkeypatch.setattr(rpb.report.tables, "table_figures", lambda results, spec, stem: [])
 
 
 def perturb_routers(model: PreTrainedModel, scale: float = 0.5, seed: int = 1) -> None:

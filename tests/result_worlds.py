@@ -55,7 +55,7 @@ def _block_counts_cached(tokens: int, structured: bool, seed: int) -> np.ndarray
 
 @functools.cache
 def _base_layers(tokens: int, structured: bool) -> list[dict[str, Any]]:
-    """Per-layer rows of the base's analysis, as rpb.analysis writes them."""
+    """Per-layer rows of the base's analysis, as rpb.pipeline.analysis writes them."""
     from rpb.coactivation import communities, modularity, usage_entropy
 
     rows = []
@@ -96,8 +96,8 @@ def write_run(
 ) -> None:
     """One (model, corpus, label, seed) as the pipeline lays it out: eval JSON with exact-match
     items (`rpb_<task>`) and their loglikelihood twins (`rpb_<task>_ll` with per-item
-    `p_target`, as rpb.evaluation writes them), analysis JSON with layer means (and, for the
-    base, per-layer rows and the probe size) and co-activation counts. Items are coupled across
+    `p_target`, as rpb.pipeline.evaluation writes them), analysis JSON with layer means (and, for
+    the base, per-layer rows and the probe size) and co-activation counts. Items are coupled across
     labels (item i is right when a fixed per-seed uniform draw is below the label's accuracy),
     so paired differences are clean. `levels`: (in-domain, OOD, NMI), and optionally the
     p(target) levels (in-domain, OOD), else exact match's (`p_target_items`). `routing`

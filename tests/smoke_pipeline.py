@@ -50,7 +50,7 @@ if flag and not Path(flag).exists() and argv[argv.index("--label") + 1] == "rpb"
             os.kill(os.getpid(), signal.SIGSTOP)
         save_rng(self, output_dir)
     Trainer._save_rng_state = stop_in_second_save
-from rpb.cli import main
+from rpb.pipeline.cli import main
 sys.exit(main(argv))
 """
 

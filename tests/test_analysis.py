@@ -1,5 +1,5 @@
-"""rpb.analysis: batching of whole texts, the corpus and probe readers, the routing pass (counts and
-drift) and the whole-model analysis, on tiny hand-made inputs with known answers."""
+"""rpb.pipeline.analysis: batching of whole texts, the corpus and probe readers, the routing pass
+(counts and drift) and the whole-model analysis, on tiny hand-made inputs with known answers."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 from conftest import make_batch, make_model, perturb_routers
 from safetensors.torch import load_file
 
-from rpb.analysis import (
+from rpb.architectures import random_model
+from rpb.pipeline.analysis import (
     analyze_model,
     corpus_texts,
     extract_prior_from_corpus,
@@ -20,9 +21,8 @@ from rpb.analysis import (
     routing_pass,
     text_batches,
 )
-from rpb.architectures import random_model
+from rpb.pipeline.tokenizer import build_tokenizer, encode
 from rpb.prior import RouterPrior, extract_prior
-from rpb.tokenizer import build_tokenizer, encode
 
 
 def _jsonl(path, rows):

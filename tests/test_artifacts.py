@@ -223,7 +223,7 @@ def test_integrity_message_is_one_line_with_a_rebuild_command() -> None:
 
 
 def _read_json(path: Path) -> object:
-    return json.loads(path.read_text())  # as rpb.run_records reads eval outputs
+    return json.loads(path.read_text())  # as rpb.report.run_records reads eval outputs
 
 
 def test_a_truncated_json_is_named_by_the_failure_line(tmp_path: Path) -> None:
@@ -329,8 +329,8 @@ def test_record_artifact_with_an_explicit_root(tmp_path: Path) -> None:
 
 
 def test_a_recorded_model_folder_is_checked_file_by_file(results: Path) -> None:
-    """`record_folder`, which `atomic_folder` calls for the model folders of rpb.training and
-    rpb.router_swap (tests/test_faults.py runs them)."""
+    """`record_folder`, which `atomic_folder` calls for the model folders of rpb.pipeline.training
+    and rpb.router_swap (tests/test_faults.py runs them)."""
     model = results / "models" / "m" / "base" / "model"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")

@@ -17,10 +17,10 @@ import pandas as pd
 import pytest
 from result_worlds import OOD_ALL, PAPER_WORLD, write_world
 
-from rpb.audit import Check, exact_match_agrees, judged_part
-from rpb.claims import PART_COLUMNS, build_claims, compare_claims
-from rpb.stats import Difference, paired_runs, run_interval
-from rpb.verdicts import (
+from rpb.report.audit import Check, exact_match_agrees, judged_part
+from rpb.report.claims import PART_COLUMNS, build_claims, compare_claims
+from rpb.report.stats import Difference, paired_runs, run_interval
+from rpb.report.verdicts import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     NOT_TESTABLE,
@@ -627,8 +627,8 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
     whose runs table 1 lacks (M2: the readings' hard runs) is undetermined, so the parts it
     guards are not testable from table 1 alone, while a failed premise (M0) still reads
     "premise not met"."""
-    from rpb.claims import table_verdicts
-    from rpb.run_records import analysis_path
+    from rpb.report.claims import table_verdicts
+    from rpb.specs import analysis_path
 
     table = _paper_table(paper_audit)
     lines = table_verdicts(paper_world, _spec())

@@ -23,8 +23,8 @@ from conftest import new_store
 from smoke_pipeline import snakemake_in_repo
 
 from rpb.architectures import random_model
-from rpb.cli import build_parser, main
-from rpb.tokenizer import build_tokenizer
+from rpb.pipeline.cli import build_parser, main
+from rpb.pipeline.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -248,7 +248,7 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
     any other missing module stays an error with its traceback."""
     from types import SimpleNamespace
 
-    import rpb.cli as cli
+    import rpb.pipeline.cli as cli
 
     def missing(args) -> None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
@@ -269,7 +269,7 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
 
 # --- the command line's shape --------------------------------------------------------------------
 
-PEOPLE = {"finetune", "prior", "check-config"}  # rpb.user_cli, and the config check
+PEOPLE = {"finetune", "prior", "check-config"}  # rpb.pipeline.user_cli, and the config check
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -306,8 +306,8 @@ def test_every_report_job_is_under_pipeline_with_its_key() -> None:
     """Each REPORT_JOBS key is the job `rpb pipeline <key, dashes for underscores>`, whose
     `args.report` is the key itself (the stage and the config's `tables` key); the underscore
     spelling is not a second name for it."""
-    from rpb.cli import cmd_report
-    from rpb.specs import REPORT_JOBS
+    from rpb.pipeline.cli import cmd_report
+    from rpb.report.registry import REPORT_JOBS
 
     flags = ["--results", "r", "--spec", "{}", "--out", "o.csv"]
     for key in REPORT_JOBS:

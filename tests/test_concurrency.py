@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from rpb.tracking import init_store
+from rpb.pipeline.tracking import init_store
 
 ROOT = Path(__file__).resolve().parents[1]
 JOBS, STEPS = 5, 30
@@ -29,7 +29,7 @@ JOB = """
 import os, sys, time
 from pathlib import Path
 import mlflow
-from rpb.tracking import tracked_run
+from rpb.pipeline.tracking import tracked_run
 uri, job, go = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])
 Path(f"{go}.ready{os.getpid()}").touch()
 while not go.exists():

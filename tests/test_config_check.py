@@ -19,7 +19,7 @@ import pytest
 import yaml
 from smoke_pipeline import snakemake_in_repo
 
-from rpb.config_check import (
+from rpb.pipeline.config_check import (
     METHOD_FAMILIES,
     NO_STRENGTH,
     ConfigError,
@@ -347,7 +347,7 @@ def test_a_family_strength_reaches_the_lbl_method_unchanged(tmp_path: Path) -> N
     dry run plans) and `rpb pipeline train`'s MethodChoice, and the library resolves it when the
     method attaches to the model."""
     from rpb.architectures import random_model
-    from rpb.cli import build_parser
+    from rpb.pipeline.cli import build_parser
 
     methods = {
         "lbl_own": {"kind": "lbl", "strength": "family"},
@@ -360,7 +360,7 @@ def test_a_family_strength_reaches_the_lbl_method_unchanged(tmp_path: Path) -> N
     assert config["methods"]["lbl_own"] == {"kind": "lbl", "strength": "family"}
     args = build_parser().parse_args(_planned_training_command(tmp_path, methods, "lbl_own"))
     assert args.method == {"name": "lbl", "strength": "family", "options": {}}
-    from rpb.training import MethodChoice
+    from rpb.pipeline.training import MethodChoice
 
     spec = MethodChoice(**args.method)
     assert spec.strength == "family"
@@ -413,7 +413,7 @@ def test_probe_tasks_must_be_eval_sets() -> None:
 
 
 def test_eval_set_names_match_the_generator() -> None:
-    from rpb import data
+    from rpb.pipeline import data
     from rpb.specs import EVAL_SETS
 
     assert tuple(data.POST_TASKS) == EVAL_SETS["in_domain"]
@@ -554,14 +554,16 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
 
 def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """A table of the plain shape (model, corpus, methods) needs no schema entry: its name in
-    rpb.specs.REPORT_JOBS makes it known, and its keys are checked like the others'."""
-    from rpb import specs
+    rpb.report.registry.REPORT_JOBS makes it known, and its keys are checked like the others'."""
+    from rpb.report import registry
 
     config = _merged("config.yaml", "smoke.yaml")
     config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rbp"]}
     with pytest.raises(ConfigError, match=r"^tables\.mytable: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)
-    monkeypatch.setitem(specs.REPORT_JOBS, "mytable", ("rpb.tables:build_table2", "my table"))
+    monkeypatch.setitem(
+        registry.REPORT_JOBS, "mytable", ("rpb.report.tables:build_table2", "my table")
+    )
     with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
         check_config(copy.deepcopy(config), SCHEMA)
     config["tables"]["mytable"]["methods"] = ["none", "rpb"]
@@ -632,8 +634,8 @@ def test_the_premise_screens_families_must_be_table_models() -> None:
 
 
 def test_a_sweep_label_with_a_family_strength_is_refused_in_one_line() -> None:
-    """A sweep places labels by strength (rpb.exploratory.method_strength): "family" has no place
-    on that axis, so the config check refuses it before any job (it crashed the sweep job)."""
+    """A sweep places labels by strength (rpb.report.exploratory.method_strength): "family" has no
+    place on that axis, so the config check refuses it before any job (it crashed the sweep job)."""
     config = _merged("config.yaml")
     config["methods"]["lbl"] = {"strength": "family"}
     config["sweep"]["curves"][0]["labels"] = ["none", "lbl", "hard"]

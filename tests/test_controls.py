@@ -1,6 +1,6 @@
-"""The prior-permutation control (rpb.controls, `rpb pipeline permute-prior`): every per-expert
-tensor of the base router prior is permuted consistently per layer, no expert keeps its own row,
-the file round-trips and fits the model, and the permutation is fixed by its seed."""
+"""The prior-permutation control (rpb.pipeline.controls, `rpb pipeline permute-prior`): every
+per-expert tensor of the base router prior is permuted consistently per layer, no expert keeps its
+own row, the file round-trips and fits the model, and the permutation is fixed by its seed."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 import yaml
 
-from rpb.cli import main
-from rpb.config_check import ConfigError, check_config
-from rpb.controls import derangement, permute_prior
+from rpb.pipeline.cli import main
+from rpb.pipeline.config_check import ConfigError, check_config
+from rpb.pipeline.controls import derangement, permute_prior
 from rpb.prior import RouterPrior
 
 

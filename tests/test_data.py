@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rpb import data
-from rpb.data import (
+from rpb.pipeline import data
+from rpb.pipeline.data import (
     DOMAIN_TOKENS,
     HELD_OUT_TASKS,
     NOUNS,

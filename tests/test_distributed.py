@@ -164,7 +164,7 @@ def _worker(rank: int, port: int, out_dir: str, world: dict[str, str]) -> None:
         from accelerate import PartialState
         from torch.distributed.device_mesh import init_device_mesh
 
-        from rpb.cli import main
+        from rpb.pipeline.cli import main
 
         result: dict[str, Any] = {"adaptive_bias": _adaptive_bias([_rank_batch(rank)])}
         mesh = init_device_mesh("cpu", (WORLD,))
@@ -186,9 +186,9 @@ def _worker(rank: int, port: int, out_dir: str, world: dict[str, str]) -> None:
 
 def _write_world(root: Path) -> dict[str, str]:
     """A saved tiny base with the testbed tokenizer, its prior, a corpus and an MLflow store."""
-    from rpb.analysis import extract_prior_from_corpus
-    from rpb.tokenizer import build_tokenizer
-    from rpb.tracking import init_store
+    from rpb.pipeline.analysis import extract_prior_from_corpus
+    from rpb.pipeline.tokenizer import build_tokenizer
+    from rpb.pipeline.tracking import init_store
 
     base = root / "base" / "model"
     tok = build_tokenizer(base)

@@ -12,15 +12,15 @@ from conftest import make_batch, make_model, perturb_routers
 from test_evaluation import _target_ll, setup  # noqa: F401  (setup: a saved model + eval sets)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rpb.analysis import analyze_model
 from rpb.eval_routing import (
     EVAL_ROUTING_DIR,
     attach_eval_routing,
     eval_routing_spec,
     save_eval_routing,
 )
-from rpb.evaluation import evaluate_model
 from rpb.methods import make_method
+from rpb.pipeline.analysis import analyze_model
+from rpb.pipeline.evaluation import evaluate_model
 from rpb.prior import extract_prior
 from rpb.routing import find_routers
 

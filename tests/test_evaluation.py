@@ -1,4 +1,5 @@
-"""rpb.evaluation: lm-eval task YAMLs and real in-process lm-eval runs on a tiny random qwen3_moe.
+"""rpb.pipeline.evaluation: lm-eval task YAMLs and real in-process lm-eval runs on a tiny random
+qwen3_moe.
 
 The reference computations (direct log-softmax sums, unpadded single-prompt greedy decoding) are
 independent of lm-eval, so they catch padding, tokenisation-boundary and stop-sequence bugs.
@@ -21,7 +22,7 @@ from transformers import (
     Qwen3MoeForCausalLM,
 )
 
-from rpb.evaluation import (
+from rpb.pipeline.evaluation import (
     GEN_MARGIN,
     evaluate_model,
     run_lm_eval,

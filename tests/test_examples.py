@@ -62,7 +62,7 @@ def test_example_runs_and_prints_the_metrics(script: str) -> None:
 
 def test_example_trains_a_checkpoint_directory(tmp_path: Path) -> None:
     from rpb.architectures import random_model
-    from rpb.tokenizer import build_tokenizer
+    from rpb.pipeline.tokenizer import build_tokenizer
 
     tok = build_tokenizer(tmp_path)
     # Three MoE layers where the built-in model has two: the script says which it trained.

@@ -11,8 +11,8 @@ import torch
 from conftest import ARCHS, make_batch, make_model
 
 from rpb.methods import make_method
+from rpb.pipeline.training import experts_kwargs, new_base_model
 from rpb.prior import extract_prior
-from rpb.training import experts_kwargs, new_base_model
 
 # Each kernel transformers 5.x ships for the CPU (deepgemm and sonicmoe are CUDA-only).
 IMPLEMENTATIONS = ["grouped_mm", "batched_mm"]
@@ -49,7 +49,7 @@ def test_training_step_matches_eager(arch: str, implementation: str) -> None:
 
 
 def test_the_config_key_reaches_the_model(tmp_path) -> None:
-    from rpb.tokenizer import build_tokenizer
+    from rpb.pipeline.tokenizer import build_tokenizer
 
     tokenizer = build_tokenizer(tmp_path / "tok")
     arch = {"num_hidden_layers": 2, "n_routed_experts": 4, "num_experts_per_tok": 2}

@@ -1,4 +1,4 @@
-"""rpb.exploratory: the softness sweep (strength axis, protocols, table, figure), table 4 at
+"""rpb.report.exploratory: the softness sweep (strength axis, protocols, table, figure), table 4 at
 strengths matched on routing, the training-drift curves, and the rule that picks the default RPB
 reading (positions between the bounds, both metrics required, order of preference, the
 undetermined case, and no say for accuracy in either measure); p(target) beside exact match in
@@ -18,7 +18,7 @@ import yaml
 from matplotlib.image import imread
 from result_worlds import OOD_ALL, PAPER_WORLD, write_run
 
-from rpb.exploratory import (
+from rpb.report.exploratory import (
     KEPT_AT_EVAL,
     OWN_ROUTER,
     build_drift,

@@ -29,12 +29,18 @@ from typing import Any
 import pytest
 import smoke_pipeline
 
-from rpb.analysis import extract_prior_from_corpus
 from rpb.architectures import random_model
-from rpb.cli import main
-from rpb.tokenizer import build_tokenizer
-from rpb.tracking import END_REASON_TAG, JobTerminated, end_stale_runs, init_store, tracked_run
-from rpb.training import CHECKPOINT_STATE, last_complete_checkpoint
+from rpb.pipeline.analysis import extract_prior_from_corpus
+from rpb.pipeline.cli import main
+from rpb.pipeline.tokenizer import build_tokenizer
+from rpb.pipeline.tracking import (
+    END_REASON_TAG,
+    JobTerminated,
+    end_stale_runs,
+    init_store,
+    tracked_run,
+)
+from rpb.pipeline.training import CHECKPOINT_STATE, last_complete_checkpoint
 
 # 20 examples, batch 4, 12 steps: 2.4 epochs, so the resumed run crosses an epoch boundary.
 CORPUS = [{"prompt": f"SumOf{a}And{a + 3}?", "completion": str(2 * a + 3)} for a in range(10, 30)]
@@ -54,7 +60,7 @@ def stop_in_third_save(self, output_dir):
         os.kill(os.getpid(), signal.SIGSTOP)
     save_rng(self, output_dir)
 Trainer._save_rng_state = stop_in_third_save
-from rpb.cli import main
+from rpb.pipeline.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 
@@ -263,7 +269,7 @@ def test_no_checkpoint_at_the_last_step(world: dict, tmp_path: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rpb.methods import make_method
-    from rpb.training import TrainSpec, run_training, tokenize_prompt_completion
+    from rpb.pipeline.training import TrainSpec, run_training, tokenize_prompt_completion
 
     tok = AutoTokenizer.from_pretrained(world["base"])
     model = AutoModelForCausalLM.from_pretrained(world["base"])
@@ -367,8 +373,8 @@ def test_a_truncated_prior_stops_the_invocation_and_loses_nothing(
 def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_copy: Path) -> None:
     """Before: table1.csv, table1.md and the figure were deleted, then the table job failed with
     "Unterminated string starting at: line 755 column 9", naming no file. The evaluation output
-    has an integrity record (rpb.evaluation.save_results writes it) whose size no longer matches;
-    without one, the JSON format check would catch it."""
+    has an integrity record (rpb.pipeline.evaluation.save_results writes it) whose size no longer
+    matches; without one, the JSON format check would catch it."""
     evaluation = smoke_copy / "eval" / "tinyA" / "math" / "none" / "seed0.json"
     before = _finished(smoke_copy)
     _truncate(evaluation, keep=0.6)
@@ -385,8 +391,8 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
 @pytest.mark.slow
 def test_a_model_folder_without_its_weights_is_one_line(smoke_copy: Path) -> None:
     """Before: "Nothing to be done", then a 23-line traceback in the next job that loaded it.
-    The pretraining job records its model folder's files (rpb.training), so the line names the
-    lost file. With a second damaged file that no rule declares (table1.meta.json), the one
+    The pretraining job records its model folder's files (rpb.pipeline.training), so the line names
+    the lost file. With a second damaged file that no rule declares (table1.meta.json), the one
     command rebuilds both: the model folder, and the declared output whose job writes the side
     file."""
     model = smoke_copy / "models" / "tinyA" / "base" / "model"
@@ -408,8 +414,8 @@ def test_a_truncated_model_weights_file_stops_the_invocation_and_loses_nothing(
 ) -> None:
     """A truncated base weights file with a fresh mtime would make Snakemake rerun, deleting
     their finished outputs first, every job downstream of the base. Its integrity record (written
-    by rpb.training) stops the invocation before the DAG is built, in one line naming the file
-    and the command that rebuilds the folder; no finished file is lost."""
+    by rpb.pipeline.training) stops the invocation before the DAG is built, in one line naming the
+    file and the command that rebuilds the folder; no finished file is lost."""
     model = smoke_copy / "models" / "tinyA" / "base" / "model"
     weights = model / "model.safetensors"
     before = _finished(smoke_copy)
@@ -427,7 +433,7 @@ def test_a_truncated_model_weights_file_stops_the_invocation_and_loses_nothing(
 
 def _posttrain_hard(world: dict, out: Path) -> None:
     """Two steps of `hard` (its model folder carries its eval-time routing) on the tiny base."""
-    from rpb.training import MethodChoice, TrainSpec, posttrain
+    from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
 
     posttrain(
         base_dir=world["base"],
@@ -495,7 +501,7 @@ def test_a_model_folder_that_fails_while_saving_is_not_left(
     temporary folder, and the error names the file under the model folder in one line."""
     import errno
 
-    import rpb.training
+    import rpb.pipeline.training
     from rpb.artifacts import RESULTS_ENV, check_results, failure_line
 
     results = tmp_path / "results"
@@ -504,7 +510,7 @@ def test_a_model_folder_that_fails_while_saving_is_not_left(
     def full_disk(folder: Path, method: Any, prior: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "eval_routing"))
 
-    monkeypatch.setattr(rpb.training, "save_eval_routing", full_disk)
+    monkeypatch.setattr(rpb.pipeline.training, "save_eval_routing", full_disk)
     run = results / "runs" / "tiny8" / "math" / "hard" / "seed0"
     with pytest.raises(OSError) as raised:
         _posttrain_hard(world, run)
@@ -577,7 +583,7 @@ def test_a_job_reading_a_damaged_model_fails_in_one_line(
 
 def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
     """Before: "Config file is not valid JSON or YAML" in two lines, naming neither."""
-    from rpb.config_check import ConfigError, check_yaml_syntax
+    from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("seeds: [0, 1]\nmethods:\n  rpb: {strength: 1.0\n  lbl: {}\n")
@@ -590,7 +596,7 @@ def test_a_yaml_syntax_error_names_the_file_and_line(tmp_path: Path) -> None:
         check_yaml_syntax(tabs)
     check_yaml_syntax(tmp_path / "absent.yaml")  # Snakemake reports a missing file itself
     done = subprocess.run(
-        [sys.executable, "-m", "rpb.config_check", str(bad), "config/smoke.yaml"],
+        [sys.executable, "-m", "rpb.pipeline.config_check", str(bad), "config/smoke.yaml"],
         cwd=smoke_pipeline.ROOT,
         capture_output=True,
         text=True,

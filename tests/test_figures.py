@@ -1,11 +1,11 @@
-"""Tests for rpb.figures: every helper writes a real, non-blank PNG and a PDF."""
+"""Tests for rpb.report.figures: every helper writes a real, non-blank PNG and a PDF."""
 
 import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.image import imread
 
-from rpb.figures import (
+from rpb.report.figures import (
     plot_coactivation_heatmaps,
     plot_curves,
     plot_retention_vs_accuracy,

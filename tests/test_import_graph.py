@@ -1,8 +1,16 @@
-"""rpb's modules import each other without circles: every `import rpb.x`, `from rpb.x import`,
-`from rpb import x` (and relative form) anywhere in a module, inside functions and
-`if TYPE_CHECKING:` blocks too, is an edge of the graph, and the graph has no cycle except the
-known ones below. A new cycle fails with its modules in order; a known cycle that is gone must be
-taken off the list. (A module named in a string, `importlib.import_module("rpb.x")`, is no edge.)
+"""rpb's modules import each other without circles and in the direction of its three wings:
+every `import rpb.x`, `from rpb.x import`, `from rpb import x` (and relative form) anywhere in a
+module, inside functions and `if TYPE_CHECKING:` blocks too, is an edge of the graph.
+
+- No cycle except the known ones below. A new cycle fails with its modules in order; a known cycle
+  that is gone must be taken off the list.
+- The wings (CONTRIBUTING.md, "Layout"): the library (the modules at the top of rpb/) imports
+  neither of the others; the report (rpb/report/) imports the library alone; the pipeline
+  (rpb/pipeline/) imports both, since it runs the report's jobs.
+- CONTRIBUTING.md's picture of the wings is the graph's: `python tests/test_import_graph.py` prints
+  it afresh.
+
+(A module named in a string, `importlib.import_module("rpb.x")`, is no edge.)
 """
 
 from __future__ import annotations
@@ -18,7 +26,8 @@ KNOWN_CYCLES: dict[tuple[str, ...], str] = {}
 
 
 def _module_names() -> dict[Path, str]:
-    """rpb's modules by file: `cli` for rpb/cli.py, `pkg` for rpb/pkg/__init__.py, `pkg.x`."""
+    """rpb's modules by file: `cli` for rpb/pipeline/cli.py, `pkg` for rpb/pkg/__init__.py,
+    `pkg.x`."""
     names = {}
     for path in sorted(PACKAGE.rglob("*.py")):
         parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
@@ -96,9 +105,9 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_the_graph_sees_imports_inside_functions():
     graph = import_graph()
-    assert "specs" in graph["cli"]  # a module-level import
-    assert "jobserver" in graph["cli"]  # imported inside main()
-    assert "router_specs" in graph["config_check"]  # inside a function
+    assert "specs" in graph["pipeline.cli"]  # a module-level import
+    assert "pipeline.jobserver" in graph["pipeline.cli"]  # imported inside main()
+    assert "router_specs" in graph["pipeline.config_check"]  # inside a function
 
 
 def test_rpb_has_no_import_cycles_but_the_known_ones():
@@ -137,3 +146,74 @@ def test_the_product_never_uses_an_experiment():
     # The check sees what it is for.
     probe = ROOT / "tests" / "data" / "imports_experiment.py"
     assert "experiments" in _imported_top_level(probe)
+
+
+# --------------------------------------------------------------------------- the wings
+
+LIBRARY, PIPELINE, REPORT = "library", "pipeline", "report"
+# What each wing may import (its own modules included).
+MAY_IMPORT = {LIBRARY: {LIBRARY}, REPORT: {LIBRARY, REPORT}, PIPELINE: {LIBRARY, REPORT, PIPELINE}}
+# Entry points outside the rule, with the reason.
+ENTRY_POINTS = {"__main__": "`python -m rpb` is the `rpb` command, whose jobs are the pipeline's"}
+
+
+def wing(module: str) -> str:
+    """The wing of an rpb module by its place: rpb/pipeline/, rpb/report/, or the library."""
+    top = module.split(".")[0]
+    return top if top in (PIPELINE, REPORT) else LIBRARY
+
+
+def wrong_way(graph: dict[str, set[str]]) -> list[str]:
+    """Every import against the wings' direction, as `a -> b (wing -> wing)`."""
+    return [
+        f"rpb.{m} -> rpb.{d} ({wing(m)} -> {wing(d)})"
+        for m in sorted(graph)
+        if m not in ENTRY_POINTS
+        for d in sorted(graph[m])
+        if wing(d) not in MAY_IMPORT[wing(m)]
+    ]
+
+
+def test_the_wing_rule_finds_imports_against_it():
+    graph = {"prior": {"report.tables"}, "report.tables": {"pipeline.cli", "prior"}, "": set()}
+    assert wrong_way(graph) == [
+        "rpb.prior -> rpb.report.tables (library -> report)",
+        "rpb.report.tables -> rpb.pipeline.cli (report -> pipeline)",
+    ]
+    assert wrong_way({"pipeline.cli": {"report.tables", "prior"}, "report": {"prior"}}) == []
+
+
+def test_the_wings_import_downward_only():
+    """The library never imports the pipeline or the report; the report never the pipeline."""
+    assert not wrong_way(import_graph()), "\n".join(wrong_way(import_graph()))
+
+
+def picture(graph: dict[str, set[str]]) -> str:
+    """The wings as a Mermaid flowchart: each wing's modules, and one arrow per pair of wings
+    with the number of module imports along it (imports inside a wing are left out)."""
+    lines = ["flowchart TB"]
+    for name, title in ((PIPELINE, "rpb.pipeline"), (REPORT, "rpb.report"), (LIBRARY, "rpb")):
+        members = sorted(m.rpartition(".")[2] for m in graph if wing(m) == name and m and m != name)
+        members = [m for m in members if f"{m}" not in ENTRY_POINTS]
+        rows = [", ".join(members[i : i + 4]) for i in range(0, len(members), 4)]
+        lines.append(
+            f'    {name}["<b>{title}</b> ({len(members)} modules)<br/>{"<br/>".join(rows)}"]'
+        )
+    counts: dict[tuple[str, str], int] = {}
+    for m, deps in graph.items():
+        for d in deps:
+            if m not in ENTRY_POINTS and wing(m) != wing(d):
+                counts[wing(m), wing(d)] = counts.get((wing(m), wing(d)), 0) + 1
+    for (a, b), n in sorted(counts.items()):
+        lines.append(f'    {a} -- "{n} imports" --> {b}')
+    return "\n".join(lines) + "\n"
+
+
+def test_contributing_shows_the_wings_as_they_are():
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    block = "```mermaid\n" + picture(import_graph()) + "```"
+    assert block in text, "refresh CONTRIBUTING.md's picture: python tests/test_import_graph.py"
+
+
+if __name__ == "__main__":
+    print(picture(import_graph()), end="")

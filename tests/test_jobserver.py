@@ -1,5 +1,5 @@
-"""The job server (rpb.jobserver): a job handed to it behaves as the same `rpb` command run in
-its own process (outputs, exit status, error line on the client's stderr); it serves its owner
+"""The job server (rpb.pipeline.jobserver): a job handed to it behaves as the same `rpb` command run
+in its own process (outputs, exit status, error line on the client's stderr); it serves its owner
 only (another uid is refused at the directory and, past it, by its peer credentials, and nothing
 runs); client and server agree on its address whatever copy of `rpb` each imports; and a server
 that cannot be used or does not answer costs one line on stderr and seconds, not the job."""
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from rpb import jobserver
-from rpb.jobserver import DIR_ENV, SERVER_ENV, _connect, address, identity, run_via_server
+from rpb.pipeline import jobserver
+from rpb.pipeline.jobserver import DIR_ENV, SERVER_ENV, _connect, address, identity, run_via_server
 
 ROOT = Path(__file__).resolve().parents[1]
 NOBODY = 65534
@@ -45,7 +45,7 @@ def _client(tmp_path: Path) -> list[str]:
     first on sys.path (so a copy of rpb in the working directory is not what it imports)."""
     script = tmp_path / "bin" / "rpb"
     script.parent.mkdir(exist_ok=True)
-    script.write_text("import sys\nfrom rpb.cli import main\nsys.exit(main())\n")
+    script.write_text("import sys\nfrom rpb.pipeline.cli import main\nsys.exit(main())\n")
     return [sys.executable, str(script)]
 
 
@@ -327,9 +327,11 @@ def test_the_address_depends_on_user_key_and_interpreter_not_on_the_rpb_copy(
     assert info.st_uid == os.getuid() and stat.S_IMODE(info.st_mode) == 0o700
     copy = tmp_path / "checkout"
     shutil.copytree(ROOT / "rpb", copy / "rpb", ignore=shutil.ignore_patterns("__pycache__"))
-    with (copy / "rpb" / "jobserver.py").open("a") as f:
+    with (copy / "rpb" / "pipeline" / "jobserver.py").open("a") as f:
         f.write("# edited\n")
-    show = "import sys, rpb.jobserver as j; print(j.address('a'), j.__file__, j.identity())"
+    show = (
+        "import sys, rpb.pipeline.jobserver as j; print(j.address('a'), j.__file__, j.identity())"
+    )
     env = dict(os.environ, PYTHONPATH=str(copy))
     python = tmp_path / "python"
     python.symlink_to(sys.executable)

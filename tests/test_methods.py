@@ -843,7 +843,7 @@ def test_what_reaches_the_router_weight(arch_name, name, strength, options, path
 
 
 def test_config_check_knows_the_new_methods_limits():
-    from rpb.config_check import ConfigError, _check_method
+    from rpb.pipeline.config_check import ConfigError, _check_method
 
     _check_method("rpb_interp", {"strength": 1.0})
     _check_method("rpb_linf", {"kind": "hard", "options": {"keep_bias_at_eval": False}})

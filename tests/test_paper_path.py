@@ -23,13 +23,19 @@ from smoke_pipeline import snakemake_in_repo
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-from rpb.analysis import extract_prior_from_corpus
 from rpb.architectures import build_config, random_model
-from rpb.evaluation import SUITE_FILE, LMEvalSuite, TaskSetting, evaluate_model, run_lm_eval
 from rpb.methods import METHODS
+from rpb.pipeline.analysis import extract_prior_from_corpus
+from rpb.pipeline.evaluation import (
+    SUITE_FILE,
+    LMEvalSuite,
+    TaskSetting,
+    evaluate_model,
+    run_lm_eval,
+)
+from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
 from rpb.prior import RouterPrior
 from rpb.routing import find_routers
-from rpb.training import MethodChoice, TrainSpec, posttrain
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = yaml.safe_load((ROOT / "config" / "paper.yaml").read_text())

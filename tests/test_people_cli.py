@@ -1,5 +1,5 @@
-"""`rpb finetune` and `rpb prior`, the command line for people (rpb.user_cli): offline, in-process,
-on a tiny random Qwen3-MoE checkpoint folder saved with the testbed tokenizer."""
+"""`rpb finetune` and `rpb prior`, the command line for people (rpb.pipeline.user_cli): offline,
+in-process, on a tiny random Qwen3-MoE checkpoint folder saved with the testbed tokenizer."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import torch
 from conftest import new_store
 
 from rpb.architectures import random_model
-from rpb.cli import build_parser, main
+from rpb.pipeline.cli import build_parser, main
+from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import RouterPrior
-from rpb.tokenizer import build_tokenizer
 from rpb.trainable import parameter_parts
 
 PAIRS = [(f"SumOf{a}And{a + 1}?", str(2 * a + 1)) for a in range(10, 26)]
@@ -123,12 +123,12 @@ def test_finetune_rpb_extracts_the_prior_and_trains_only_the_moe_part(
 def test_prior_verb_writes_a_prior_that_finetune_uses(
     world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rpb.tracking
+    import rpb.pipeline.tracking
 
     def no_mlflow(**_: Any) -> None:
         raise AssertionError("the people form opens no MLflow run without --mlflow")
 
-    monkeypatch.setattr(rpb.tracking, "tracked_run", no_mlflow)
+    monkeypatch.setattr(rpb.pipeline.tracking, "tracked_run", no_mlflow)
     prior_path = tmp_path / "priors" / "prior.safetensors"
     argv = ["prior", "--model", str(world["base"]), "--data", str(world["pairs"])]
     assert main([*argv, "--out", str(prior_path)]) == 0

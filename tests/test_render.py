@@ -1,5 +1,6 @@
-"""rpb.render, the one writer of every table: CSV with 4 decimals, side CSVs beside it, Markdown
-`<title>. <note>` with its sections, the provenance side file, and the co-activation heatmaps."""
+"""rpb.report.render, the one writer of every table: CSV with 4 decimals, side CSVs beside it,
+Markdown `<title>. <note>` with its sections, the provenance side file, and the co-activation
+heatmaps."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 import pandas as pd
 from result_worlds import PAPER_WORLD, write_run
 
-from rpb.render import coactivation_figure, side_path, write_table
+from rpb.report.render import coactivation_figure, side_path, write_table
 
 TABLE = pd.DataFrame({"method": ["none", "rpb"], "score": [1 / 3, 12.345678]})
 

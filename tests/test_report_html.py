@@ -1,7 +1,7 @@
-"""The report's HTML renderings (rpb.report_html) and their captions: a caption names the interval
-the code computed (kind and confidence, recomputed here from the synthetic runs' items with the
-function of that name), the claims pages carry every verdict and premise check of claims.csv, and
-the workflow/report/*.rst captions claim no interval of their own; every table the report lists
+"""The report's HTML renderings (rpb.report.report_html) and their captions: a caption names the
+interval the code computed (kind and confidence, recomputed here from the synthetic runs' items with
+the function of that name), the claims pages carry every verdict and premise check of claims.csv,
+and the workflow/report/*.rst captions claim no interval of their own; every table the report lists
 is also rendered as HTML, and every run has its figure."""
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import pytest
 from conftest import skip_table_figures
 from result_worlds import OOD_ALL, PAPER_WORLD, write_json, write_run, write_world
 
-import rpb.tables
-from rpb import stats
-from rpb.audit import Check, Part
-from rpb.claims import build_claims, claims_frame
-from rpb.report_html import CLAIMS_BY_TABLE, table_html, verdict_class, write_table_html
-from rpb.tables import build_table1, build_table3
-from rpb.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED
+import rpb.report.tables
+from rpb.report import stats
+from rpb.report.audit import Check, Part
+from rpb.report.claims import build_claims, claims_frame
+from rpb.report.report_html import CLAIMS_BY_TABLE, table_html, verdict_class, write_table_html
+from rpb.report.tables import build_table1, build_table3
+from rpb.report.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "workflow" / "report"
@@ -84,7 +84,7 @@ def _number(text: str) -> float:
 
 SEEDS = [0, 1, 2]
 METHODS = ["none", "lbl", "rpb"]
-# The function each interval kind a caption may name stands for (rpb.stats): a caption naming
+# The function each interval kind a caption may name stands for (rpb.report.stats): a caption naming
 # any other kind ("bootstrap CI", ...) fails.
 INTERVALS = {stats.RUN_INTERVAL: "t_interval", stats.ITEM_INTERVAL: "item_interval"}
 STATED = re.compile(r"(\d+(?:\.\d+)?)% (.+?) over (the method's runs|its items)")
@@ -197,9 +197,9 @@ def test_a_computation_that_drifts_from_its_caption_fails(
 ) -> None:
     """The computation at a level the caption does not state (the spec says 90%, the intervals
     are computed at 95%): the page's cells and its caption disagree."""
-    level = rpb.tables._level_kwargs
+    level = rpb.report.tables._level_kwargs
     monkeypatch.setattr(
-        rpb.tables, "_level_kwargs", lambda spec: level(spec) | {"confidence": 0.95}
+        rpb.report.tables, "_level_kwargs", lambda spec: level(spec) | {"confidence": 0.95}
     )
     build_table1(tmp_path, _world(tmp_path) | {"confidence": 0.9}, tmp_path / "table1.csv")
     text = (tmp_path / "table1.html").read_text()
@@ -295,7 +295,7 @@ def _parts() -> tuple[dict[str, list[Part]], list[Check]]:
 
 
 def test_claims_pages_carry_every_verdict_and_check(tmp_path: Path) -> None:
-    from rpb.report_html import write_claims_html
+    from rpb.report.report_html import write_claims_html
 
     parts, checks = _parts()
     table = claims_frame(parts)

@@ -23,8 +23,8 @@ from rpb.architectures import (
     TINY_MODEL_TYPES,
     build_config,
 )
-from rpb.config_check import ConfigError, check_config
 from rpb.methods import make_method
+from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.prior import RouterPrior
 from rpb.router_specs import (
     families_markdown,

@@ -22,7 +22,9 @@ from conftest import ARCHS, make_batch, make_model
 from transformers import AutoModelForCausalLM
 
 from rpb.architectures import random_model
-from rpb.config_check import ConfigError, check_config
+from rpb.pipeline.config_check import ConfigError, check_config
+from rpb.pipeline.training import TokenizedExamples, TrainSpec, run_training
+from rpb.report.router_swap_table import build_router_swap_table
 from rpb.router_swap import (
     LABEL_PATTERN,
     PARTS,
@@ -40,10 +42,8 @@ from rpb.router_swap import (
     swap_saved_parts,
     table_inputs,
 )
-from rpb.router_swap_table import build_router_swap_table
 from rpb.routing import find_routers
 from rpb.trainable import TRAINABLE, parameter_parts, select_trainable
-from rpb.training import TokenizedExamples, TrainSpec, run_training
 
 ROOT = Path(__file__).resolve().parents[1]
 # The families of the part tests: fused experts with a shared expert and a correction bias
@@ -530,7 +530,7 @@ def test_trainable_all_keeps_everything_and_unknown_is_refused() -> None:
 
 
 def test_cli_trainable_choices_are_the_library_s() -> None:
-    from rpb.cli import build_parser
+    from rpb.pipeline.cli import build_parser
 
     parser = build_parser()
     pipeline = parser._subparsers._group_actions[0].choices["pipeline"]
@@ -573,8 +573,8 @@ def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_pat
     """The pipeline's path: TrainSpec.trainable reaches posttrain and the saved model."""
     from safetensors.torch import load_file
 
-    from rpb.tokenizer import build_tokenizer
-    from rpb.training import MethodChoice, posttrain
+    from rpb.pipeline.tokenizer import build_tokenizer
+    from rpb.pipeline.training import MethodChoice, posttrain
 
     tokenizer = build_tokenizer(tmp_path / "base")
     base = random_model(

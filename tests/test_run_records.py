@@ -1,5 +1,5 @@
-"""rpb.run_records, reading a run's outputs: paths from the results layout, per-item scores of
-our eval sets and of standard tasks, run scores that weigh each benchmark the same, per-run
+"""rpb.report.run_records, reading a run's outputs: paths from the results layout, per-item scores
+of our eval sets and of standard tasks, run scores that weigh each benchmark the same, per-run
 records, training histories and co-activation counts; every missing file or entry is an error
 naming the file."""
 
@@ -13,11 +13,9 @@ import numpy as np
 import pytest
 from result_worlds import PAPER_WORLD, write_json, write_run
 
-from rpb.run_records import (
-    analysis_path,
+from rpb.report.run_records import (
     base_analysis,
     coactivation_counts,
-    eval_path,
     exact_match_items,
     in_domain_items,
     in_domain_tasks,
@@ -28,7 +26,7 @@ from rpb.run_records import (
     run_scores,
     training_history,
 )
-from rpb.specs import results_path
+from rpb.specs import analysis_path, eval_path, results_path
 
 SPEC = {"ood": ["addition", "facts"]}
 WHERE = Path("eval.json")

@@ -18,11 +18,11 @@ import pytest
 import yaml
 from conftest import new_store
 
-from rpb.tracking import init_store, redact_uri, scrub, tracked_run
+from rpb.pipeline.tracking import init_store, redact_uri, scrub, tracked_run
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON_SOURCES = [
-    *sorted((ROOT / "rpb").glob("*.py")),
+    *sorted((ROOT / "rpb").rglob("*.py")),
     *sorted((ROOT / "workflow" / "scripts").glob("*.py")),
     *sorted((ROOT / "bench").glob("*.py")),
 ]
@@ -99,7 +99,7 @@ def test_download_takes_trust_remote_code_from_the_model_entry(
     import transformers
 
     from rpb.architectures import random_model
-    from rpb.tokenizer import build_tokenizer
+    from rpb.pipeline.tokenizer import build_tokenizer
 
     stage = tmp_path / "stage"
     tok = build_tokenizer(stage)
@@ -147,17 +147,17 @@ def test_cli_passes_trust_remote_code_through(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, command: str
 ) -> None:
     """The flag reaches the function that loads the tokenizer, and is off unless given."""
-    import rpb.analysis
-    import rpb.evaluation
-    import rpb.tracking
-    import rpb.training
-    from rpb.cli import build_parser
+    import rpb.pipeline.analysis
+    import rpb.pipeline.evaluation
+    import rpb.pipeline.tracking
+    import rpb.pipeline.training
+    from rpb.pipeline.cli import build_parser
 
     target = {
-        "train": (rpb.training, "posttrain"),
-        "prior": (rpb.analysis, "extract_prior_from_corpus"),
-        "eval": (rpb.evaluation, "evaluate_model"),
-        "analyze": (rpb.analysis, "analyze_model"),
+        "train": (rpb.pipeline.training, "posttrain"),
+        "prior": (rpb.pipeline.analysis, "extract_prior_from_corpus"),
+        "eval": (rpb.pipeline.evaluation, "evaluate_model"),
+        "analyze": (rpb.pipeline.analysis, "analyze_model"),
     }[command]
     seen = []
 
@@ -216,7 +216,7 @@ def test_cli_passes_trust_remote_code_through(
             f"{p}.json",
         ],
     }[command]
-    monkeypatch.setattr(rpb.tracking, "tracked_run", lambda **_: contextlib.nullcontext())
+    monkeypatch.setattr(rpb.pipeline.tracking, "tracked_run", lambda **_: contextlib.nullcontext())
     for flag in ([], ["--trust-remote-code"]):
         args = build_parser().parse_args(["pipeline", command, "--name", "x", *argv, *flag])
         with pytest.raises(ValueError, match="stop here"):

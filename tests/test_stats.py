@@ -1,6 +1,6 @@
-"""Run-level inference (rpb.stats): the t-interval on per-run paired differences is calibrated on
-synthetic data with a known effect, realistic seed-level and item-level variance; MDE, seeds
-needed, Friedman power and the within-cluster correlation behave as stated in docs/claims.md;
+"""Run-level inference (rpb.report.stats): the t-interval on per-run paired differences is
+calibrated on synthetic data with a known effect, realistic seed-level and item-level variance; MDE,
+seeds needed, Friedman power and the within-cluster correlation behave as stated in docs/claims.md;
 one run's item interval; and the descriptive statistics (two-way bootstrap, paired bootstrap
 differences and p-values, Spearman with a bootstrap CI, rank consistency) against scipy."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from rpb.stats import (
+from rpb.report.stats import (
     bootstrap_p_value,
     friedman_power,
     item_interval,

@@ -19,7 +19,7 @@ from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, write_json, write_world
 from safetensors.torch import save_file
 from scipy import stats
 
-from rpb.tables import (
+from rpb.report.tables import (
     PAPER_TABLE1,
     build_table1,
     build_table2,
@@ -443,7 +443,7 @@ def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
 
 def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
     """The rows of tables 1, 2 and 5 are `method_row`'s, each table a choice of its columns."""
-    from rpb.tables import method_row, table5_frames
+    from rpb.report.tables import method_row, table5_frames
 
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
     spec = {**STAT, "model": "tinyA", "corpus": "math", "seeds": [0, 1], "family": "B"}

@@ -1,5 +1,5 @@
-"""rpb.testbed: the calibration report of a tiny base, on a hand-made results folder whose routing
-structure, scores and job times are known."""
+"""rpb.pipeline.testbed: the calibration report of a tiny base, on a hand-made results folder whose
+routing structure, scores and job times are known."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 from conftest import new_store
 
-from rpb import testbed  # not its names: pytest would collect `testbed_report` as a test
-from rpb.analysis import extract_prior_from_corpus
 from rpb.architectures import random_model
+from rpb.pipeline import testbed  # not its names: pytest would collect `testbed_report` as a test
+from rpb.pipeline.analysis import extract_prior_from_corpus
+from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import RouterPrior
-from rpb.tokenizer import build_tokenizer
 
 E = 8
 # Layer 0: two disjoint cliques of four experts, equal usage: 2 communities, modularity 1/2,

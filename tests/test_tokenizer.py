@@ -11,7 +11,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from rpb.data import (
+from rpb.pipeline.data import (
     EVAL_TASKS,
     MATH2_MARK,
     MATH2_WORDS,
@@ -23,7 +23,7 @@ from rpb.data import (
     vocabulary,
     write_corpora,
 )
-from rpb.tokenizer import build_tokenizer
+from rpb.pipeline.tokenizer import build_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,6 @@
 """MLflow as a researcher browses it: a model-training experiment, one parent run per invocation
 with every job's run nested under it, eval and analysis runs that carry table 1's numbers, and the
-corpora and eval sets as datasets (rpb/tracking.py; docs/tracking.md)."""
+corpora and eval sets as datasets (rpb/pipeline/tracking.py; docs/tracking.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from conftest import new_store
 
-from rpb import tracking
+from rpb.pipeline import tracking
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -321,7 +321,7 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     table = pd.read_csv(smoke_run / "table1.csv").set_index("method")
     spec = json.loads((smoke_run / "table1.meta.json").read_text())
     latest = _finished_by_name(runs)
-    # The exact-match columns; their p(target) twins (`ood_<task>_p`, rpb.tables) are no run
+    # The exact-match columns; their p(target) twins (`ood_<task>_p`, rpb.report.tables) are no run
     # metrics (eval_summary logs exact match only).
     ood = [c for c in table.columns if c.startswith("ood_") and not c.endswith("_p")]
     accuracy = ["in_domain", "ood_mean", *ood]

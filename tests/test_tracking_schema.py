@@ -1,7 +1,7 @@
-"""One parameter schema across every run kind (rpb.tracking.SCHEMA_PARAMS; docs/tracking.md):
-`model`, `base`, `method`, `corpus` and `seed` under the same names everywhere, no placeholder in
-a run name, no tag named like a param, one unit per metric family, and table runs that carry
-their table and its headline numbers."""
+"""One parameter schema across every run kind (rpb.pipeline.tracking.SCHEMA_PARAMS;
+docs/tracking.md): `model`, `base`, `method`, `corpus` and `seed` under the same names everywhere,
+no placeholder in a run name, no tag named like a param, one unit per metric family, and table runs
+that carry their table and its headline numbers."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from rpb import tracking
+from rpb.pipeline import tracking
 
-# Each run kind as its job opens it (rpb.cli), on results run id 1001 (seed 1 on base 1) where it
-# has one: (kwargs of tracked_run, the run name, the schema params it has).
+# Each run kind as its job opens it (rpb.pipeline.cli), on results run id 1001 (seed 1 on base 1)
+# where it has one: (kwargs of tracked_run, the run name, the schema params it has).
 KINDS: list[tuple[dict[str, Any], str, dict[str, str]]] = [
     ({"stage": "corpora", "params": {"data_seed": 0}}, "corpora", {}),
     (

@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rpb.architectures import random_model
-from rpb.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS
-from rpb.tokenizer import build_tokenizer
+from rpb.pipeline.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS
+from rpb.pipeline.tokenizer import build_tokenizer
+from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain, tokenize_prompt_completion
+from rpb.pipeline.training import unseen_token_ids as unseen
 from rpb.trainable import UpdateScaleCallback, parameter_parts, select_trainable
-from rpb.training import MethodChoice, TrainSpec, posttrain, tokenize_prompt_completion
-from rpb.training import unseen_token_ids as unseen
 
 
 def _base(tmp_path: Path, arch: str, **extra) -> Path:

@@ -328,8 +328,9 @@ def test_library_module_stays_light() -> None:
 
 
 def test_training_reexports_the_library_trainer() -> None:
-    """The pipeline's rpb.training hands out the same classes as the library's rpb.trainer."""
-    import rpb.training
+    """The pipeline's rpb.pipeline.training hands out the same classes as the library's
+    rpb.trainer."""
+    import rpb.pipeline.training
 
-    assert rpb.training.RouterMethodTrainer is RouterMethodTrainer
-    assert rpb.training.RoutingDriftCallback is RoutingDriftCallback
+    assert rpb.pipeline.training.RouterMethodTrainer is RouterMethodTrainer
+    assert rpb.pipeline.training.RoutingDriftCallback is RoutingDriftCallback

@@ -10,12 +10,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rpb.analysis import extract_prior_from_corpus
-from rpb.data import SIZE_PRESETS, write_corpora
 from rpb.eval_routing import eval_routing_spec
-from rpb.evaluation import evaluate_model
-from rpb.tokenizer import build_tokenizer
-from rpb.training import MethodChoice, TrainSpec, posttrain, pretrain
+from rpb.pipeline.analysis import extract_prior_from_corpus
+from rpb.pipeline.data import SIZE_PRESETS, write_corpora
+from rpb.pipeline.evaluation import evaluate_model
+from rpb.pipeline.tokenizer import build_tokenizer
+from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain, pretrain
 
 ARCH = {
     "hidden_size": 32,

@@ -23,8 +23,8 @@ from trl import SFTConfig
 
 from rpb.architectures import random_model
 from rpb.methods import make_method
+from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import RouterPrior, extract_prior
-from rpb.tokenizer import build_tokenizer
 from rpb.trl import RouterMethodSFTTrainer
 
 SFT_METRICS = ("entropy", "mean_token_accuracy", "num_tokens")

@@ -1,11 +1,11 @@
-"""The verdict rules (rpb.verdicts), each on intervals with a known answer: direction,
+"""The verdict rules (rpb.report.verdicts), each on intervals with a known answer: direction,
 equivalence and exceeds, their underpowered readings, and how parts combine into a claim."""
 
 from __future__ import annotations
 
 import pytest
 
-from rpb.verdicts import (
+from rpb.report.verdicts import (
     INCONCLUSIVE,
     NOT_SUPPORTED,
     NOT_TESTABLE,

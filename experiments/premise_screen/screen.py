@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from rpb.stats import mde, seeds_needed, t_interval
+from rpb.report.stats import mde, seeds_needed, t_interval
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -204,7 +204,7 @@ def prepare_data(results: Path, work: Path) -> None:
     holding the level's dev split (as `math`) and the OOD eval sets."""
     import yaml
 
-    from rpb.data import preset_sizes, write_corpora
+    from rpb.pipeline.data import preset_sizes, write_corpora
 
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     seed, preset = config["data"]["seed"], config["data"]["preset"]
@@ -239,7 +239,13 @@ def _scores(
     """p(target) (and, with `exact_match`, greedy exact match) on the level's dev split and the
     OOD sets, through lm-eval as the pipeline evaluates. Without exact match only the
     loglikelihood tasks run: generation is most of an evaluation's cost."""
-    from rpb.evaluation import LL_SUFFIX, evaluate_model, run_lm_eval, save_results, write_tasks
+    from rpb.pipeline.evaluation import (
+        LL_SUFFIX,
+        evaluate_model,
+        run_lm_eval,
+        save_results,
+        write_tasks,
+    )
 
     names = ["math", *OOD]
     if not out.is_file():
@@ -265,8 +271,8 @@ def base_record(results: Path, work: Path, model: str, level: int) -> dict[str, 
 
 def _overlap(model_dir: Path, base_dir: Path, eval_dir: Path) -> float:
     """Same-state top-k overlap of the live router with the base router on the OOD probe, layer
-    mean (the analysis stage's drift measure, rpb.analysis.routing_pass)."""
-    from rpb.analysis import load_for_inference, probe_texts, routing_pass, text_batches
+    mean (the analysis stage's drift measure, rpb.pipeline.analysis.routing_pass)."""
+    from rpb.pipeline.analysis import load_for_inference, probe_texts, routing_pass, text_batches
     from rpb.routing import find_routers
 
     _, base = load_for_inference(base_dir)
@@ -299,8 +305,8 @@ def run_record(
     base's routers put back, and measure its router's drift. Cached as record.json."""
     import torch
 
+    from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
     from rpb.router_swap import swap_routers
-    from rpb.training import MethodChoice, TrainSpec, posttrain
 
     run_dir = _paths(work)["runs"] / model / point.label / f"seed{seed}"
     record_path = run_dir / "record.json"

@@ -1,6 +1,6 @@
 """The regime walk's figure (regime.md's images in img/): `none`'s final dev accuracy against
-post-training steps. Archived with the walk; it was `rpb.figures.plot_regime_walk` until the walk
-left the product (last run there: commit 0e5c1da)."""
+post-training steps. Archived with the walk; it was `rpb.report.figures.plot_regime_walk` until the
+walk left the product (last run there: commit 0e5c1da)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from rpb.artifacts import save_figure
 
 
 def _save(fig: Figure, path_stem: str | Path) -> list[Path]:
-    """<stem>.png and <stem>.pdf, as rpb.figures writes its figures."""
+    """<stem>.png and <stem>.pdf, as rpb.report.figures writes its figures."""
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = [stem.with_name(stem.name + ext) for ext in (".png", ".pdf")]

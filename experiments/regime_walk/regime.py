@@ -3,9 +3,9 @@ until the walk left the product (last run there: commit 0e5c1da); see README.md.
 
 The rule chooses the post-training regime (learning rate, step count, task difficulty, seed count)
 from plain fine-tuning (`none`) and the base alone, before any method comparison: calibration runs
-of `none` on their own seeds, scored on the development split (`rpb.data`: disjoint from training
-data and from every eval set the tables read), walked over the candidates in the rule's order. The
-first candidate that passes every gate is the regime; every candidate tried is reported.
+of `none` on their own seeds, scored on the development split (`rpb.pipeline.data`: disjoint from
+training data and from every eval set the tables read), walked over the candidates in the rule's
+order. The first candidate that passes every gate is the regime; every candidate tried is reported.
 
 Calibration runs are cached one JSON per (model, task, lr fraction, steps, seed), so an
 interrupted or extended walk never recomputes a finished run. A task is a difficulty level and,
@@ -43,8 +43,9 @@ class RegimeRule:
     # Rule 2's second graded axis (docs/regime.md): post-training pairs per level, tried from the
     # most (easiest) down; empty (or None): the data preset's size (rule 1).
     post_pairs: tuple[int | None, ...] = ()
-    # Rule 3's graded axis (docs/regime.md): post-training hold-outs (`rpb.data.check_holdout`),
-    # tried in the given order; empty (or None): no hold-out (rules 1 and 2).
+    # Rule 3's graded axis (docs/regime.md): post-training hold-outs
+    # (`rpb.pipeline.data.check_holdout`), tried in the given order; empty (or None): no hold-out
+    # (rules 1 and 2).
     post_holdouts: tuple[str | None, ...] = ()
     # Rule 2's R2b: the least share of dev items that some but not every seed answers correctly
     # (room to move); 0 skips the gate (rule 1).
@@ -145,7 +146,7 @@ def region_accuracy(
         return None
     import re
 
-    from rpb.data import held_out_by, load_jsonl
+    from rpb.pipeline.data import held_out_by, load_jsonl
 
     items = load_jsonl(Path(data_dir) / "dev" / f"{corpus}.jsonl", ("prompt", "target"))
     pairs = [tuple(int(x) for x in re.findall(r"\d+", item["prompt"])[:2]) for item in items]
@@ -157,7 +158,7 @@ def region_accuracy(
 
 def seeds_for_margin(sigma: float, rule: RegimeRule) -> int:
     """R4: the smallest n whose paired MDE at sd sqrt(2) * sigma (points) is at most the margin."""
-    from rpb.stats import seeds_needed
+    from rpb.report.stats import seeds_needed
 
     return seeds_needed(
         math.sqrt(2) * sigma, rule.margin, confidence=rule.confidence, power=rule.power
@@ -210,7 +211,7 @@ def dev_outcomes(model: Any, tokenizer: Any, items: Sequence[dict[str, str]]) ->
     training saw (the tiny tokenizer has no BOS)."""
     import torch
 
-    from rpb.tokenizer import encode
+    from rpb.pipeline.tokenizer import encode
 
     eos = tokenizer.eos_token_id
     groups: dict[int, list[tuple[list[int], list[int]]]] = {}
@@ -289,9 +290,9 @@ def calibration_run(
     import torch
     from transformers import AutoTokenizer
 
-    from rpb.data import load_jsonl
-    from rpb.training import MethodChoice, TrainSpec
-    from rpb.training import posttrain as run_posttrain
+    from rpb.pipeline.data import load_jsonl
+    from rpb.pipeline.training import MethodChoice, TrainSpec
+    from rpb.pipeline.training import posttrain as run_posttrain
 
     torch.set_num_threads(1)
     items = load_jsonl(data_dir / "dev" / f"{corpus}.jsonl", ("prompt", "target"))

@@ -14,7 +14,7 @@ import pytest
 import torch
 from matplotlib.image import imread
 
-from rpb.stats import mde
+from rpb.report.stats import mde
 
 sys.path.insert(0, str(Path(__file__).parent))
 import plot_walk
@@ -332,7 +332,7 @@ class _EchoModel:
 
 
 def test_dev_accuracy_is_exact_match_with_eos(tmp_path: Path) -> None:
-    from rpb.tokenizer import build_tokenizer
+    from rpb.pipeline.tokenizer import build_tokenizer
 
     tok = build_tokenizer(tmp_path / "tok")
     items = [{"prompt": "SumOf35And47?", "target": "28"}, {"prompt": "SumOf1And2?", "target": "3"}]

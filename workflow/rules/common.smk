@@ -13,7 +13,7 @@ from rpb.artifacts import (
     integrity_message,
     parse_invocation,
 )
-from rpb.config_check import ConfigError, check_config
+from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.specs import CORPORA, base_of_run, bases_of, results_path, run_ids
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
@@ -109,7 +109,7 @@ os.environ.update(RPB_MLFLOW_INVOCATION=TRACKING_INVOCATION)
 CONDA_ENV = (
     "../../envs/paper.yaml" if config["scale"] == "paper" else "../../envs/rpb.yaml"
 )
-# The training command; at paper scale e.g. "accelerate launch --config_file ... -m rpb.cli".
+# The training command; at paper scale e.g. "accelerate launch --config_file ... -m rpb.pipeline.cli".
 TRAIN_LAUNCHER = config.get("train_launcher", "rpb")
 PRETRAINED_MODELS = [
     m for m, e in config["models"].items() if e["source"] == "pretrain"
@@ -123,7 +123,7 @@ HUB_MODELS = [m for m, e in config["models"].items() if e["source"] == "hub"]
 TRACK = f"--experiment {shlex.quote(EXPERIMENT)}"
 # Train, evaluate and analyse a post-training run in one job (rule posttrain_run, train.smk).
 ONE_PROCESS_PER_RUN = config.get("one_process_per_run", False)
-# Jobs hand their command to a fork server that imported the libraries once (rpb.jobserver); the
+# Jobs hand their command to a fork server that imported the libraries once (rpb.pipeline.jobserver); the
 # value only names the server, one per results folder.
 if config.get("job_server", False):
     os.environ.update(RPB_JOB_SERVER=os.path.abspath(RESULTS))
@@ -232,7 +232,7 @@ def base_run_ids(model):
 
 def base_of_flags(wildcards):
     """`--family F --base-index K` of a pretrained model (`tinyA_p1`: tinyA, base 1): the
-    tracking schema's `model` and `base` (rpb.tracking.SCHEMA_PARAMS)."""
+    tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
     family = config["models"][wildcards.model].get("replicate_of", wildcards.model)
     index = bases(family).index(wildcards.model) if family in config["models"] else 0
     return f"--family {family} --base-index {index}"

@@ -166,8 +166,9 @@ def fetch_corpus(
 
 
 def write_lm_eval_suite(spec: Mapping[str, Any], names: Sequence[str], out: Path, log: str) -> None:
-    """The suite file rpb.evaluation reads; every benchmark the config evaluates must be in it."""
-    from rpb.evaluation import LMEvalSuite
+    """The suite file rpb.pipeline.evaluation reads; every benchmark the config evaluates must be in
+    it."""
+    from rpb.pipeline.evaluation import LMEvalSuite
 
     suite = LMEvalSuite.from_dict(spec, where="evaluation.lm_eval")
     missing = [n for n in names if n not in suite.tasks]
@@ -181,7 +182,7 @@ def prefetch_lm_eval(names: Sequence[str], out: Path, log: str) -> None:
     """Build the lm-eval tasks once with network: their datasets land in the HF datasets cache."""
     import lm_eval
 
-    from rpb.evaluation import prefetch_tasks
+    from rpb.pipeline.evaluation import prefetch_tasks
 
     leaves = prefetch_tasks(names)
     cache = os.environ.get("HF_DATASETS_CACHE") or os.environ.get("HF_HOME") or "~/.cache"

@@ -87,7 +87,7 @@ def step_costs(config: dict, results: Path, steps: tuple[int, int], rule: Regime
 
 def pretrain_seconds(config: dict, results: Path) -> float:
     """The slowest of table 1's bases' pretraining, as `rpb regime` reads it."""
-    from rpb.testbed import stage_durations
+    from rpb.pipeline.testbed import stage_durations
 
     uri = (
         os.environ.get("MLFLOW_TRACKING_URI")

@@ -18,7 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
-from rpb import data as D
+from rpb.pipeline import data as D
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the archived regime.py
 from regime import RegimeRule, calibration_run

@@ -3,8 +3,8 @@ confirmation: cost, and whether routing moves at all").
 
 `none` only, on the seed-0 base of each family, three seeds, at the settings that section fixed
 (M0's, and 1/30, 1/10 and 1/3 of the pretraining peak at 800 steps on rule 3's `below50` task).
-Each trained run is analysed as the pipeline analyses a run (`rpb.analysis.analyze_model`: the
-probe set, top-k overlap with the base router and community NMI against the base's partition);
+Each trained run is analysed as the pipeline analyses a run (`rpb.pipeline.analysis.analyze_model`:
+the probe set, top-k overlap with the base router and community NMI against the base's partition);
 the training-batch top-k overlap every 100 steps is kept for the curves. The verdict per family
 and setting is the section's: the routing *moves* when both seed means reach the M0 row's; the
 bases screens' criterion (top-k overlap at most SCREEN_OVERLAP at 1/10 or 1/30) is reported
@@ -68,8 +68,8 @@ def run_one(job: dict) -> dict:
     """Post-train `none` at one setting and analyse the result as the pipeline does."""
     import torch
 
-    from rpb.analysis import analyze_model
-    from rpb.training import MethodChoice, TrainSpec, posttrain
+    from rpb.pipeline.analysis import analyze_model
+    from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
 
     torch.set_num_threads(1)
     results = Path(job["results"])

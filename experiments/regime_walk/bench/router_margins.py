@@ -25,7 +25,7 @@ import torch
 from router_drift_map import pipeline_settings  # bench/, beside this script
 from scipy.stats import spearmanr
 
-from rpb.analysis import load_for_inference, probe_texts, text_batches
+from rpb.pipeline.analysis import load_for_inference, probe_texts, text_batches
 from rpb.routing import RouterControl, handle_selection_scores
 
 ROOT = Path(__file__).resolve().parents[1]

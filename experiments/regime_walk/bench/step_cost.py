@@ -4,9 +4,9 @@
 Per tiny base (tinyA, tinyB: the pretrained seed-0 bases; one torch thread; the default config's
 post-training batch and length), in one invocation:
 
-- `trainer_step_ms`: the pipeline's own post-training path (`rpb.training.posttrain`, `none`,
-  the base's prior attached for the drift statistics) at the regime's S = 800 steps: its whole
-  wall time (load, tokenisation, Trainer) per step, as a run pays it;
+- `trainer_step_ms`: the pipeline's own post-training path (`rpb.pipeline.training.posttrain`,
+`none`,   the base's prior attached for the drift statistics) at the regime's S = 800 steps: its
+whole   wall time (load, tokenisation, Trainer) per step, as a run pays it;
 - `bare_step_ms`: the same model, batches and optimiser (fused AdamW, gradient clipping at 1.0,
   as the Trainer has them) in a plain loop: what is left without the Trainer, callbacks and
   tracking;
@@ -35,7 +35,7 @@ from router_drift_map import pipeline_settings  # bench/, beside this script
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rpb.training import (
+from rpb.pipeline.training import (
     MethodChoice,
     RightPadCollator,
     TrainSpec,

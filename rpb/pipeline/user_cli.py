@@ -162,7 +162,7 @@ def read_records(path: Path, text_field: str = "text") -> tuple[list[dict[str, s
     """The JSONL records of `path` and their form: "text" (`text_field` holds the whole text) or
     "prompt_completion". The first record decides; blank lines are skipped; errors name
     file:line."""
-    from rpb.data import check_string_fields, jsonl_objects
+    from rpb.pipeline.data import check_string_fields, jsonl_objects
 
     check_file(path, "--data")
     records: list[dict[str, str]] = []
@@ -193,11 +193,11 @@ def tokenize_records(
     max_length: int,
     source: str,
 ) -> Any:
-    """`rpb.training.TokenizedExamples` of the records: the tokenizer's own special tokens
+    """`rpb.pipeline.training.TokenizedExamples` of the records: the tokenizer's own special tokens
     (a BOS where it adds one) before the text or prompt, EOS after, cut at `max_length`. Labels
     cover every token of a text, or the completion and EOS of a prompt/completion pair. Records
     left with no target token by the cut are dropped (with a warning)."""
-    from rpb.training import IGNORE_INDEX, TokenizedExamples
+    from rpb.pipeline.training import IGNORE_INDEX, TokenizedExamples
 
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -249,8 +249,8 @@ def prior_of(
 ) -> Any:
     """The router prior of `model` on the tokenized `dataset` (all its tokens, prompts included,
     as the pipeline's prior covers the whole corpus texts)."""
+    from rpb.pipeline.training import RightPadCollator
     from rpb.prior import extract_prior
-    from rpb.training import RightPadCollator
 
     collate = RightPadCollator(_pad_id(tokenizer))
     rows = dataset.examples
@@ -295,7 +295,7 @@ def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params
         return contextlib.nullcontext()
     import mlflow
 
-    from rpb.tracking import artifact_location, resolve_tracking_uri, tracked_run
+    from rpb.pipeline.tracking import artifact_location, resolve_tracking_uri, tracked_run
 
     uri = args.tracking_uri or resolve_tracking_uri(results_dir=Path("."))
     client = mlflow.MlflowClient(tracking_uri=uri)
@@ -318,7 +318,7 @@ def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params
 
 def cmd_prior(args: argparse.Namespace) -> None:
     """`rpb prior --model DIR --data FILE --out prior.safetensors` (the form without --name)."""
-    from rpb.analysis import load_for_inference
+    from rpb.pipeline.analysis import load_for_inference
 
     check_model_dir(args.model)
     records, form = read_records(args.corpus, args.text_field)
@@ -380,11 +380,11 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     from rpb.artifacts import write_text
     from rpb.eval_routing import save_eval_routing
     from rpb.methods import make_method
+    from rpb.pipeline.tracking import method_params
+    from rpb.pipeline.training import RightPadCollator, unseen_token_ids
     from rpb.prior import RouterPrior
-    from rpb.tracking import method_params
     from rpb.trainable import select_trainable
     from rpb.trainer import RouterMethodTrainer
-    from rpb.training import RightPadCollator, unseen_token_ids
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError(
@@ -508,7 +508,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         trainer.remove_callback(plain)
         trainer.add_callback(short)
         if args.mlflow:
-            from rpb.training import MlflowHistoryCallback
+            from rpb.pipeline.training import MlflowHistoryCallback
 
             trainer.add_callback(MlflowHistoryCallback(trainer.router_history))
         log.info("fine-tuning with %r", method)

@@ -3,7 +3,7 @@
 Capitalised words (template and grammar words, colours) are single tokens, every other character
 is one token, there are no spaces and the decoder inserts none, so ``decode(encode(x)) == x``.
 No BOS, EOS ``<eos>``, pad ``<pad>``, left padding (for batched generation). The tokenizer itself
-has no unknown token and fails on an unknown symbol; ``rpb.data.split_symbols`` names it.
+has no unknown token and fails on an unknown symbol; ``rpb.pipeline.data.split_symbols`` names it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from rpb.data import EOS_TOKEN, PAD_TOKEN, TOKEN_PATTERN, vocabulary
+from rpb.pipeline.data import EOS_TOKEN, PAD_TOKEN, TOKEN_PATTERN, vocabulary
 
 # User text then assistant text then EOS, nothing in between: chat-formatted SFT sees exactly the
 # prompt+completion sequences the plain trainer builds. The generation tags let

@@ -19,7 +19,6 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rpb.analysis import corpus_texts, routing_pass, text_batches
 from rpb.artifacts import write_text
 from rpb.coactivation import (
     communities,
@@ -28,6 +27,7 @@ from rpb.coactivation import (
     uniform_baseline,
     usage_entropy,
 )
+from rpb.pipeline.analysis import corpus_texts, routing_pass, text_batches
 from rpb.prior import RouterPrior
 
 
@@ -81,7 +81,7 @@ def stage_durations(tracking_uri: str, experiment: str = "rpb") -> dict[str, lis
     for run in client.search_runs([found.experiment_id], max_results=5000):
         if run.info.status != "FINISHED" or not run.info.end_time:
             continue
-        # `model` is a param (rpb.tracking.SCHEMA_PARAMS); runs logged before it a tag.
+        # `model` is a param (rpb.pipeline.tracking.SCHEMA_PARAMS); runs logged before it a tag.
         model = run.data.params.get("model") or run.data.tags.get("model")
         key = f"{run.data.tags.get('stage')}/{model}"
         durations.setdefault(key, []).append((run.info.end_time - run.info.start_time) / 1000)

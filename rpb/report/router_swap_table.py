@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
+from rpb.report.run_records import in_domain_tasks, read_json
 from rpb.router_swap import (
     PARTS,
     REST,
@@ -27,7 +28,6 @@ from rpb.router_swap import (
     factors,
     subsets,
 )
-from rpb.run_records import in_domain_tasks, read_json
 
 # Rounding tolerance of the check that the effects add up to the total (they do by construction).
 _ADD_UP_TOL = 1e-9

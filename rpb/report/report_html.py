@@ -3,12 +3,12 @@ inline (workflow/rules/tables.smk registers them with `report()`; a CSV there is
 
 Each page is a title, its caption and its tables. No caption is written by hand:
 
-- A table's page (`write_table_html`, called by `rpb.render.write_table` beside the Markdown) has
-  the note its `build_*` function generates from the spec and from the constants of the
+- A table's page (`write_table_html`, called by `rpb.report.render.write_table` beside the Markdown)
+has   the note its `build_*` function generates from the spec and from the constants of the
   computation: the measures, and the interval's kind, confidence and what it is over, named by
-  `rpb.stats.describe_interval`, the names of the intervals `rpb.stats` computes.
-- The claims audit (`write_claims_html`, called by `rpb.claims.build_claims`): `claims.html` with
-  the audit's rules, each manipulation check (premise) with its outcome and each part with its
+  `rpb.report.stats.describe_interval`, the names of the intervals `rpb.report.stats` computes.
+- The claims audit (`write_claims_html`, called by `rpb.report.claims.build_claims`): `claims.html`
+with   the audit's rules, each manipulation check (premise) with its outcome and each part with its
   verdict; and per table a page of the claims measured on it
   (`claims_by_table/<table>_claims.html`), which the report shows in that table's category.
 
@@ -160,7 +160,7 @@ def write_table_html(
 
 
 class CheckLike(Protocol):
-    """A manipulation check as `rpb.audit.Check` has it."""
+    """A manipulation check as `rpb.report.audit.Check` has it."""
 
     id: str
     premise: str

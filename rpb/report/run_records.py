@@ -18,17 +18,15 @@ from typing import Any
 
 import numpy as np
 
-from rpb.specs import RUN_STRIDE, base_index, results_path
+from rpb.specs import RUN_STRIDE, analysis_path, base_index, eval_path, run_path
 
 __all__ = [
     "ACCURACY",
     "DRIFT",
     "RETENTION",
     "analysis_mean",
-    "analysis_path",
     "base_analysis",
     "coactivation_counts",
-    "eval_path",
     "exact_match_items",
     "in_domain_items",
     "in_domain_tasks",
@@ -59,21 +57,6 @@ def read_json(path: Path, what: str = "the table") -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"missing input for {what}: {path}")
     return json.loads(path.read_text())
-
-
-def _path(kind: str, results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
-    fields = {"model": model, "corpus": corpus, "method": label, "seed": seed}
-    return Path(results) / results_path(kind, **fields)
-
-
-def eval_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
-    """Where the evaluation output of one trained model lies (`base`: the base, seed 0)."""
-    return _path("eval", results, model, corpus, label, seed)
-
-
-def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
-    """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
-    return _path("analysis", results, model, corpus, label, seed)
 
 
 def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.ndarray:
@@ -130,7 +113,7 @@ def run_score(
 ) -> tuple[float, dict[str, float], int]:
     """One run's score (%) over `tasks`: the mean of each task's item mean, so every benchmark
     weighs the same whatever its size; also each task's mean and the item count. `items` reads
-    a task's per-item scores (default: exact match; rpb.tables passes p(target)'s)."""
+    a task's per-item scores (default: exact match; rpb.report.tables passes p(target)'s)."""
     items = exact_match_items if items is None else items
     per_task = {t: items(result, t, path) for t in tasks}
     means = {t: _pct(items.mean()) for t, items in per_task.items()}
@@ -183,7 +166,7 @@ def training_history(
     results: Path, model: str, corpus: str, label: str, seed: int
 ) -> list[dict[str, Any]]:
     """The logged training steps of one post-training run (`train_history.json`)."""
-    path = _path("train_history", results, model, corpus, label, seed)
+    path = run_path("train_history", results, model, corpus, label, seed)
     history = read_json(path).get("history")
     if not history:
         raise ValueError(f"{path}: no 'history' entries")
@@ -204,15 +187,15 @@ def coactivation_counts(
     # The base analysis is per (model, corpus) and base (run `seed` starts from base
     # `base_index(seed)`, evaluated as run RUN_STRIDE * k); a corpus without one (math2) uses the
     # base counts that every analysis stores beside its own (the same base, the same probe set).
-    base_file = _path("analysis_counts", results, model, corpus, "base", base_runs([seed])[0])
+    base_file = run_path("analysis_counts", results, model, corpus, "base", base_runs([seed])[0])
     if base_file.is_file():
         base = _load_counts(base_file)
     else:
-        first = _path("analysis_counts", results, model, corpus, methods[0], seed)
+        first = run_path("analysis_counts", results, model, corpus, methods[0], seed)
         base = _load_counts(first, "base_counts")
     named = {"base": base}
     for label in methods:
-        path = _path("analysis_counts", results, model, corpus, label, seed)
+        path = run_path("analysis_counts", results, model, corpus, label, seed)
         if not path.is_file():
             raise FileNotFoundError(f"missing input for the figure: {path}")
         named[f"{label} (seed {seed})"] = _load_counts(path)
@@ -223,4 +206,4 @@ def base_analysis(results: Path, model: str, corpus: str) -> tuple[dict[str, Any
     """The base's analysis output on `corpus` (per-layer rows, probe size) and its counts."""
     path = analysis_path(results, model, corpus, "base", 0)
     summary = read_json(path)
-    return summary, _load_counts(_path("analysis_counts", results, model, corpus, "base", 0))
+    return summary, _load_counts(run_path("analysis_counts", results, model, corpus, "base", 0))

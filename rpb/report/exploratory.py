@@ -1,10 +1,11 @@
 """Exploratory tables beyond the paper's: the softness sweep, table 4 at strengths matched on
 routing, training-time routing drift, and which RPB reading anchors.
 
-As in `rpb.tables`, each is a pure frame function (results and spec in, DataFrames out; runs
-read through `rpb.run_records` and `rpb.tables.accuracy_record`) and a `build_*` entry point that
-writes through `rpb.render`. Accuracy columns come in the tables' measures: exact match, and
-p(target) beside it (`in_domain_p`, `ood_mean_p`) wherever it is measured (`rpb.tables.measures`).
+As in `rpb.report.tables`, each is a pure frame function (results and spec in, DataFrames out; runs
+read through `rpb.report.run_records` and `rpb.report.tables.accuracy_record`) and a `build_*` entry
+point that writes through `rpb.report.render`. Accuracy columns come in the tables' measures: exact
+match, and p(target) beside it (`in_domain_p`, `ood_mean_p`) wherever it is measured
+(`rpb.report.tables.measures`).
 
 - Sweep (`build_sweep`): accuracy and retention against each method's strength.
 - Table 4 at matched strengths (`build_table4_matched`, part of the sweep's outputs).
@@ -21,10 +22,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpb.render import write_csv, write_table
-from rpb.run_records import DRIFT, RETENTION, training_history
+from rpb.report.render import write_csv, write_table
+from rpb.report.run_records import DRIFT, RETENTION, training_history
+from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
 from rpb.specs import METHOD_SPECS
-from rpb.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
 
 # --- softness sweep ----------------------------------------------------------------------------
 
@@ -97,7 +98,7 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     at matched strengths (`sweep_table4_matched*`, `build_table4_matched`). Each point carries
     its evaluation `protocol`: a curve is drawn through its own-router points only, and a point
     kept at evaluation (`hard`) is marked apart."""
-    from rpb.figures import plot_sweep
+    from rpb.report.figures import plot_sweep
 
     frames = sweep_frames(results, spec)
     table, runs = frames["table"], frames["runs"]
@@ -293,7 +294,7 @@ def drift_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
 
 def build_drift(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """The drift curves' long table (CSV) and the curves figure `figures/drift`."""
-    from rpb.figures import plot_curves
+    from rpb.report.figures import plot_curves
 
     table = drift_frame(results, spec)
     out_csv = Path(out_csv)
@@ -371,7 +372,7 @@ def readings_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFra
 def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """The readings table (`readings_frames`): the CSV, Markdown, `<stem>_runs.csv` and the
     figure `figures/<stem>`."""
-    from rpb.figures import plot_retention_vs_accuracy
+    from rpb.report.figures import plot_retention_vs_accuracy
 
     frames = readings_frames(results, spec)
     table, runs = frames["table"], frames["runs"]

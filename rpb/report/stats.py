@@ -31,8 +31,8 @@ MAX_SEEDS = 1000
 
 # The kinds of interval the tables and verdicts compute: `t_interval` (and `run_interval` built on
 # it) over runs, and `item_interval`, a single run's normal interval of its item sampling. Every
-# caption names them through `describe_interval` (rpb.tables' notes, rpb.report_html), so a
-# caption cannot name another interval than the one computed (tests/test_report_html.py).
+# caption names them through `describe_interval` (rpb.report.tables' notes, rpb.report.report_html),
+# so a caption cannot name another interval than the one computed (tests/test_report_html.py).
 RUN_INTERVAL = "t-interval"
 ITEM_INTERVAL = "normal interval"
 

@@ -798,12 +798,12 @@ def table1_metric(column: str) -> str:
 def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]) -> dict:
     """Table 1's accuracy columns for one evaluation output (percent), named by `table1_metric`:
     `in_domain` (the corpus's in-domain items pooled), `ood_<task>` for each OOD task and
-    `ood_mean`, computed by the same functions as table 1 (rpb.run_records), so that table 1's cell
-    is the mean of these over seeds.
+    `ood_mean`, computed by the same functions as table 1 (rpb.report.run_records), so that table
+    1's cell is the mean of these over seeds.
     A task the output lacks leaves its metric (and `ood_mean`) out, with a warning."""
     import numpy as np
 
-    from rpb.run_records import exact_match_items, in_domain_items
+    from rpb.report.run_records import exact_match_items, in_domain_items
 
     where = Path(f"<eval {corpus}>")
     metrics: dict[str, float] = {}
@@ -860,38 +860,6 @@ def log_analysis_summary(summary: Mapping[str, Any]) -> dict[str, float]:
 
 # --- what table runs carry ------------------------------------------------------------------------
 
-_TABLE1_HEADLINE = (
-    ("method",),
-    (
-        "in_domain",
-        "in_domain_ci_low",
-        "in_domain_ci_high",
-        "in_domain_p",
-        "in_domain_p_ci_low",
-        "in_domain_p_ci_high",
-        "ood_mean",
-        "ood_mean_p",
-    ),
-)
-# Per table stage: the columns naming a row, and the columns logged as its headline metrics.
-TABLE_HEADLINES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "table1": _TABLE1_HEADLINE,
-    "table2": _TABLE1_HEADLINE,
-    "diagnostic_table1": _TABLE1_HEADLINE,
-    "table3": (
-        ("metric", "method", "reference"),
-        ("diff", "diff_ci_low", "diff_ci_high", "p_value", "diff_p", "diff_p_ci_low",
-         "diff_p_ci_high", "p_value_p"),
-    ),
-    "table4": (("method", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
-    "table5": (
-        ("method",),
-        ("community_nmi", "coact_cosine", "topk_overlap_with_base", "in_domain",
-         "in_domain_ci_low", "in_domain_ci_high", "ood_mean"),
-    ),
-    "claims": (("part",), ("estimate", "ci_low", "ci_high")),
-}  # fmt: skip
-
 
 def table_metrics(stage: str, frame: Any) -> dict[str, float]:
     """A table's headline numbers as metrics of its run: `<stage>/<row>/<column>`
@@ -899,6 +867,8 @@ def table_metrics(stage: str, frame: Any) -> dict[str, float]:
     the table's own units (its accuracy columns, exact match and `_p`, in percent); empty cells
     are left out. The stage first: one chart section per table, apart from the eval runs'."""
     import math
+
+    from rpb.report.registry import TABLE_HEADLINES
 
     keys, columns = TABLE_HEADLINES.get(stage, ((), ()))
     if not keys or not set(keys) <= set(frame.columns):

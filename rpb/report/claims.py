@@ -1,17 +1,17 @@
 """Claims audit: does this run support each of the paper's claims C1-C6?
 
 Each claim is split into parts; each part is one interval with its minimum detectable effect,
-judged by a rule fixed before any result was seen (the rules: rpb.verdicts; the evidence, checks
-and parts: rpb.audit; docs/claims.md). This module holds the claims themselves (which parts and
-checks each claim has), the controls (P1 placebo, P2 permuted prior, exploratory parts judged by
-the same rules), and the outputs: claims.csv, claims.md, claims.html, and table 1's verdict
-caption (`table_verdicts`).
+judged by a rule fixed before any result was seen (the rules: rpb.report.verdicts; the evidence,
+checks and parts: rpb.report.audit; docs/claims.md). This module holds the claims themselves (which
+parts and checks each claim has), the controls (P1 placebo, P2 permuted prior, exploratory parts
+judged by the same rules), and the outputs: claims.csv, claims.md, claims.html, and table 1's
+verdict caption (`table_verdicts`).
 
 A claim is not supported when any judged part is, otherwise "premise not met" when any part is
 (check M0, the testbed's premise), not testable when any part is (a failed manipulation check
 M1-M6), supported when every part is, and inconclusive otherwise. Only the paper's reported
 numbers (C1's three) are constants here; every measured number is read from this run's outputs
-through `rpb.run_records` and the tables' frames (`rpb.tables`).
+through `rpb.report.run_records` and the tables' frames (`rpb.report.tables`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
-from rpb.audit import (
+from rpb.report.audit import (
     NONE,
     Audit,
     Check,
@@ -37,15 +37,14 @@ from rpb.audit import (
     judged_part,
     measures_text,
 )
-from rpb.report_html import write_claims_html
-from rpb.specs import base_index
-from rpb.stats import (
+from rpb.report.report_html import write_claims_html
+from rpb.report.stats import (
     Difference,
     describe_interval,
     friedman_power,
     rank_consistency,
 )
-from rpb.tables import (
+from rpb.report.tables import (
     EXACT_MATCH,
     MEASURE_NAMES,
     P_TARGET,
@@ -56,7 +55,7 @@ from rpb.tables import (
     table4_frames,
     table5_frames,
 )
-from rpb.verdicts import (
+from rpb.report.verdicts import (
     CONFIRMATORY,
     EXPLORATORY,
     INCONCLUSIVE,
@@ -66,6 +65,7 @@ from rpb.verdicts import (
     SUPPORTED,
     combine,
 )
+from rpb.specs import base_index
 
 STATEMENTS = {
     "C1": "On family A, math post-training with RPB beats re-applied LBL and unanchored "
@@ -438,8 +438,8 @@ def _rho_difference(row: Any, audit: Audit) -> Difference:
 
 
 def _row_difference(row: Any, audit: Audit, flip: bool = False, suffix: str = "") -> Difference:
-    """A `Difference` from a table row written by `rpb.tables.comparison_row` (b - a if flip);
-    `suffix` `_p`: its p(target) columns (`diff_p`, `diff_p_ci_low`, `p_value_p`, ...)."""
+    """A `Difference` from a table row written by `rpb.report.tables.comparison_row` (b - a if
+    flip); `suffix` `_p`: its p(target) columns (`diff_p`, `diff_p_ci_low`, `p_value_p`, ...)."""
     sign = -1.0 if flip else 1.0
     d = f"diff{suffix}"
     low, high = float(row[f"{d}_ci_low"]), float(row[f"{d}_ci_high"])
@@ -666,7 +666,7 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     out_csv = Path(out_csv)
     with atomic_path(out_csv) as tmp:
         table.to_csv(tmp, index=False)
-    # The audit's caption, in claims.md and on its report pages (rpb.report_html).
+    # The audit's caption, in claims.md and on its report pages (rpb.report.report_html).
     title = f"Claims audit ({spec.get('scale')} scale)"
     summary = [
         "Verdict rules: docs/claims.md. Each part is judged on one interval: the "

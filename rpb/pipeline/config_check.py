@@ -56,7 +56,8 @@ RESERVED_METHOD_LABELS = ("base",)
 # from the model's config when the method attaches (rpb.methods.LBL); only these families take it.
 FAMILY_STRENGTH = "family"
 FAMILY_STRENGTH_METHODS = ("lbl",)
-# The tiny testbed's eval sets (rpb.data); any other evaluation name is a standard lm-eval task.
+# The tiny testbed's eval sets (rpb.pipeline.data); any other evaluation name is a standard lm-eval
+# task.
 TINY_EVAL_SETS = EVAL_SETS
 # Must match the `model` wildcard constraint in workflow/rules/common.smk, or no rule would match.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_]+")
@@ -410,7 +411,7 @@ def _check_hub_model_type(name: str, spec: Mapping[str, Any]) -> None:
 def _check_calibration(config: Mapping[str, Any]) -> None:
     """data.level must be a level of the generator; the families recorded as not testable must
     be models the tables name."""
-    from rpb.data import POST_LEVELS
+    from rpb.pipeline.data import POST_LEVELS
 
     known = ", ".join(map(str, POST_LEVELS))
     level = (config.get("data") or {}).get("level", 1)
@@ -549,7 +550,7 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
                 raise ConfigError(
                     f"evaluation.corpus_tasks.{c}: '{task}' is not in evaluation.in_domain"
                 )
-    from rpb.specs import REPORT_JOBS
+    from rpb.report.registry import REPORT_JOBS
 
     for key, entry in tables.items():
         if key == "seeds" or not isinstance(entry, Mapping):
@@ -559,7 +560,7 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
             # `rpb pipeline <name>` (underscores spelled as dashes).
             raise ConfigError(
                 f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
-                "job of rpb.specs.REPORT_JOBS)"
+                "job of rpb.report.registry.REPORT_JOBS)"
             )
         for m in entry.get("models", [entry.get("model")]):
             model(f"tables.{key}.model", m)
@@ -676,9 +677,9 @@ def expand_replicates(config: MutableMapping[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m rpb.config_check FILE...`: the YAML syntax of config files, one line per bad
-    file. Snakemake reads `--configfile` files itself, before the workflow runs, and its message
-    for a syntax error names neither the file nor the line."""
+    """`python -m rpb.pipeline.config_check FILE...`: the YAML syntax of config files, one line
+    per bad file. Snakemake reads `--configfile` files itself, before the workflow runs, and its
+    message for a syntax error names neither the file nor the line."""
     import sys
 
     bad = 0

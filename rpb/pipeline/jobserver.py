@@ -23,8 +23,9 @@ job within seconds (none can be started, the directory is unsafe, a server does 
 client says so in one line on stderr and runs the job in its own process.
 
 The server runs a job by calling the command's entry point, `job(argv) -> exit status`, handed to
-`serve`/`main` by the server's start-up script (`_start_server`: `rpb.cli.main`); this module
-imports no other rpb module, so rpb.cli may import it. A finished job ends with `exit_now`.
+`serve`/`main` by the server's start-up script (`_start_server`: `rpb.pipeline.cli.main`); this
+module imports no other rpb module, so rpb.pipeline.cli may import it. A finished job ends with
+`exit_now`.
 """
 
 from __future__ import annotations
@@ -61,11 +62,11 @@ _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
 # lazily on first use (MLflow's sqlite store and git context, lm-eval's helpers), found by
 # listing the modules a `rpb pipeline run` imports after these.
 PRELOAD = (
-    "rpb.cli",
-    "rpb.training",
-    "rpb.evaluation",
-    "rpb.analysis",
-    "rpb.tracking",
+    "rpb.pipeline.cli",
+    "rpb.pipeline.training",
+    "rpb.pipeline.evaluation",
+    "rpb.pipeline.analysis",
+    "rpb.pipeline.tracking",
     "mlflow",
     "mlflow.store.tracking.sqlalchemy_store",
     "mlflow.store.db.utils",
@@ -157,11 +158,11 @@ def address(key: str) -> str:
 
 def identity() -> dict[str, str]:
     """Which `rpb` this process runs: its package folder and the state of its sources."""
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # rpb/, all three wings
     state = []
-    for path in sorted(package.glob("*.py")):
+    for path in sorted(package.rglob("*.py")):
         info = path.stat()
-        state.append(f"{path.name}:{info.st_mtime_ns}:{info.st_size}")
+        state.append(f"{path.relative_to(package)}:{info.st_mtime_ns}:{info.st_size}")
     return {
         "package": str(package),
         "sources": hashlib.sha256("\n".join(state).encode()).hexdigest(),
@@ -191,10 +192,10 @@ def _start_server(key: str, path: str) -> subprocess.Popen[bytes]:
     """A detached server on `path`, run by this interpreter with this process's copy of `rpb`
     first on its path (not the working directory's, which `python -m` would pick). The script is
     the server's entry point: it hands the `rpb` command's main to `main` as the job."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # above rpb/
     code = (
         "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-        "import rpb.cli, rpb.jobserver; rpb.jobserver.main(rpb.cli.main)"
+        "from rpb.pipeline import cli, jobserver; jobserver.main(cli.main)"
     )
     with open(path + ".log", "wb") as log:  # the server's own errors (jobs use the client's)
         return subprocess.Popen(

@@ -27,11 +27,11 @@ from transformers import (
 
 from rpb.artifacts import save_safetensors, write_text
 from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, topk_overlap
-from rpb.data import load_jsonl
 from rpb.eval_routing import attach_eval_routing, eval_routing_spec
+from rpb.pipeline.data import load_jsonl
+from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior, extract_prior
 from rpb.routing import RouterControl, routing_probs
-from rpb.tokenizer import encode
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
 """The claims audit's evidence: checks (the premise M0 and the manipulation checks M1-M6, each
 testing that a method did what it claims before its accuracy is read) and parts (one interval
-judged by a rule of rpb.verdicts, with both accuracy measures' estimates), read from one run's
-outputs through `rpb.run_records` and the tables' frames (`Audit`).
+judged by a rule of rpb.report.verdicts, with both accuracy measures' estimates), read from one
+run's outputs through `rpb.report.run_records` and the tables' frames (`Audit`).
 
-Accuracy is judged on one measure (`rpb.tables.primary_measure`): at tiny scale p(target), with
-exact match's estimate of the same difference required to agree for "supported"; at paper scale
+Accuracy is judged on one measure (`rpb.report.tables.primary_measure`): at tiny scale p(target),
+with exact match's estimate of the same difference required to agree for "supported"; at paper scale
 exact match alone (docs/claims.md, "The primary metric at tiny scale"). A part on a family whose
 premise was not met reads "premise not met"; a part whose check fails is "not testable", naming
 the check and its value.
@@ -22,15 +22,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpb.exploratory import ANCHOR_METRICS
-from rpb.run_records import analysis_mean, analysis_path
-from rpb.stats import (
+from rpb.report.exploratory import ANCHOR_METRICS
+from rpb.report.run_records import analysis_mean
+from rpb.report.stats import (
     DEFAULT_POWER,
     Difference,
     paired_runs,
     seeds_needed,
 )
-from rpb.tables import (
+from rpb.report.tables import (
     EXACT_MATCH,
     MEASURE_NAMES,
     P_TARGET,
@@ -38,7 +38,7 @@ from rpb.tables import (
     hard_labels,
     primary_measure,
 )
-from rpb.verdicts import (
+from rpb.report.verdicts import (
     INCONCLUSIVE,
     NOT_TESTABLE,
     PREMISE_CHECK,
@@ -49,6 +49,7 @@ from rpb.verdicts import (
     exceeds_verdict,
     underpowered,
 )
+from rpb.specs import analysis_path
 
 NONE = "none"  # the unanchored plain fine-tuning every check compares against
 
@@ -296,8 +297,8 @@ class Audit:
         metric: str,
         seeds: Sequence[int],
     ) -> tuple[tuple[float, float, Difference], tuple[float, float, Difference] | None]:
-        """`rpb.tables.compare` on the judged measure, and on exact match beside it (None where
-        exact match is the judged measure)."""
+        """`rpb.report.tables.compare` on the judged measure, and on exact match beside it (None
+        where exact match is the judged measure)."""
         args = (self.results, spec, model, corpora, method, other, metric, seeds)
         judged = compare(*args, measure=self.measure)
         return judged, (None if self.measure == EXACT_MATCH else compare(*args))

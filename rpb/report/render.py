@@ -1,9 +1,9 @@
 """Writing a table: its CSV, side CSVs, Markdown, HTML page, provenance side file and
-co-activation heatmaps, the same way for every table (the build_* entry points of rpb.tables and
-rpb.exploratory compute frames and hand them here).
+co-activation heatmaps, the same way for every table (the build_* entry points of rpb.report.tables
+and rpb.report.exploratory compute frames and hand them here).
 
 CSVs carry 4 decimals; Markdown is `<title>. <note>` followed by each section's table; the HTML
-page (`rpb.report_html`, the report's rendering) has the same title, note as its caption and
+page (`rpb.report.report_html`, the report's rendering) has the same title, note as its caption and
 sections.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
-from rpb.run_records import coactivation_counts
+from rpb.report.run_records import coactivation_counts
 
 __all__ = [
     "coactivation_figure",
@@ -77,7 +77,7 @@ def write_table(
     if meta is not None:
         write_text(out_csv.with_suffix(".meta.json"), json.dumps(meta, indent=2) + "\n")
     if title is not None:
-        from rpb.report_html import write_table_html
+        from rpb.report.report_html import write_table_html
 
         parts = sections or [("", table)]
         write_markdown(out_csv.with_suffix(".md"), title, note, parts, floatfmt)
@@ -89,7 +89,7 @@ def coactivation_figure(
     results: Path, model: str, corpus: str, methods: Sequence[str], seed: int, path_stem: Path
 ) -> list[Path]:
     """Heatmaps of the base and each method (at `seed`) of one model and corpus."""
-    from rpb.figures import plot_coactivation_heatmaps
+    from rpb.report.figures import plot_coactivation_heatmaps
 
     named = coactivation_counts(results, model, corpus, methods, seed)
     path_stem.parent.mkdir(parents=True, exist_ok=True)

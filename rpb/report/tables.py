@@ -1,11 +1,11 @@
 """Tables 1-5: the paper's reported numbers beside the ones this run measured.
 
 Every number in a table is read from an evaluation or analysis output of this run
-(`rpb.run_records`); the only constants are the paper's own reported scores (`PAPER_TABLE1`),
+(`rpb.report.run_records`); the only constants are the paper's own reported scores (`PAPER_TABLE1`),
 shown in their own column. Each table is a pure frame function (`*_frame(s)`: results and spec
 in, DataFrames out, nothing written) and a `build_*` entry point that writes the frames through
-`rpb.render`; a method's row with its interval is built in one place (`method_row`), and so is a
-paired comparison's (`comparison_row`).
+`rpb.report.render`; a method's row with its interval is built in one place (`method_row`), and so
+is a paired comparison's (`comparison_row`).
 
 - Tables 1 and 2 (`build_table1`, `build_table2`): one row per method on one model and corpus.
 - Table 3 (`build_table3`): method vs reference on the independent corpus, per model, as a paired
@@ -15,7 +15,7 @@ paired comparison's (`comparison_row`).
 - Table 5 (`build_table5`): community retention, accuracy, their rank correlation across the
   soft methods, hard routing against the soft methods, and the base's non-uniformity.
 
-The exploratory tables (sweep, drift, RPB readings) are in `rpb.exploratory`.
+The exploratory tables (sweep, drift, RPB readings) are in `rpb.report.exploratory`.
 
 Scores are percentages; retention metrics (NMI, ARI, cosine) and modularity are fractions.
 Intervals are run-level (docs/claims.md): a run's score is the mean over its benchmarks of each
@@ -41,15 +41,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpb.render import table_figures, write_table
-from rpb.run_records import (
+from rpb.report.render import table_figures, write_table
+from rpb.report.run_records import (
     ACCURACY,
     DRIFT,
     RETENTION,
     analysis_mean,
     base_analysis,
     base_runs,
-    eval_path,
     exact_match_items,
     in_domain_tasks,
     metric_tasks,
@@ -58,7 +57,7 @@ from rpb.run_records import (
     run_score,
     run_scores,
 )
-from rpb.stats import (
+from rpb.report.stats import (
     DEFAULT_POWER,
     ITEM_INTERVAL,
     RUN_INTERVAL,
@@ -72,6 +71,7 @@ from rpb.stats import (
     run_interval,
     within_cluster_spearman,
 )
+from rpb.specs import eval_path
 
 # Moonlight-16B-A3B math post-training, in-domain accuracy (%), as the paper's abstract reports.
 PAPER_TABLE1 = {"rpb": 45.77, "lbl": 31.91, "none": 29.44}
@@ -111,8 +111,8 @@ def accuracy_columns(spec: dict[str, Any]) -> list[str]:
 
 def measure_items(eval_result: dict[str, Any], task: str, path: Path, measure: str) -> np.ndarray:
     """Per-item scores (fractions) of `task` in one evaluation output: exact match
-    (`rpb.run_records.exact_match_items`), or p(target), the `p_target` items of the eval set's
-    loglikelihood task `rpb_<task>_ll` (the same items in the same order)."""
+    (`rpb.report.run_records.exact_match_items`), or p(target), the `p_target` items of the eval
+    set's loglikelihood task `rpb_<task>_ll` (the same items in the same order)."""
     if measure == EXACT_MATCH:
         return exact_match_items(eval_result, task, path)
     if measure != P_TARGET:
@@ -131,7 +131,7 @@ def measure_score(
     eval_result: dict[str, Any], tasks: Sequence[str], path: Path, measure: str
 ) -> tuple[float, dict[str, float], int]:
     """One run's score (%) on `measure` over `tasks`: the mean of each task's item mean (the
-    same two-level mean as `rpb.run_records.run_score`, docs/claims.md), each task's mean and
+    same two-level mean as `rpb.report.run_records.run_score`, docs/claims.md), each task's mean and
     the item count."""
     return run_score(
         eval_result,
@@ -151,7 +151,7 @@ def measure_scores(
     metric: str,
     measure: str,
 ) -> tuple[np.ndarray, int]:
-    """`rpb.run_records.run_scores` on `measure`: per-run scores (%) of `label` on `metric`
+    """`rpb.report.run_records.run_scores` on `measure`: per-run scores (%) of `label` on `metric`
     ("in_domain" or "ood"), one per seed, and the items per run."""
     return run_scores(
         results,
@@ -168,7 +168,7 @@ def measure_scores(
 def accuracy_record(
     results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
 ) -> dict[str, Any]:
-    """`rpb.run_records.run_record` (exact match and the analysis metrics) with the run's
+    """`rpb.report.run_records.run_record` (exact match and the analysis metrics) with the run's
     p(target) beside its exact match where measured: `in_domain_p` (the mean over the corpus's
     in-domain tasks) and `ood_mean_p` (the mean over the OOD tasks)."""
     record = run_record(results, spec, model, corpus, label, seed)
@@ -195,7 +195,7 @@ def _level_kwargs(spec: dict[str, Any]) -> dict[str, float]:
 
 def _interval(spec: dict[str, Any], over: str, kind: str = RUN_INTERVAL) -> str:
     """The caption's name of the interval computed at `spec['confidence']` over `over`
-    (`rpb.stats.describe_interval`), e.g. "95% t-interval over runs"."""
+    (`rpb.report.stats.describe_interval`), e.g. "95% t-interval over runs"."""
     return describe_interval(float(spec.get("confidence", 0.95)), over, kind)
 
 
@@ -371,7 +371,8 @@ def build_method_table(
     """One row per method (base first) on one model and corpus: CSV, Markdown, HTML, provenance
     side file and the co-activation heatmaps `figures/<csv stem>_coactivation.{png,pdf}` (the
     first seed), every run's in `figures/<csv stem>_coactivation_runs/`. `verdicts` (lines of
-    `rpb.claims.table_verdicts`) open the caption, so the table cannot be read without them."""
+    `rpb.report.claims.table_verdicts`) open the caption, so the table cannot be read without
+    them."""
     table = method_table_frame(results, spec)
     out_csv = Path(out_csv)
     tasks = in_domain_tasks(spec, spec["corpus"])
@@ -770,7 +771,7 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
 def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """Table 5 (per method) with side tables `_correlation`, `_hard`, `_base`, `_runs`,
     Markdown of all, retention-vs-accuracy scatter plots and co-activation heatmaps."""
-    from rpb.figures import plot_retention_vs_accuracy
+    from rpb.report.figures import plot_retention_vs_accuracy
 
     frames = table5_frames(results, spec)
     out_csv = Path(out_csv)

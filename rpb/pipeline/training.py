@@ -37,11 +37,17 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
-from rpb.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS, SPECIAL_TOKENS, load_jsonl, vocabulary
 from rpb.eval_routing import save_eval_routing
 from rpb.methods import RouterMethod, make_method
+from rpb.pipeline.data import (
+    DOMAIN_TOKENS,
+    PRETRAIN_DOMAINS,
+    SPECIAL_TOKENS,
+    load_jsonl,
+    vocabulary,
+)
+from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior
-from rpb.tokenizer import encode
 from rpb.trainable import select_trainable
 from rpb.trainer import RouterMethodTrainer, RoutingDriftCallback  # noqa: F401 (public here too)
 
@@ -504,8 +510,8 @@ def posttrain(
 def unseen_token_ids(tokenizer: PreTrainedTokenizerBase, dataset: TokenizedExamples) -> list[int]:
     """Ids of the tokens in `dataset` that the tiny bases never saw in pretraining: the
     post-training tasks' own template tokens (the generator declares each pretraining domain's
-    alphabet, rpb.data.DOMAIN_TOKENS). With a tokenizer that is not the tiny testbed's (a real
-    checkpoint's) there are none: every embedding row is trunk."""
+    alphabet, rpb.pipeline.data.DOMAIN_TOKENS). With a tokenizer that is not the tiny testbed's (a
+    real checkpoint's) there are none: every embedding row is trunk."""
     seen = {t for d in PRETRAIN_DOMAINS for t in DOMAIN_TOKENS[d]} | set(SPECIAL_TOKENS)
     vocab = tokenizer.get_vocab()
     if set(vocab) != set(vocabulary()):

@@ -12,8 +12,8 @@ minimum detectable effect.
 - `exceeds` ("X - Y is larger than t"): supported when the CI lies above t; not supported when it
   lies below t; otherwise inconclusive (underpowered where the MDE exceeds the part's scale).
 
-`combine` makes a claim's verdict from its parts'. Pure functions of numbers: rpb.audit applies
-them to a run's parts, rpb.claims to the paper's claims.
+`combine` makes a claim's verdict from its parts'. Pure functions of numbers: rpb.report.audit
+applies them to a run's parts, rpb.report.claims to the paper's claims.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """`rpb` command line. For people: `rpb finetune` and `rpb prior` on any Hugging Face MoE
-checkpoint folder and a JSONL file (rpb.user_cli), and `rpb check-config`. For the workflow:
-`rpb pipeline <job>`, one job per pipeline stage, which the Snakemake rules call.
+checkpoint folder and a JSONL file (rpb.pipeline.user_cli), and `rpb check-config`. For the
+workflow: `rpb pipeline <job>`, one job per pipeline stage, which the Snakemake rules call.
 
-Each pipeline job opens one MLflow run (`rpb.tracking.tracked_run`) named
+Each pipeline job opens one MLflow run (`rpb.pipeline.tracking.tracked_run`) named
 `{stage}/{model}/{corpus}/{method}/base{base}/seed{seed}` (the parts it has) and records its run
 id beside its outputs for lineage (`train` under a multi-process launch: from the main process
 only). `run` is `train`, `eval` and `analyze` of one post-training run in one process: the same
@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from rpb.specs import REPORT_JOBS, TRAINABLE
+from rpb.report.registry import REPORT_JOBS
+from rpb.specs import TRAINABLE
 
 log = logging.getLogger("rpb")
 # What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
@@ -58,7 +59,7 @@ def _offline() -> None:
 
 def _train_spec(args: argparse.Namespace):
     """The job's TrainSpec: `--spec` with `--threads` (Snakemake's `{threads}`) applied."""
-    from rpb.training import TrainSpec
+    from rpb.pipeline.training import TrainSpec
 
     if getattr(args, "trainable", None) is not None:  # overrides posttrain.trainable
         args.spec = {**args.spec, "trainable": args.trainable}
@@ -84,7 +85,7 @@ def _run_dir_of(model_dir: Path) -> Path:
 def _base_and_seed(run_id: int | str | None) -> dict[str, int | None]:
     """The schema's `base` and `seed` of a results run id (`1000 * base + seed`); a job started by
     hand without one has neither."""
-    from rpb.tracking import split_run_id
+    from rpb.pipeline.tracking import split_run_id
 
     if run_id is None or not str(run_id).isdigit():
         return {"base": None, "seed": None}
@@ -93,7 +94,7 @@ def _base_and_seed(run_id: int | str | None) -> dict[str, int | None]:
 
 
 def _lineage(**dirs: Path | None) -> dict[str, str | None]:
-    from rpb.tracking import read_run_id
+    from rpb.pipeline.tracking import read_run_id
 
     return {role: read_run_id(path) if path else None for role, path in dirs.items()}
 
@@ -102,7 +103,7 @@ def _lineage(**dirs: Path | None) -> dict[str, str | None]:
 
 
 def cmd_init_tracking(args: argparse.Namespace) -> None:
-    from rpb.tracking import init_store, resolve_tracking_uri
+    from rpb.pipeline.tracking import init_store, resolve_tracking_uri
 
     init_store(resolve_tracking_uri(args.tracking_uri), args.experiment)
 
@@ -110,9 +111,9 @@ def cmd_init_tracking(args: argparse.Namespace) -> None:
 def cmd_corpora(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.data import preset_sizes, write_corpora
-    from rpb.tokenizer import build_tokenizer
-    from rpb.tracking import tracked_run
+    from rpb.pipeline.data import preset_sizes, write_corpora
+    from rpb.pipeline.tokenizer import build_tokenizer
+    from rpb.pipeline.tracking import tracked_run
 
     sizes = preset_sizes(args.preset, args.post_pairs)
     # `data_seed`: the schema's `seed` is a post-training seed within a base, which corpora lack.
@@ -131,8 +132,8 @@ def cmd_corpora(args: argparse.Namespace) -> None:
 def cmd_pretrain(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.tracking import log_datasets, tracked_run
-    from rpb.training import pretrain
+    from rpb.pipeline.tracking import log_datasets, tracked_run
+    from rpb.pipeline.training import pretrain
 
     spec = _train_spec(args)
     params = {
@@ -168,15 +169,15 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 
 
 def cmd_prior(args: argparse.Namespace) -> None:
-    if args.name is None:  # `rpb prior --model DIR --data FILE --out ...` (rpb.user_cli)
-        from rpb.user_cli import cmd_prior as prior_for_people
+    if args.name is None:  # `rpb prior --model DIR --data FILE --out ...` (rpb.pipeline.user_cli)
+        from rpb.pipeline.user_cli import cmd_prior as prior_for_people
 
         prior_for_people(args)
         return
     import mlflow
 
-    from rpb.analysis import extract_prior_from_corpus
-    from rpb.tracking import log_datasets, tracked_run
+    from rpb.pipeline.analysis import extract_prior_from_corpus
+    from rpb.pipeline.tracking import log_datasets, tracked_run
 
     parents = _lineage(base=_run_dir_of(args.model), corpora=args.corpus.parent.parent)
     with tracked_run(
@@ -212,8 +213,8 @@ def cmd_train(args: argparse.Namespace) -> None:
     (the others have none, so their metric logging is a no-op) and writes outputs."""
     import mlflow
 
-    from rpb.tracking import log_datasets, method_params, tracked_run
-    from rpb.training import MethodChoice, is_main_process, posttrain
+    from rpb.pipeline.tracking import log_datasets, method_params, tracked_run
+    from rpb.pipeline.training import MethodChoice, is_main_process, posttrain
 
     spec = _train_spec(args)
     method = MethodChoice(**args.method)
@@ -258,8 +259,8 @@ def cmd_train(args: argparse.Namespace) -> None:
 def cmd_router_swap(args: argparse.Namespace) -> None:
     import mlflow
 
+    from rpb.pipeline.tracking import tracked_run
     from rpb.router_swap import swap_saved_parts
-    from rpb.tracking import tracked_run
 
     parents = _lineage(target=_run_dir_of(args.target), source=_run_dir_of(args.source))
     with tracked_run(
@@ -285,7 +286,7 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
 def _model_job_run(args: argparse.Namespace, stage: str):
     """The MLflow run of a job that reads one trained model (eval, analysis), with lineage to the
     training run that made it and its run record beside the job's output."""
-    from rpb.tracking import model_job_params, tracked_run
+    from rpb.pipeline.tracking import model_job_params, tracked_run
 
     return tracked_run(
         stage=stage,
@@ -308,8 +309,8 @@ def _model_job_run(args: argparse.Namespace, stage: str):
 def cmd_eval(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.evaluation import evaluate_model
-    from rpb.tracking import eval_sets, log_datasets, log_eval_summary, task_metrics
+    from rpb.pipeline.evaluation import evaluate_model
+    from rpb.pipeline.tracking import eval_sets, log_datasets, log_eval_summary, task_metrics
 
     with _model_job_run(args, "eval"):
         result = evaluate_model(
@@ -332,8 +333,8 @@ def cmd_eval(args: argparse.Namespace) -> None:
 def cmd_analyze(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.analysis import analyze_model
-    from rpb.tracking import eval_sets, log_analysis_summary, log_datasets
+    from rpb.pipeline.analysis import analyze_model
+    from rpb.pipeline.tracking import eval_sets, log_analysis_summary, log_datasets
 
     with _model_job_run(args, "analysis"):
         summary = analyze_model(
@@ -359,7 +360,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     arguments its rule would pass, so outputs, MLflow runs and lineage are those of three
     separate jobs; only the interpreter start-up and imports are paid once. Ends with one line
     naming the run and its wall time, which the pipeline prints."""
-    from rpb.training import is_main_process
+    from rpb.pipeline.training import is_main_process
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError(
@@ -417,9 +418,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 def cmd_table1(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.claims import table_verdicts
-    from rpb.tables import build_table1
-    from rpb.tracking import log_table_run, tracked_run
+    from rpb.pipeline.tracking import log_table_run, tracked_run
+    from rpb.report.claims import table_verdicts
+    from rpb.report.tables import build_table1
 
     spec = args.spec
     # Table 1's own claims (C1, C2) judged from its runs open its caption.
@@ -442,8 +443,8 @@ def cmd_table1(args: argparse.Namespace) -> None:
 def cmd_testbed(args: argparse.Namespace) -> None:
     import mlflow
 
-    from rpb.testbed import testbed_report
-    from rpb.tracking import resolve_tracking_uri, tracked_run
+    from rpb.pipeline.testbed import testbed_report
+    from rpb.pipeline.tracking import resolve_tracking_uri, tracked_run
 
     spec = args.spec
     with tracked_run(
@@ -471,7 +472,7 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
     file beside `--out` whose name starts with its stem, and the figures folder)."""
     import mlflow
 
-    from rpb.tracking import log_table_run, tracked_run
+    from rpb.pipeline.tracking import log_table_run, tracked_run
 
     spec = args.spec
     models = spec.get("models") or [spec.get("model") or spec.get("table1", {}).get("model", "-")]
@@ -496,9 +497,9 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
 
 
 def cmd_permute_prior(args: argparse.Namespace) -> None:
-    """The claims audit's prior-permutation control (rpb.controls): no MLflow run, a file
+    """The claims audit's prior-permutation control (rpb.pipeline.controls): no MLflow run, a file
     transform."""
-    from rpb.controls import write_permuted_prior
+    from rpb.pipeline.controls import write_permuted_prior
 
     write_permuted_prior(args.prior, args.out, seed=args.seed)
 
@@ -507,7 +508,7 @@ def cmd_check_config(args: argparse.Namespace) -> None:
     """The YAML syntax of config files, one line per bad file (no MLflow run). Snakemake reads
     `--configfile` files itself, before any workflow code runs, and its message for a syntax
     error names neither the file nor the line: check a config file with this first."""
-    from rpb.config_check import ConfigError, check_yaml_syntax
+    from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
 
     problems = []
     for path in args.files:
@@ -595,7 +596,7 @@ def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
 
 def _add_base_of(p: argparse.ArgumentParser) -> None:
     """Which family and base a pretrained model is (`tinyA_p1`: family tinyA, base 1), for the
-    tracking schema's `model` and `base` (rpb.tracking.SCHEMA_PARAMS)."""
+    tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
     p.add_argument(
         "--family", default=None, help="the model it is a base of (default: --name itself)"
     )
@@ -618,7 +619,7 @@ def _add_tracking(p: argparse.ArgumentParser) -> None:
 def _add_prior(p: argparse.ArgumentParser) -> None:
     """The flags of the router-prior command, on the people's `rpb prior` and the pipeline's
     `rpb pipeline prior` alike (`cmd_prior` serves both)."""
-    from rpb import user_cli
+    from rpb.pipeline import user_cli
 
     p.set_defaults(func=cmd_prior)
     user_cli.one_line_errors(p)
@@ -655,7 +656,7 @@ def _add_prior(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rpb import user_cli
+    from rpb.pipeline import user_cli
 
     parser = argparse.ArgumentParser(
         prog="rpb",
@@ -665,7 +666,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # The verbs for people (rpb.user_cli): finetune, prior; then check-config.
+    # The verbs for people (rpb.pipeline.user_cli): finetune, prior; then check-config.
     user_cli.add_finetune(sub)
     p = sub.add_parser(
         "prior",
@@ -710,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--holdout",
         default=None,
-        help="post-training hold-out region, e.g. corner50 (rpb.data.check_holdout)",
+        help="post-training hold-out region, e.g. corner50 (rpb.pipeline.data.check_holdout)",
     )
 
     p = add("pretrain", cmd_pretrain, "pretrain a tiny MoE base with a load-balancing loss")
@@ -821,11 +822,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one subcommand. As the `rpb` command (no `argv`) in a single process: with
-    RPB_JOB_SERVER set the job runs in a fork of the job server (rpb.jobserver), and a job that
-    succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit status."""
+    RPB_JOB_SERVER set the job runs in a fork of the job server (rpb.pipeline.jobserver), and a job
+    that succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit
+    status."""
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
     if argv is None and single and os.environ.get("RPB_JOB_SERVER"):
-        from rpb.jobserver import exit_now, run_via_server
+        from rpb.pipeline.jobserver import exit_now, run_via_server
 
         code = run_via_server(sys.argv[1:])
         if code is not None:
@@ -853,7 +855,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # store: one line naming the file, key or store and what to do; the MLflow run has already
         # been marked FAILED. Any other error is a bug and keeps its traceback.
         from rpb.artifacts import failure_line
-        from rpb.tracking import tracking_failure
+        from rpb.pipeline.tracking import tracking_failure
 
         line = tracking_failure(err) or failure_line(err, getattr(args, "out", None))
         if line is None:
@@ -862,7 +864,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{command_name(args)}: error: {line}", file=sys.stderr)
         return 2
     if argv is None and single:
-        from rpb.jobserver import exit_now
+        from rpb.pipeline.jobserver import exit_now
 
         exit_now(0)
     return 0
