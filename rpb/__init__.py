@@ -1,9 +1,11 @@
 """rpb: Router Prior Bias and its sibling router anchors for MoE post-training.
 
 Reproduction library and pipeline for "Router Prior Bias: Preserving Base Routing Structure in
-MoE Post-Training" (arXiv:2609.08115). `pip install rpb` is the library (rpb.methods, rpb.routing,
-rpb.prior, rpb.coactivation, rpb.trainer, ...), which imports none of the pipeline's packages; the
-Snakemake pipeline is the `pipeline` extra, co-activation communities `analysis`, TRL `trl`.
+MoE Post-Training" (Lee et al., arXiv:2609.08115), in three wings. The modules at the top of this
+package are the library (`pip install rpb`: rpb.methods, rpb.routing, rpb.prior, rpb.coactivation,
+rpb.trainer, ...); they import neither `rpb.pipeline` (the Snakemake stages and the `rpb` command;
+the `pipeline` extra) nor `rpb.report` (tables, claims, figures, read from the pipeline's files).
+Co-activation communities need the `analysis` extra, rpb.trl the `trl` extra.
 """
 
 __version__ = "0.1.0"

@@ -28,11 +28,14 @@ PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 # The library: what `pip install rpb` is for, every module at the top of the package (the
 # pipeline's and the report's are in rpb/pipeline/ and rpb/report/). rpb.trl needs the `trl` extra.
-LIBRARY = ["rpb"] + sorted(
-    f"rpb.{path.stem}"
-    for path in (ROOT / "rpb").glob("*.py")
-    if path.stem not in {"__init__", "__main__", "trl"}
-)
+LIBRARY = [
+    "rpb",
+    *sorted(
+        f"rpb.{path.stem}"
+        for path in (ROOT / "rpb").glob("*.py")
+        if path.stem not in {"__init__", "__main__", "trl"}
+    ),
+]
 # Import names of the pipeline's packages (the `pipeline` and `analysis` extras, and datasets).
 PIPELINE = [
     "snakemake",

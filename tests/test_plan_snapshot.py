@@ -1,13 +1,14 @@
 """The workflow's plan, pinned: `snakemake -n` of every default target, under every shipped config,
 lists the same jobs as the committed snapshot in tests/data/plan_snapshot/<case>.json.
 
-Guards a rewrite of the planning logic (workflow/rules/common.smk, issue 33): the rewrite must
-leave every job list unchanged. Each case is one (configfile, target) pair that the README or the
-Makefile tell users to build (CASES below), dry-run against an empty, fresh results folder
+Guards the planning logic (rpb.pipeline.plan and workflow/rules/common.smk, issue 33): the rewrite
+must leave every job list unchanged. Each case is one (configfile, target) pair that the README or
+the Makefile tell users to build (CASES below), dry-run against an empty, fresh results folder
 (`--config results_dir=<tmp>`), so the answer never depends on what was built, on timestamps or on
-absolute paths. A job is recorded as its rule, its wildcards and the sorted sets of its output and
-input paths, with the results folder written `<results>` and the repository root `<repo>`; jobs
-are sorted by rule, wildcards and outputs.
+absolute paths. A job is recorded as its rule, its wildcards, the sorted sets of its output and
+input paths and a digest of its shell command (which carries every spec and option the job gets),
+with the results folder written `<results>` and the repository root `<repo>`; jobs are sorted by
+rule, wildcards and outputs.
 
 Method: each case runs Snakemake's own command line (`snakemake -n --cores 1 ...`) in a
 subprocess (this file, `--dry-run-jobs`), with the dry-run executor's `run_job` wrapped to record
@@ -24,6 +25,7 @@ refactoring of the planner must keep every snapshot as it is. `--list` prints th
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -103,6 +105,7 @@ def _dry_run_jobs(argv: list[str], out: str) -> int:
                     "wildcards": {k: str(v) for k, v in single.wildcards_dict.items()},
                     "output": [str(f) for f in single.output],
                     "input": [str(f) for f in single.input],
+                    "shell": single.shellcmd,  # None for a `script:` rule
                 }
             )
         return run_job(self, job)
@@ -156,6 +159,7 @@ def plan(case: Case, root: Path = ROOT) -> dict:
             "wildcards": {k: norm(v) for k, v in sorted(job["wildcards"].items())},
             "output": sorted({norm(f) for f in job["output"]}),
             "input": sorted({norm(f) for f in job["input"]}),
+            "command": _digest(norm(job["shell"])) if job["shell"] else None,
         }
         for job in raw
     ]
@@ -171,6 +175,12 @@ def plan(case: Case, root: Path = ROOT) -> dict:
         "rules": dict(sorted(counts.items())),
         "jobs": jobs,
     }
+
+
+def _digest(command: str) -> str:
+    """A short digest of a normalised shell command (the snapshot stays small; a changed
+    command shows as a changed job)."""
+    return hashlib.sha256(" ".join(command.split()).encode()).hexdigest()[:16]
 
 
 def snapshot_path(case: Case) -> Path:
@@ -226,6 +236,8 @@ def diff_plans(expected: dict, actual: dict) -> str:
                 before, after = old[key][field], new[key][field]
                 lines += [f"        {field} + {f}" for f in after if f not in before]
                 lines += [f"        {field} - {f}" for f in before if f not in after]
+            if old[key].get("command") != new[key].get("command"):
+                lines.append("        its shell command (a spec, option or flag) changed")
             if len(lines) == shown:
                 lines.append("        the same paths, listed in another order or multiplicity")
         out += _capped(lines)
@@ -275,6 +287,10 @@ def test_diff_names_added_removed_and_changed_jobs() -> None:
     assert "jobs changed (1):" in text and "output + <results>/b" in text
     assert "output - <results>/a" in text and "jobs added" not in text
     assert diff_plans({"jobs": [job]}, {"jobs": [job]}) == ""
+    respecified = {**job, "command": "0123456789abcdef"}
+    assert "its shell command (a spec, option or flag) changed" in diff_plans(
+        {"jobs": [job]}, {"jobs": [respecified]}
+    )
 
 
 def main(argv: list[str]) -> int:

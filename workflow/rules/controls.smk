@@ -2,14 +2,14 @@
 # an ordinary method label and trains through `posttrain`. The prior-permutation control trains
 # a method whose entry says `prior: permuted` with the base prior's experts permuted per layer:
 # `permute_prior` writes that prior; the training rules read it through `method_prior`
-# (common.smk), and the run's analysis still compares with the base's own prior.
+# (rpb.pipeline.plan), and the run's analysis still compares with the base's own prior.
 
 
 rule permute_prior:
     input:
         prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
     output:
-        prior=permuted_prior_path("{model}", "{corpus}"),
+        prior=PLAN.permuted_prior("{model}", "{corpus}"),
         record=f"{RESULTS}/priors/{{model}}/permuted/{{corpus}}.permutation.json",
     log:
         f"{RESULTS}/logs/prior/{{model}}_{{corpus}}_permuted.log",

@@ -28,10 +28,10 @@ rule corpora:
     params:
         track=TRACK,
         out=parent_dir("manifest"),
-        seed=config["data"]["seed"],
-        preset=config["data"]["preset"],
-        level=config["data"].get("level", 1),
-        holdout=holdout_arg(config["data"].get("holdout")),
+        seed=PLAN.config.data.seed,
+        preset=PLAN.config.data.preset,
+        level=PLAN.config.data.level,
+        holdout=holdout_arg(PLAN.config.data.holdout),
     shell:
         "rpb pipeline corpora --out {params.out} --seed {params.seed} --preset {params.preset}"
         " --level {params.level}{params.holdout} {params.track}"
@@ -57,9 +57,9 @@ rule holdout_corpora:
     params:
         track=TRACK,
         out=lambda wc: f"{RESULTS}/data/holdout/{wc.holdout}",
-        seed=config["data"]["seed"],
-        preset=config["data"]["preset"],
-        level=config["data"].get("level", 1),
+        seed=PLAN.config.data.seed,
+        preset=PLAN.config.data.preset,
+        level=PLAN.config.data.level,
         holdout=lambda wc: holdout_arg(None if wc.holdout == "none" else wc.holdout),
     shell:
         "rpb pipeline corpora --out {params.out} --seed {params.seed} --preset {params.preset}"

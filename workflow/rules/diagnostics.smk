@@ -19,7 +19,12 @@ rule router_swap:
     input:
         unpack(
             lambda wc: part_swap.swap_input_dirs(
-                RESULTS, config["models"], wc.model, wc.corpus, wc.label, int(wc.seed)
+                RESULTS,
+                PLAN.config.raw_models,
+                wc.model,
+                wc.corpus,
+                wc.label,
+                int(wc.seed),
             )
         ),
         ancient(TRACKING_READY),
@@ -69,12 +74,13 @@ use rule evaluate as router_swap_evaluate with:
         track=DIAGNOSTIC_TRACK,
 
 
-# The table's spec: common.smk's plus the factors (`parts`, default all three by the schema).
+# The table's spec: the plan's plus the factors (`parts`, default all three by the schema).
 rule router_swap_table:
     input:
         lambda wc: part_swap.table_inputs(
             RESULTS,
-            router_swap_spec() | {"parts": DIAGNOSTICS["router_swap"]["parts"]},
+            PLAN.router_swap_spec()
+            | {"parts": list(DIAGNOSTICS["router_swap"]["parts"])},
         ),
     output:
         csv=f"{RESULTS}/router_swap.csv",
@@ -87,7 +93,8 @@ rule router_swap_table:
     params:
         track=TRACK,
         spec=lambda wc: as_json(
-            router_swap_spec() | {"parts": DIAGNOSTICS["router_swap"]["parts"]}
+            PLAN.router_swap_spec()
+            | {"parts": list(DIAGNOSTICS["router_swap"]["parts"])}
         ),
         results=parent_dir(0),
     shell:
@@ -110,7 +117,7 @@ use rule posttrain as diagnostic_posttrain with:
     benchmark:
         f"{BENCHMARKS}/diagnostic_posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
     params:
-        spec=lambda wc: as_json(diagnostic_spec(wc.seed)),
+        spec=lambda wc: as_json(PLAN.diagnostic_spec(wc.seed)),
         track=DIAGNOSTIC_TRACK,
 
 
@@ -156,7 +163,7 @@ use rule analyze as diagnostic_analyze with:
 
 rule diagnostic_table1:
     input:
-        diagnostic_table1_inputs,
+        lambda wc: PLAN.diagnostic_table1_inputs(),
     output:
         csv=f"{RESULTS}/diagnostic_table1.csv",
         md=f"{RESULTS}/diagnostic_table1.md",
@@ -167,7 +174,7 @@ rule diagnostic_table1:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(diagnostic_table1_spec()),
+        spec=lambda wc: as_json(PLAN.diagnostic_table1_spec()),
         results=lambda wc, output: os.path.join(
             os.path.dirname(output.csv), "diagnostic"
         ),

@@ -11,12 +11,10 @@
 # None of these rules matches in the tiny config (no hub models, no data.corpora). The *_INPUTS
 # constants at the end are what the compute rules wait for, tiny or paper.
 
-HUB_CORPORA = list(config["data"].get("corpora") or {})
+HUB_CORPORA = list(PLAN.config.data.corpora)
 # Benchmarks run from lm-eval's own task library (every evaluation name at paper scale).
 LM_EVAL_TASKS = [
-    t
-    for t in eval_tasks()
-    if t in (config["evaluation"].get("lm_eval") or {}).get("tasks", {})
+    t for t in EVAL_TASKS if t in PLAN.config.evaluation.lm_eval.get("tasks", {})
 ]
 LM_EVAL_SUITE = f"{RESULTS}/data/eval/lm_eval_suite.json"
 LM_EVAL_PREFETCH = f"{RESULTS}/data/eval/lm_eval_prefetch.json"
@@ -40,7 +38,7 @@ rule download_model:
     conda:
         CONDA_ENV
     params:
-        entry=lambda wc: config["models"][wc.model],
+        entry=lambda wc: plain(PLAN.config.models[wc.model].entry),
         # Staged outside the outputs, so an interrupted download resumes.
         staging=f"{RESULTS}/downloads",
     script:
@@ -59,8 +57,8 @@ rule download_corpus:
     conda:
         CONDA_ENV
     params:
-        spec=lambda wc: config["data"]["corpora"][wc.corpus],
-        seed=config["data"]["seed"],
+        spec=lambda wc: plain(PLAN.config.data.corpora[wc.corpus]),
+        seed=PLAN.config.data.seed,
     script:
         HUB_SCRIPT
 
@@ -73,7 +71,7 @@ rule lm_eval_suite:
     conda:
         CONDA_ENV
     params:
-        spec=config["evaluation"].get("lm_eval") or {},
+        spec=plain(PLAN.config.evaluation.lm_eval),
         names=LM_EVAL_TASKS,
     script:
         HUB_SCRIPT

@@ -27,9 +27,9 @@ rule evaluate:
     params:
         track=TRACK,
         eval_dir=EVAL_DIR,
-        tasks=",".join(eval_tasks()),
-        limit=config["evaluation"].get("limit") or 0,
-        batch_size=config["evaluation"].get("batch_size", 64),
+        tasks=",".join(EVAL_TASKS),
+        limit=PLAN.config.evaluation.limit,
+        batch_size=PLAN.config.evaluation.batch_size,
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:

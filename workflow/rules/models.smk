@@ -25,10 +25,12 @@ rule pretrain_base:
         track=TRACK,
         corpus=f"{RESULTS}/data/pretrain.jsonl",
         out=parent_dir("history"),
-        model_type=lambda wc: config["models"][wc.model]["model_type"],
-        architecture=lambda wc: as_json(config["models"][wc.model]["architecture"]),
-        spec=lambda wc: as_json(pretrain_spec(wc.model)),
-        lbl=lambda wc: config["models"][wc.model]["pretrain"]["lbl_coef"],
+        model_type=lambda wc: PLAN.config.models[wc.model].entry["model_type"],
+        architecture=lambda wc: as_json(
+            PLAN.config.models[wc.model].entry["architecture"]
+        ),
+        spec=lambda wc: as_json(PLAN.pretrain_spec(wc.model)),
+        lbl=lambda wc: PLAN.config.models[wc.model].entry["pretrain"]["lbl_coef"],
         experts=experts_flag,
         base_of=base_of_flags,
     shell:

@@ -3,7 +3,7 @@
 
 rule table1:
     input:
-        table1_inputs,
+        lambda wc: PLAN.table1_inputs(),
     output:
         csv=report(
             f"{RESULTS}/table1.csv",
@@ -33,20 +33,7 @@ rule table1:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(
-            _common_spec()
-            | {
-                "model": config["table1"]["model"],
-                "family": config["models"][config["table1"]["model"]]["family"],
-                "corpus": config["table1"]["corpus"],
-                "methods": config["table1"]["methods"],
-                "seeds": runs(config["table1"]["model"], SEEDS),
-                "in_domain": config["evaluation"]["in_domain"],
-                "ood": config["evaluation"]["ood"],
-                "corpus_tasks": config["evaluation"].get("corpus_tasks") or {},
-                "scale": config["scale"],
-            }
-        ),
+        spec=lambda wc: as_json(PLAN.table1_spec()),
         results=parent_dir(0),
         claims=lambda wc: table1_claims_option(),
     shell:
@@ -56,7 +43,7 @@ rule table1:
 
 rule testbed_report:
     input:
-        testbed_inputs,
+        lambda wc: PLAN.testbed_inputs(),
     output:
         md=f"{RESULTS}/testbed.md",
         json=f"{RESULTS}/testbed.json",
@@ -66,21 +53,14 @@ rule testbed_report:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(
-            {
-                "models": ORIGINAL_PRETRAINED,
-                "corpus": config["table1"]["corpus"],
-                "seeds": SEEDS,
-                "tasks": eval_tasks(),
-            }
-        ),
+        spec=lambda wc: as_json(PLAN.testbed_spec()),
         results=parent_dir(0),
     shell:
         "rpb pipeline testbed --results {params.results} --spec {params.spec} --out {output.md}"
         " {params.track} > {log} 2>&1"
 
 
-# Tables 2-5, the sweep and the drift curves: each reads the runs it compares (common.smk) and
+# Tables 2-5, the sweep and the drift curves: each reads the runs it compares (rpb.pipeline.plan) and
 # writes its CSV (the table), Markdown, side tables and figures; docs/claims.md says what each
 # measures.
 
@@ -117,7 +97,7 @@ rule table2:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(table_spec("table2")),
+        spec=lambda wc: as_json(PLAN.table_spec("table2")),
         results=parent_dir(0),
     shell:
         "rpb pipeline table2 --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -147,7 +127,7 @@ rule table3:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(table_spec("table3")),
+        spec=lambda wc: as_json(PLAN.table_spec("table3")),
         results=parent_dir(0),
     shell:
         "rpb pipeline table3 --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -199,7 +179,7 @@ rule table4:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(table_spec("table4")),
+        spec=lambda wc: as_json(PLAN.table_spec("table4")),
         results=parent_dir(0),
     shell:
         "rpb pipeline table4 --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -269,7 +249,7 @@ rule table5:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(table_spec("table5")),
+        spec=lambda wc: as_json(PLAN.table_spec("table5")),
         results=parent_dir(0),
     shell:
         "rpb pipeline table5 --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -278,7 +258,7 @@ rule table5:
 
 rule sweep:
     input:
-        sweep_inputs,
+        lambda wc: PLAN.sweep_inputs(),
     output:
         csv=report(
             f"{RESULTS}/sweep.csv",
@@ -319,7 +299,7 @@ rule sweep:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(sweep_spec()),
+        spec=lambda wc: as_json(PLAN.sweep_spec()),
         results=parent_dir(0),
     shell:
         "rpb pipeline sweep --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -342,7 +322,7 @@ rule drift:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(table_spec("drift")),
+        spec=lambda wc: as_json(PLAN.table_spec("drift")),
         results=parent_dir(0),
     shell:
         "rpb pipeline drift --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -353,19 +333,7 @@ rule claims:
     input:
         # The tables first (the audit restates their numbers), then every run it reads.
         tables=[f"{RESULTS}/table{i}.csv" for i in (1, 2, 3, 4, 5)],
-        runs=lambda wc: sorted(
-            set(
-                table1_inputs(wc)
-                + sum(
-                    (
-                        table_inputs(t)(wc)
-                        for t in ("table2", "table3", "table4", "table5")
-                    ),
-                    [],
-                )
-                + claims_extra_inputs(wc)
-            )
-        ),
+        runs=lambda wc: PLAN.claims_runs(),
     output:
         csv=report(
             f"{RESULTS}/claims.csv",
@@ -395,7 +363,7 @@ rule claims:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(claims_spec()),
+        spec=lambda wc: as_json(PLAN.claims_spec()),
         results=parent_dir("csv"),
     shell:
         "rpb pipeline claims --results {params.results} --spec {params.spec} --out {output.csv}"
@@ -432,7 +400,7 @@ rule readings:
         CONDA_ENV
     params:
         track=TRACK,
-        spec=lambda wc: as_json(table_spec("readings")),
+        spec=lambda wc: as_json(PLAN.table_spec("readings")),
         results=parent_dir(0),
     shell:
         "rpb pipeline readings --results {params.results} --spec {params.spec} --out {output.csv}"

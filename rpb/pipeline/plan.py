@@ -1,0 +1,589 @@
+"""The planner: the checked config, parsed once into frozen dataclasses (`PipelineConfig`), and
+pure functions from it to what each job reads and the spec it gets (`Plan`).
+
+`workflow/rules/common.smk` builds one `Plan` after rpb.pipeline.config_check has validated and
+expanded the config, and its rules hand their wildcards to it; nothing here knows Snakemake, so
+tests/test_plan.py calls it directly, and tests/test_plan_snapshot.py checks that Snakemake still
+plans the same jobs through it. A run is named by its run id (`rpb.specs.run_ids`: base index and
+seed in one integer) and its paths come from `rpb.specs.PATHS`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any
+
+from rpb.specs import METHOD_SPECS, base_of_run, bases_of, results_path, run_ids
+
+# Tables whose runs are exploratory (labelled so in their outputs) may run fewer seeds than the
+# confirmatory tables: their own `seeds` key (docs/claims.md, "Seeds per table").
+EXPLORATORY_TABLES = ("readings", "drift")
+# The diagnostics `all` builds at tiny and smoke scale, by their output.
+DIAGNOSTIC_OUTPUTS = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
+# The router-swap tree below the results folder (rpb.router_swap reads it from the table's spec).
+SWAP_TREE = "diagnostic/router_swap"
+DIAGNOSTIC_TREE = "diagnostic"
+
+
+def frozen(value: Any) -> Any:
+    """A read-only copy of a config value: mappings become MappingProxyType, lists tuples."""
+    if isinstance(value, Mapping):
+        return MappingProxyType({k: frozen(v) for k, v in value.items()})
+    if isinstance(value, list | tuple):
+        return tuple(frozen(v) for v in value)
+    return value
+
+
+def plain(value: Any) -> Any:
+    """The JSON-ready copy of a frozen value (dicts and lists again)."""
+    if isinstance(value, Mapping):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+@functools.cache
+def options_class(kind: str) -> type:
+    """The frozen dataclass of method family `kind`'s options, one field per option of its spec
+    (rpb.specs.METHOD_SPECS) with the spec's default (`RpbOptions(bias_on='selection',
+    keep_bias_at_eval=False)`)."""
+    spec = METHOD_SPECS[kind]
+    fields = [
+        (key, type(option.default), dataclasses.field(default=option.default))
+        for key, option in spec.options.items()
+    ]
+    name = "".join(part.title() for part in spec.name.split("_")) + "Options"
+    return dataclasses.make_dataclass(name, fields, frozen=True)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """One `methods.<label>` entry: its family (`kind`), strength (None: the family's default),
+    options (the family's options dataclass) and which of them the entry set, and its prior."""
+
+    label: str
+    kind: str
+    strength: float | None
+    options: Any
+    given: tuple[str, ...]
+    prior: str | None = None
+
+    @classmethod
+    def parse(cls, label: str, entry: Mapping[str, Any] | None) -> MethodConfig:
+        entry = entry or {}
+        kind = entry.get("kind", label)
+        given = dict(entry.get("options") or {})
+        options = options_class(kind)(**given)
+        return cls(label, kind, entry.get("strength"), options, tuple(given), entry.get("prior"))
+
+    def job_entry(self) -> dict[str, Any]:
+        """What a training job gets (`--method`): the options the entry set, and no default, so
+        a new default in a family's spec reruns nothing."""
+        options = {key: getattr(self.options, key) for key in self.given}
+        return {"name": self.kind, "strength": self.strength, "options": options}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One `models.<name>` entry (after config_check added each replicate base as a model)."""
+
+    name: str
+    source: str
+    family: str | None
+    entry: Mapping[str, Any]
+
+    @property
+    def replicate_of(self) -> str | None:
+        return self.entry.get("replicate_of")
+
+    @property
+    def trust_remote_code(self) -> bool:
+        return bool(self.entry.get("trust_remote_code"))
+
+    @property
+    def experts_implementation(self) -> str | None:
+        return self.entry.get("experts_implementation")
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    in_domain: tuple[str, ...]
+    ood: tuple[str, ...]
+    corpus_tasks: Mapping[str, Any]
+    limit: int
+    batch_size: int
+    lm_eval: Mapping[str, Any]
+
+    @property
+    def tasks(self) -> list[str]:
+        return [*self.in_domain, *self.ood]
+
+
+@dataclass(frozen=True)
+class Table1:
+    model: str
+    corpus: str
+    methods: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    seed: int
+    preset: str
+    level: int
+    holdout: str | None
+    corpora: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """The whole config, read once. Sections of many shapes (tables, claims, sweep, diagnostics)
+    stay read-only mappings, checked by the schema and config_check."""
+
+    results: str
+    scale: str
+    seeds: tuple[int, ...]
+    models: Mapping[str, ModelConfig]
+    methods: Mapping[str, MethodConfig]
+    evaluation: Evaluation
+    table1: Table1
+    data: DataConfig
+    posttrain: Mapping[str, Any]
+    probe_tasks: tuple[str, ...]
+    probe_limit: int
+    tables: Mapping[str, Any]
+    claims: Mapping[str, Any] | None
+    sweep: Mapping[str, Any] | None
+    diagnostics: Mapping[str, Any]
+    calibration: Mapping[str, Any]
+    raw_models: Mapping[str, Any]
+
+    @classmethod
+    def parse(cls, config: Mapping[str, Any]) -> PipelineConfig:
+        """From a config that rpb.pipeline.config_check.check_config has validated."""
+        ev = config["evaluation"]
+        evaluation = Evaluation(
+            in_domain=tuple(ev["in_domain"]),
+            ood=tuple(ev["ood"]),
+            corpus_tasks=frozen(ev.get("corpus_tasks") or {}),
+            limit=ev.get("limit") or 0,
+            batch_size=ev.get("batch_size", 64),
+            lm_eval=frozen(ev.get("lm_eval") or {}),
+        )
+        data = config["data"]
+        analysis = config.get("analysis", {})
+        t1 = config["table1"]
+        return cls(
+            results=config.get("results_dir", "results"),
+            scale=config["scale"],
+            seeds=tuple(config["seeds"]),
+            models=MappingProxyType(
+                {
+                    name: ModelConfig(name, e["source"], e.get("family"), frozen(e))
+                    for name, e in config["models"].items()
+                }
+            ),
+            methods=MappingProxyType(
+                {label: MethodConfig.parse(label, e) for label, e in config["methods"].items()}
+            ),
+            evaluation=evaluation,
+            table1=Table1(t1["model"], t1["corpus"], tuple(t1["methods"])),
+            data=DataConfig(
+                data["seed"],
+                data["preset"],
+                data.get("level", 1),
+                data.get("holdout"),
+                frozen(data.get("corpora") or {}),
+            ),
+            posttrain=frozen(config["posttrain"]),
+            probe_tasks=tuple(analysis.get("probe_tasks", evaluation.tasks)),
+            probe_limit=analysis.get("probe_limit", 200),
+            tables=frozen(config.get("tables") or {}),
+            claims=frozen(config["claims"]) if config.get("claims") is not None else None,
+            sweep=frozen(config["sweep"]) if config.get("sweep") is not None else None,
+            diagnostics=frozen(config.get("diagnostics") or {}),
+            calibration=frozen(config.get("calibration") or {}),
+            raw_models=frozen(config["models"]),
+        )
+
+
+class Plan:
+    """Every job's inputs and spec, as functions of the config and a job's (model, corpus,
+    method, run id). Paths are strings under `config.results`, as Snakemake takes them."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.results = config.results
+
+    # --- models, bases and runs ------------------------------------------------------------
+
+    @functools.cached_property
+    def pretrained_models(self) -> list[str]:
+        return [m for m, e in self.config.models.items() if e.source == "pretrain"]
+
+    @functools.cached_property
+    def original_pretrained(self) -> list[str]:
+        """The pretrained models the config names (replicate bases are reached through them)."""
+        return [m for m in self.pretrained_models if self.config.models[m].replicate_of is None]
+
+    @functools.cached_property
+    def hub_models(self) -> list[str]:
+        return [m for m, e in self.config.models.items() if e.source == "hub"]
+
+    def bases(self, model: str) -> list[str]:
+        """`model` and its replicate bases (models.<model>.replicates)."""
+        return bases_of(self.config.raw_models, model)
+
+    def runs(self, model: str, seeds: Sequence[int]) -> list[int]:
+        """The run ids of `seeds` on each of `model`'s bases (rpb.specs.run_ids)."""
+        return run_ids(len(self.bases(model)), seeds)
+
+    def base_run_ids(self, model: str) -> list[int]:
+        """The ids under which each base of `model` is evaluated and analysed (label `base`)."""
+        return self.runs(model, [0])
+
+    def run_base(self, model: str, run: int) -> str:
+        """The base model (a key of `models`) run `run` of `model` was trained from."""
+        return base_of_run(self.config.raw_models, model, int(run))
+
+    def base_of(self, model: str) -> tuple[str, int]:
+        """(family model, base index) of a model: `tinyA_p1` is tinyA's base 1."""
+        family = self.config.models[model].replicate_of or model
+        index = self.bases(family).index(model) if family in self.config.models else 0
+        return family, index
+
+    # --- paths -------------------------------------------------------------------------------
+
+    def path(self, kind: str, **fields: Any) -> str:
+        return f"{self.results}/{results_path(kind, **fields)}"
+
+    def model_dir(self, model: str, method: str, corpus: str | None, run: Any) -> str:
+        """The model folder of a (model, method, corpus, run); `base` is the pretrained base."""
+        if method == "base":
+            return self.path("base_model", model=model)
+        return self.path("model", model=model, corpus=corpus, method=method, seed=run)
+
+    def evaluated_model(self, model: str, corpus: str, method: str, run: Any) -> str:
+        """The model an evaluation or analysis job reads (label `base`: the run's base)."""
+        if method == "base":
+            return self.model_dir(self.run_base(model, run), "base", None, None)
+        return self.model_dir(model, method, corpus, run)
+
+    def base_prior(self, model: str, corpus: str, run: Any) -> str:
+        return f"{self.results}/priors/{self.run_base(model, run)}/{corpus}.safetensors"
+
+    def permuted_prior(self, model: str, corpus: str) -> str:
+        return f"{self.results}/priors/{model}/permuted/{corpus}.safetensors"
+
+    @functools.cached_property
+    def permuted_prior_labels(self) -> list[str]:
+        return [label for label, m in self.config.methods.items() if m.prior == "permuted"]
+
+    def method_prior(self, model: str, corpus: str, method: str, run: Any) -> str:
+        """The prior a run trains with: its base's, or for a method whose entry says `prior:
+        permuted` its base's with the experts permuted per layer (control P2)."""
+        if method in self.permuted_prior_labels:
+            return self.permuted_prior(self.run_base(model, run), corpus)
+        return self.base_prior(model, corpus, run)
+
+    def model_holdout(self, model: str) -> str | None:
+        """A model's post-training hold-out: models.<m>.holdout, else data.holdout."""
+        entry = self.config.models[model].entry if model in self.config.models else {}
+        return entry.get("holdout", self.config.data.holdout)
+
+    def post_corpus(self, model: str, corpus: str) -> str:
+        """The post-training corpus a (model, corpus) job trains on or reads its prior from."""
+        holdout = self.model_holdout(model)
+        if self.config.data.corpora or holdout == self.config.data.holdout:
+            return f"{self.results}/data/post/{corpus}.jsonl"
+        return f"{self.results}/data/holdout/{holdout or 'none'}/post/{corpus}.jsonl"
+
+    def run_outputs(
+        self,
+        model: str,
+        corpus: str,
+        methods: Sequence[str],
+        seeds: Sequence[int],
+        base: bool = False,
+        root: str | None = None,
+    ) -> list[str]:
+        """Evaluation and analysis outputs of `methods` x `seeds` on one corpus, on every base
+        of `model`, and with `base` each base's own."""
+        root = self.results if root is None else root
+        labels = [("base", self.base_run_ids(model))] if base else []
+        labels += [(m, self.runs(model, seeds)) for m in methods]
+        paths = []
+        for label, ids in labels:
+            for run in ids:
+                paths += [
+                    f"{root}/eval/{model}/{corpus}/{label}/seed{run}.json",
+                    f"{root}/analysis/{model}/{corpus}/{label}/seed{run}.json",
+                ]
+        return paths
+
+    # --- job specs ---------------------------------------------------------------------------
+
+    def method_entry(self, label: str) -> dict[str, Any]:
+        return self.config.methods[label].job_entry()
+
+    def posttrain_spec(self, run: Any) -> dict[str, Any]:
+        """The TrainSpec of a post-training job; its threads come from `--threads`."""
+        return plain(self.config.posttrain) | {"seed": int(run)}
+
+    def pretrain_spec(self, model: str) -> dict[str, Any]:
+        spec = plain(self.config.models[model].entry["pretrain"])
+        spec.pop("lbl_coef")
+        spec.setdefault("seed", 0)
+        return spec
+
+    def common_spec(self) -> dict[str, Any]:
+        """What every table's spec carries: each model's bases, the OOD tasks, the corpus tasks,
+        the scale, and with a claims section its statistics."""
+        config = self.config
+        spec = {
+            "bases": {m: self.bases(m) for m, e in config.models.items() if e.replicate_of is None},
+            "ood": list(config.evaluation.ood),
+            "corpus_tasks": plain(config.evaluation.corpus_tasks),
+            "scale": config.scale,
+        }
+        if config.claims is not None:
+            spec |= {k: plain(config.claims[k]) for k in ("confidence", "n_resamples", "power")}
+        return spec
+
+    # --- table 1 and the testbed -------------------------------------------------------------
+
+    def table1_inputs(self) -> list[str]:
+        t1 = self.config.table1
+        return self.run_outputs(t1.model, t1.corpus, t1.methods, self.config.seeds, base=True)
+
+    def table1_spec(self) -> dict[str, Any]:
+        config, t1 = self.config, self.config.table1
+        return self.common_spec() | {
+            "model": t1.model,
+            "family": config.models[t1.model].family,
+            "corpus": t1.corpus,
+            "methods": list(t1.methods),
+            "seeds": self.runs(t1.model, config.seeds),
+            "in_domain": list(config.evaluation.in_domain),
+            "ood": list(config.evaluation.ood),
+            "corpus_tasks": plain(config.evaluation.corpus_tasks),
+            "scale": config.scale,
+        }
+
+    def testbed_inputs(self) -> list[str]:
+        corpus = self.config.table1.corpus
+        paths = []
+        for model in self.original_pretrained:
+            paths += [
+                f"{self.results}/eval/{model}/{corpus}/base/seed0.json",
+                f"{self.results}/priors/{model}/{corpus}.safetensors",
+            ]
+            paths += [
+                f"{self.results}/eval/{model}/{corpus}/none/seed{seed}.json"
+                for seed in self.config.seeds
+            ]
+        return paths
+
+    def testbed_spec(self) -> dict[str, Any]:
+        return {
+            "models": self.original_pretrained,
+            "corpus": self.config.table1.corpus,
+            "seeds": list(self.config.seeds),
+            "tasks": self.config.evaluation.tasks,
+        }
+
+    # --- tables 2-5, readings, drift, the sweep, the claims ------------------------------------
+
+    def table_seeds(self, name: str) -> list[int]:
+        """The seeds per base of table `name`: its own `seeds` (exploratory tables only), else
+        `tables.seeds`, else the top-level seeds."""
+        tables = self.config.tables
+        own = tables.get(name, {}).get("seeds") if name in EXPLORATORY_TABLES else None
+        return list(own or tables.get("seeds") or self.config.seeds)
+
+    def table_inputs(self, name: str) -> list[str]:
+        """Every run table `name` reads (a table of the plain shape, `model`, `corpus` and
+        `methods`, reads those methods' runs)."""
+        t = self.config.tables.get(name, {})
+        seeds = self.table_seeds(name)
+        outputs = self.run_outputs
+        if name == "table2":
+            return outputs(t["model"], t["corpus"], t["methods"], seeds, True)
+        if name == "table3":
+            pair = [self.config.claims["method"], self.config.claims["reference"]]
+            return [p for m in t["models"] for p in outputs(m, t["corpus"], pair, seeds)]
+        if name == "table4":
+            return [
+                p
+                for c in t["corpora"]
+                for p in outputs(t["model"], c, t["methods"], seeds, c == t["corpora"][0])
+            ]
+        if name == "table5":
+            labels = list(dict.fromkeys(t["methods"] + t["correlate"]))
+            return outputs(t["model"], t["corpus"], labels, seeds, True)
+        if name == "readings":
+            return outputs(t["model"], t["corpus"], [t["lower"], *t["methods"], t["upper"]], seeds)
+        if name == "drift":
+            return [
+                f"{self.results}/runs/{t['model']}/{t['corpus']}/{m}/seed{r}/train_history.json"
+                for m in t["methods"]
+                for r in self.runs(t["model"], seeds)
+            ]
+        return outputs(t["model"], t["corpus"], t["methods"], seeds)
+
+    def table_spec(self, name: str) -> dict[str, Any]:
+        """The JSON spec a table job gets: the table's config entry, seeds and statistics."""
+        config = self.config
+        t = plain(config.tables[name])
+        models = t.get("models") or [t["model"]]
+        # Runs pooled over each model's bases; config_check gives every pretrained model as many.
+        spec = self.common_spec() | t | {"seeds": self.runs(models[0], self.table_seeds(name))}
+        if name == "table2":
+            spec["family"] = config.models[t["model"]].family
+        if name == "table3":
+            spec |= {"method": config.claims["method"], "reference": config.claims["reference"]}
+            spec["families"] = {m: config.models[m].family for m in t["models"]}
+        if name == "table5":
+            spec["kinds"] = {m: config.methods[m].kind for m in t["methods"]}
+        return spec
+
+    def _sweep_labels(self) -> list[str]:
+        return list(dict.fromkeys(lb for c in self.config.sweep["curves"] for lb in c["labels"]))
+
+    def sweep_inputs(self) -> list[str]:
+        sweep = self.config.sweep
+        return self.run_outputs(
+            sweep["model"], sweep["corpus"], self._sweep_labels(), sweep["seeds"]
+        )
+
+    def sweep_spec(self) -> dict[str, Any]:
+        sweep = self.config.sweep
+        return self.common_spec() | {
+            "model": sweep["model"],
+            "corpus": sweep["corpus"],
+            # Pooled over bases, as sweep_inputs.
+            "seeds": self.runs(sweep["model"], sweep["seeds"]),
+            "curves": {c["name"]: list(c["labels"]) for c in sweep["curves"]},
+            "methods": {lb: self.method_entry(lb) for lb in sorted(self._sweep_labels())},
+        }
+
+    def claims_spec(self) -> dict[str, Any]:
+        config, t1 = self.config, self.config.table1
+        spec = self.common_spec() | plain(config.claims)
+        spec["table1"] = {"model": t1.model, "corpus": t1.corpus, "methods": list(t1.methods)}
+        spec["table1"]["seeds"] = self.runs(t1.model, config.seeds)
+        for name in ("table2", "table3", "table4", "table5"):
+            spec[name] = self.table_spec(name)
+        if "readings" in config.tables:  # manipulation check M2 applies the readings rule
+            spec["readings"] = self.table_spec("readings")
+        # M0: the families whose premise the screen found not met (docs/testbed.md). The screen
+        # judged the tiny testbed; the smoke scale is a plumbing run and the paper's models others.
+        unmet = config.calibration.get("premise_not_met") or {}
+        tiny = config.scale == "tiny"
+        spec["premise_not_met"] = {m: why for m, why in unmet.items() if why} if tiny else {}
+        return spec
+
+    def controls_inputs(self) -> list[str]:
+        """Runs the audit's controls compare (table 1's model and corpus, the tables' seeds)."""
+        claims = self.config.claims
+        if claims is None:
+            return []
+        labels = [claims[k] for k in ("placebo", "permuted") if claims.get(k)]
+        t1 = self.config.table1
+        seeds = self.config.tables.get("seeds") or self.config.seeds
+        return self.run_outputs(t1.model, t1.corpus, labels, seeds)
+
+    def claims_runs(self) -> list[str]:
+        """Every run output the claims audit reads, sorted: table 1's and tables 2-5's runs, and
+        what its manipulation checks read beyond them: the readings rule's runs (M2), the
+        testbed report's split-half stability (M6, tiny scale), and the controls."""
+        paths = self.table1_inputs()
+        for name in ("table2", "table3", "table4", "table5"):
+            paths += self.table_inputs(name)
+        paths += self.controls_inputs()
+        readings = self.config.tables.get("readings")
+        if readings is not None and self.config.claims is not None:
+            labels = [readings["lower"], self.config.claims["method"], readings["upper"]]
+            seeds = self.table_seeds("readings")
+            paths += self.run_outputs(readings["model"], readings["corpus"], labels, seeds)
+        if self.config.scale != "paper":
+            paths.append(f"{self.results}/testbed.json")
+        return sorted(set(paths))
+
+    # --- diagnostics -------------------------------------------------------------------------
+
+    def diagnostic_targets(self) -> list[str]:
+        """The diagnostics `all` builds: at tiny and smoke scale each configured one; at paper
+        scale none (request them by name)."""
+        if self.config.scale == "paper":
+            return []
+        diagnostics = self.config.diagnostics
+        return [
+            f"{self.results}/{out}"
+            for name, out in DIAGNOSTIC_OUTPUTS.items()
+            if name in diagnostics
+        ]
+
+    def diagnostic_seeds(self, section: str) -> list[int]:
+        return list(self.config.diagnostics[section].get("seeds") or self.config.seeds)
+
+    @property
+    def swap_root(self) -> str:
+        return f"{self.results}/{SWAP_TREE}"
+
+    @property
+    def diagnostic_root(self) -> str:
+        return f"{self.results}/{DIAGNOSTIC_TREE}"
+
+    def router_swap_spec(self) -> dict[str, Any]:
+        swap = self.config.diagnostics["router_swap"]
+        return self.common_spec() | {
+            "models": list(swap["models"]),
+            "corpus": swap["corpus"],
+            "method": swap["method"],
+            "seeds": self.diagnostic_seeds("router_swap"),
+            "in_domain": list(self.config.evaluation.in_domain),
+            "swap_tree": SWAP_TREE,
+        }
+
+    def diagnostic_model_dir(self, model: str, corpus: str, method: str, run: Any) -> str:
+        if method == "base":
+            return f"{self.results}/models/{model}/base/model"
+        return f"{self.diagnostic_root}/runs/{model}/{corpus}/{method}/seed{run}/model"
+
+    def diagnostic_table1_inputs(self) -> list[str]:
+        """The diagnostic tree's evaluation and analysis outputs, laid out as table 1's."""
+        regime = self.config.diagnostics["regime"]
+        seeds = self.diagnostic_seeds("regime")
+        return self.run_outputs(
+            regime["model"], regime["corpus"], regime["methods"], seeds, True, self.diagnostic_root
+        )
+
+    def diagnostic_spec(self, run: Any) -> dict[str, Any]:
+        return self.posttrain_spec(run) | {
+            "trainable": self.config.diagnostics["regime"]["trainable"]
+        }
+
+    def diagnostic_table1_spec(self) -> dict[str, Any]:
+        config, regime = self.config, self.config.diagnostics["regime"]
+        model = regime["model"]
+        return {
+            "title": (
+                f"Diagnostic table 1 (posttrain.trainable: {regime['trainable']}; the paper's "
+                "numbers are for full post-training, not this regime)"
+            ),
+            "model": model,
+            "family": config.models[model].family,
+            "corpus": regime["corpus"],
+            "methods": list(regime["methods"]),
+            "seeds": self.diagnostic_seeds("regime"),
+            "in_domain": list(config.evaluation.in_domain),
+            "ood": list(config.evaluation.ood),
+            "corpus_tasks": plain(config.evaluation.corpus_tasks),
+            "scale": config.scale,
+        }

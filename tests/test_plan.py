@@ -1,0 +1,148 @@
+"""The planner (rpb.pipeline.plan), called directly on the shipped configs after the config check:
+the typed config it parses (frozen, each method's options a dataclass of its family's spec), the
+runs and paths of replicate bases, and the inputs and specs of the jobs whose planning has cases
+(table 4's first corpus, the claims' extra inputs, the permuted-prior control, a model's own
+hold-out). tests/test_plan_snapshot.py checks the whole plan through Snakemake against the
+committed job lists."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from rpb.pipeline.config_check import check_config
+from rpb.pipeline.plan import MethodConfig, PipelineConfig, Plan, options_class, plain
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _checked(*names: str, **overrides: Any) -> dict[str, Any]:
+    """The shipped configs merged as Snakemake merges --configfile, then checked and expanded."""
+    from snakemake.utils import update_config
+
+    config: dict[str, Any] = {}
+    for name in names:
+        update_config(config, yaml.safe_load((ROOT / "config" / name).read_text()))
+    update_config(config, overrides)
+    check_config(config, SCHEMA)
+    return config
+
+
+@pytest.fixture(scope="module")
+def default_config() -> dict[str, Any]:
+    return _checked("config.yaml", results_dir="R")
+
+
+@pytest.fixture(scope="module")
+def plan(default_config: dict[str, Any]) -> Plan:
+    return Plan(PipelineConfig.parse(copy.deepcopy(default_config)))
+
+
+def test_the_parsed_config_is_frozen_and_typed(plan: Plan) -> None:
+    config = plan.config
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.seeds = (9,)  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        config.tables["table2"]["methods"] = ["x"]  # type: ignore[index]
+    assert config.seeds == (0, 1, 2)
+    assert config.models["tinyA_p1"].replicate_of == "tinyA"  # added by the config check
+    assert config.evaluation.tasks == [*config.evaluation.in_domain, *config.evaluation.ood]
+
+
+def test_method_options_are_the_familys_dataclass_and_jobs_get_what_the_entry_set(
+    plan: Plan,
+) -> None:
+    rpb = plan.config.methods["rpb_logits"]
+    assert rpb.kind == "rpb" and rpb.strength == 1.0
+    assert type(rpb.options) is options_class("rpb")
+    assert (rpb.options.bias_on, rpb.options.keep_bias_at_eval) == ("logits", False)
+    # The job's --method names only what the entry set: a new default reruns nothing.
+    assert rpb.job_entry() == {"name": "rpb", "strength": 1.0, "options": {"bias_on": "logits"}}
+    assert plan.method_entry("none") == {"name": "none", "strength": None, "options": {}}
+    assert dataclasses.fields(options_class("none")) == ()
+    with pytest.raises(TypeError):  # an option the family does not have
+        MethodConfig.parse("x", {"kind": "rpb", "options": {"bias_in": "logits"}})
+
+
+def test_runs_span_every_base_and_name_their_base(plan: Plan) -> None:
+    assert plan.bases("tinyA") == ["tinyA", "tinyA_p1"]
+    assert plan.runs("tinyA", [0, 2]) == [0, 2, 1000, 1002]
+    assert plan.base_run_ids("tinyA") == [0, 1000]
+    assert plan.run_base("tinyA", 1002) == "tinyA_p1"
+    assert plan.base_of("tinyA_p1") == ("tinyA", 1)
+    assert plan.evaluated_model("tinyA", "math", "base", 1000) == "R/models/tinyA_p1/base/model"
+    assert (
+        plan.evaluated_model("tinyA", "math", "rpb", 1002) == "R/runs/tinyA/math/rpb/seed1002/model"
+    )
+
+
+def test_the_permuted_control_trains_with_its_own_bases_permuted_prior(plan: Plan) -> None:
+    assert plan.permuted_prior_labels == ["rpb_permuted"]
+    assert plan.method_prior("tinyA", "math", "rpb_permuted", 1001) == (
+        "R/priors/tinyA_p1/permuted/math.safetensors"
+    )
+    assert plan.method_prior("tinyA", "math", "rpb", 1001) == "R/priors/tinyA_p1/math.safetensors"
+
+
+def test_table4_reads_the_base_on_its_first_corpus_only(plan: Plan) -> None:
+    paths = plan.table_inputs("table4")
+    assert "R/eval/tinyA/math/base/seed1000.json" in paths
+    assert not any("/math2/base/" in p for p in paths)
+    methods = plan.config.tables["table4"]["methods"]
+    runs = 2 * len(methods) * 2 * 3 + 2  # corpora x methods x bases x seeds, + each base once
+    assert len(paths) == 2 * runs  # an eval and an analysis output each
+
+
+def test_exploratory_tables_take_their_own_seeds() -> None:
+    config = _checked("config.yaml", tables={"seeds": [0, 1], "drift": {"seeds": [0]}})
+    plan = Plan(PipelineConfig.parse(config))
+    assert plan.table_seeds("drift") == [0]  # exploratory: its own
+    assert plan.table_seeds("table2") == [0, 1]  # confirmatory: tables.seeds
+    assert plan.table_spec("drift")["seeds"] == [0, 1000]
+
+
+def test_table_specs_carry_what_each_table_needs(plan: Plan) -> None:
+    t3 = plan.table_spec("table3")
+    assert (t3["method"], t3["reference"]) == ("rpb", "lbl")
+    assert t3["families"] == {"tinyA": "A", "tinyB": "B"}
+    assert plan.table_spec("table5")["kinds"]["hard"] == "hard"
+    assert plan.table_spec("table2")["bases"]["tinyB"] == ["tinyB", "tinyB_p1"]
+    sweep = plan.sweep_spec()
+    assert sweep["methods"]["rpb_l4"] == {"name": "rpb", "strength": 4.0, "options": {}}
+
+
+def test_the_claims_read_the_tables_runs_controls_and_testbed_once(plan: Plan) -> None:
+    runs = plan.claims_runs()
+    assert runs == sorted(set(runs))
+    assert "R/testbed.json" in runs
+    assert "R/eval/tinyA/math/placebo/seed1002.json" in runs  # control P1
+    assert "R/analysis/tinyA/math/hard/seed0.json" in runs  # readings' upper bound (M2)
+    paper = Plan(PipelineConfig.parse(_checked("config.yaml", "paper.yaml")))
+    assert not any(p.endswith("testbed.json") for p in paper.claims_runs())
+    assert paper.diagnostic_targets() == []
+
+
+def test_a_models_own_holdout_reads_its_own_corpus(default_config: dict[str, Any]) -> None:
+    config = copy.deepcopy(default_config)
+    config["models"]["tinyB"]["holdout"] = "below50"
+    plan = Plan(PipelineConfig.parse(config))
+    assert plan.post_corpus("tinyA", "math") == "R/data/post/math.jsonl"
+    assert plan.post_corpus("tinyB", "math") == "R/data/holdout/below50/post/math.jsonl"
+
+
+def test_specs_are_plain_json_values(plan: Plan) -> None:
+    import json
+
+    spec = plan.claims_spec()
+    assert json.loads(json.dumps(spec)) == spec  # no read-only mapping or tuple left in it
+    assert plain(plan.config.tables["table2"]) == {
+        "model": "tinyB",
+        "corpus": "math",
+        "methods": ["none", "lbl", "rpb"],
+    }
