@@ -554,7 +554,7 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
 
 def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
     """A table of the plain shape (model, corpus, methods) needs no schema entry: its name in
-    rpb.report.registry.REPORT_JOBS makes it known, and its keys are checked like the others'."""
+    rpb.report.registry makes it known, and its keys are checked like the others'."""
     from rpb.report import registry
 
     config = _merged("config.yaml", "smoke.yaml")
@@ -562,7 +562,9 @@ def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) 
     with pytest.raises(ConfigError, match=r"^tables\.mytable: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)
     monkeypatch.setitem(
-        registry.REPORT_JOBS, "mytable", ("rpb.report.tables:build_table2", "my table")
+        registry.REPORT_JOBS,
+        "mytable",
+        registry.ReportJob("mytable", "rpb.report.tables:build_table2", "my table"),
     )
     with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
         check_config(copy.deepcopy(config), SCHEMA)

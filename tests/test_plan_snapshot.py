@@ -6,7 +6,8 @@ must leave every job list unchanged. Each case is one (configfile, target) pair 
 the Makefile tell users to build (CASES below), dry-run against an empty, fresh results folder
 (`--config results_dir=<tmp>`), so the answer never depends on what was built, on timestamps or on
 absolute paths. A job is recorded as its rule, its wildcards, the sorted sets of its output and
-input paths and a digest of its shell command (which carries every spec and option the job gets),
+input paths, a digest of its shell command (which carries every spec and option the job gets)
+and how the Snakemake report shows its outputs (their `report()` flags),
 with the results folder written `<results>` and the repository root `<repo>`; jobs are sorted by
 rule, wildcards and outputs.
 
@@ -93,6 +94,7 @@ def _dry_run_jobs(argv: list[str], out: str) -> int:
     """Subprocess side: run `snakemake *argv` (a dry run) and write its jobs to `out` as JSON."""
     import snakemake.cli
     from snakemake.executors import dryrun
+    from snakemake.io import is_flagged
 
     jobs: list[dict] = []
     run_job = dryrun.Executor.run_job
@@ -106,6 +108,11 @@ def _dry_run_jobs(argv: list[str], out: str) -> int:
                     "output": [str(f) for f in single.output],
                     "input": [str(f) for f in single.input],
                     "shell": single.shellcmd,  # None for a `script:` rule
+                    "report": {
+                        str(f): _report_item(f.flags["report"])
+                        for f in single.output
+                        if is_flagged(f, "report")
+                    },
                 }
             )
         return run_job(self, job)
@@ -120,6 +127,16 @@ def _dry_run_jobs(argv: list[str], out: str) -> int:
     if code == 0:
         Path(out).write_text(json.dumps(jobs))
     return code
+
+
+def _report_item(flag) -> dict:
+    """How the Snakemake report shows an output (its `report()` flag): caption file, category,
+    subcategory, and for a folder its patterns and labels."""
+    caption = getattr(flag.caption, "get_path_or_uri", lambda secret_free: flag.caption)(True)
+    item = {"caption": str(caption), "category": flag.category, "subcategory": flag.subcategory}
+    if flag.patterns:
+        item |= {"patterns": list(flag.patterns), "labels": dict(flag.labels or {})}
+    return item
 
 
 def plan(case: Case, root: Path = ROOT) -> dict:
@@ -160,6 +177,10 @@ def plan(case: Case, root: Path = ROOT) -> dict:
             "output": sorted({norm(f) for f in job["output"]}),
             "input": sorted({norm(f) for f in job["input"]}),
             "command": _digest(norm(job["shell"])) if job["shell"] else None,
+            "report": {
+                norm(f): {k: norm(v) if k == "caption" else v for k, v in item.items()}
+                for f, item in sorted(job["report"].items())
+            },
         }
         for job in raw
     ]
@@ -238,6 +259,8 @@ def diff_plans(expected: dict, actual: dict) -> str:
                 lines += [f"        {field} - {f}" for f in before if f not in after]
             if old[key].get("command") != new[key].get("command"):
                 lines.append("        its shell command (a spec, option or flag) changed")
+            if old[key].get("report") != new[key].get("report"):
+                lines.append("        how the Snakemake report shows its outputs changed")
             if len(lines) == shown:
                 lines.append("        the same paths, listed in another order or multiplicity")
         out += _capped(lines)

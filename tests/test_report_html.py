@@ -6,6 +6,7 @@ is also rendered as HTML, and every run has its figure."""
 
 from __future__ import annotations
 
+import json
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -27,7 +28,6 @@ from rpb.report.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORT
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "workflow" / "report"
-RULES = ROOT / "workflow" / "rules"
 
 
 class _Page(HTMLParser):
@@ -398,17 +398,19 @@ INTERVAL_CLAIM = re.compile(
 
 
 def _report_items() -> list[tuple[str, str, str]]:
-    """(path, caption, category) of every report() item of the rule files."""
+    """(path, caption, category) of every output the Snakemake report shows, as Snakemake parsed
+    the workflow's `all` (its report() flags, recorded by tests/test_plan_snapshot.py, which
+    checks that the workflow still plans exactly these)."""
+    snapshot = json.loads(
+        (ROOT / "tests" / "data" / "plan_snapshot" / "default-all.json").read_text()
+    )
     items = []
-    for rules in sorted(RULES.glob("*.smk")):
-        text = rules.read_text()
-        for match in re.finditer(r"report\(\s*(?:directory\()?f\"\{RESULTS\}/([^\"]+)\"", text):
-            block = text[match.end() : text.find("\n        ),", match.end())]
-            caption = re.search(r'caption="\.\./report/([^"]+)"', block)
-            category = re.search(r'category="([^"]+)"', block)
-            assert caption and category, match.group(1)
-            items.append((match.group(1), caption.group(1), category.group(1)))
-    return items
+    for job in snapshot["jobs"]:
+        for path, shown in job["report"].items():
+            relative = path.removeprefix("<results>/")
+            items.append((relative, Path(shown["caption"]).name, shown["category"]))
+    assert items, "the snapshot records no report item"
+    return sorted(items)
 
 
 def test_captions_claim_no_interval_of_their_own() -> None:

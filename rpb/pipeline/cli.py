@@ -525,11 +525,11 @@ def cmd_check_config(args: argparse.Namespace) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> None:
-    """A report job of `REPORT_JOBS` (`args.report`, its key: the stage and the config's
+    """A report job of the registry (`args.report`, its key: the stage and the config's
     `tables` key)."""
     import importlib
 
-    module, function = REPORT_JOBS[args.report][0].split(":")
+    module, function = REPORT_JOBS[args.report].builder.split(":")
     _report_job(args, args.report, getattr(importlib.import_module(module), function))
 
 
@@ -810,9 +810,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--seed", type=int, default=0)
 
-    for key, (_, help_) in REPORT_JOBS.items():
+    for key, job in REPORT_JOBS.items():
         # One spelling for every job name: dashes (the key keeps the config's underscores).
-        p = add(key.replace("_", "-"), cmd_report, help_)
+        p = add(job.command, cmd_report, job.help)
         p.set_defaults(report=key)
         p.add_argument("--results", type=Path, required=True)
         p.add_argument("--spec", type=_json_arg, required=True)

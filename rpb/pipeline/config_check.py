@@ -560,7 +560,7 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
             # `rpb pipeline <name>` (underscores spelled as dashes).
             raise ConfigError(
                 f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
-                "job of rpb.report.registry.REPORT_JOBS)"
+                "job of rpb.report.registry.REPORTS)"
             )
         for m in entry.get("models", [entry.get("model")]):
             model(f"tables.{key}.model", m)

@@ -868,9 +868,9 @@ def table_metrics(stage: str, frame: Any) -> dict[str, float]:
     are left out. The stage first: one chart section per table, apart from the eval runs'."""
     import math
 
-    from rpb.report.registry import TABLE_HEADLINES
+    from rpb.report.registry import REPORTS
 
-    keys, columns = TABLE_HEADLINES.get(stage, ((), ()))
+    keys, columns = REPORTS[stage].headline if stage in REPORTS else ((), ())
     if not keys or not set(keys) <= set(frame.columns):
         return {}
     metrics: dict[str, float] = {}

@@ -16,6 +16,7 @@ from rpb.artifacts import (
 )
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
+from rpb.report.registry import REPORTS
 from rpb.specs import CORPORA
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
@@ -211,6 +212,38 @@ def holdout_arg(holdout):
 def table_inputs(name):
     """The input function of table `name`'s rule."""
     return lambda wildcards: PLAN.table_inputs(name)
+
+
+def table_spec_param(name):
+    """The `spec` params function of table `name`'s rule."""
+    return lambda wildcards: as_json(PLAN.table_spec(name))
+
+
+# Report jobs whose rule tables.smk makes from their registry entry.
+PLANNED_REPORTS = [job for job in REPORTS.values() if job.planned]
+
+
+def report_outputs(job):
+    """A planned report job's outputs as its rule declares them, each entry's path under RESULTS
+    flagged for the Snakemake report where it has a caption (rpb.report.registry.Output).
+    """
+    outputs = {}
+    for out in job.outputs:
+        path = f"{RESULTS}/{out.path}"
+        if out.runs:
+            path = directory(path)
+        if out.caption is not None:
+            shown = {"caption": f"../report/{out.caption}", "category": job.category}
+            if out.subcategory is not None:
+                shown["subcategory"] = out.subcategory
+            if out.runs:  # one report item per run's figure
+                shown |= {
+                    "patterns": ["{corpus}_seed{seed}.png"],
+                    "labels": {"run": "{corpus} seed {seed}"},
+                }
+            path = report(path, **shown)
+        outputs[out.name] = path
+    return outputs
 
 
 def table1_claims_option():

@@ -60,200 +60,31 @@ rule testbed_report:
         " {params.track} > {log} 2>&1"
 
 
-# Tables 2-5, the sweep and the drift curves: each reads the runs it compares (rpb.pipeline.plan) and
-# writes its CSV (the table), Markdown, side tables and figures; docs/claims.md says what each
+# Tables 2-5, the drift curves and the RPB readings: one rule each, made from its entry in the
+# report registry (rpb.report.registry.REPORTS, `planned`): inputs and spec from the planner,
+# outputs (and how the Snakemake report shows them) from the entry. Each reads the runs it compares
+# and writes its CSV (the table), Markdown, side tables and figures; docs/claims.md says what each
 # measures.
+for job in PLANNED_REPORTS:
 
-
-rule table2:
-    input:
-        table_inputs("table2"),
-    output:
-        csv=report(
-            f"{RESULTS}/table2.csv",
-            caption="../report/data.rst",
-            category="Table 2",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/table2.md",
-        html=report(
-            f"{RESULTS}/table2.html",
-            caption="../report/table.rst",
-            category="Table 2",
-            subcategory="Table",
-        ),
-        heatmaps=f"{RESULTS}/figures/table2_coactivation.png",
-        heatmaps_runs=report(
-            directory(f"{RESULTS}/figures/table2_coactivation_runs"),
-            patterns=["{corpus}_seed{seed}.png"],
-            caption="../report/coactivation.rst",
-            category="Table 2",
-            subcategory="Co-activation per run",
-            labels={"run": "{corpus} seed {seed}"},
-        ),
-    log:
-        f"{RESULTS}/logs/table2.log",
-    conda:
-        CONDA_ENV
-    params:
-        track=TRACK,
-        spec=lambda wc: as_json(PLAN.table_spec("table2")),
-        results=parent_dir(0),
-    shell:
-        "rpb pipeline table2 --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
-
-
-rule table3:
-    input:
-        table_inputs("table3"),
-    output:
-        csv=report(
-            f"{RESULTS}/table3.csv",
-            caption="../report/data.rst",
-            category="Table 3",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/table3.md",
-        html=report(
-            f"{RESULTS}/table3.html",
-            caption="../report/table.rst",
-            category="Table 3",
-            subcategory="Table",
-        ),
-    log:
-        f"{RESULTS}/logs/table3.log",
-    conda:
-        CONDA_ENV
-    params:
-        track=TRACK,
-        spec=lambda wc: as_json(PLAN.table_spec("table3")),
-        results=parent_dir(0),
-    shell:
-        "rpb pipeline table3 --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
-
-
-rule table4:
-    input:
-        table_inputs("table4"),
-    output:
-        csv=report(
-            f"{RESULTS}/table4.csv",
-            caption="../report/data.rst",
-            category="Table 4",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/table4.md",
-        html=report(
-            f"{RESULTS}/table4.html",
-            caption="../report/table.rst",
-            category="Table 4",
-            subcategory="Table",
-        ),
-        summary=f"{RESULTS}/table4_summary.csv",
-        consistency=report(
-            f"{RESULTS}/table4_consistency.csv",
-            caption="../report/data.rst",
-            category="Table 4",
-            subcategory="Data",
-        ),
-        pairs=report(
-            f"{RESULTS}/table4_pairs.csv",
-            caption="../report/data.rst",
-            category="Table 4",
-            subcategory="Data",
-        ),
-        heatmaps=f"{RESULTS}/figures/table4_coactivation.png",
-        heatmaps_runs=report(
-            directory(f"{RESULTS}/figures/table4_coactivation_runs"),
-            patterns=["{corpus}_seed{seed}.png"],
-            caption="../report/coactivation.rst",
-            category="Table 4",
-            subcategory="Co-activation per run",
-            labels={"run": "{corpus} seed {seed}"},
-        ),
-    log:
-        f"{RESULTS}/logs/table4.log",
-    conda:
-        CONDA_ENV
-    params:
-        track=TRACK,
-        spec=lambda wc: as_json(PLAN.table_spec("table4")),
-        results=parent_dir(0),
-    shell:
-        "rpb pipeline table4 --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
-
-
-rule table5:
-    input:
-        table_inputs("table5"),
-    output:
-        csv=report(
-            f"{RESULTS}/table5.csv",
-            caption="../report/data.rst",
-            category="Table 5",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/table5.md",
-        html=report(
-            f"{RESULTS}/table5.html",
-            caption="../report/table.rst",
-            category="Table 5",
-            subcategory="Table",
-        ),
-        correlation=report(
-            f"{RESULTS}/table5_correlation.csv",
-            caption="../report/data.rst",
-            category="Table 5",
-            subcategory="Data",
-        ),
-        hard=report(
-            f"{RESULTS}/table5_hard.csv",
-            caption="../report/data.rst",
-            category="Table 5",
-            subcategory="Data",
-        ),
-        base=report(
-            f"{RESULTS}/table5_base.csv",
-            caption="../report/data.rst",
-            category="Table 5",
-            subcategory="Data",
-        ),
-        runs=f"{RESULTS}/table5_runs.csv",
-        retention_in=report(
-            f"{RESULTS}/figures/retention_vs_in_domain.png",
-            caption="../report/retention.rst",
-            category="Table 5",
-            subcategory="Figures",
-        ),
-        retention_ood=report(
-            f"{RESULTS}/figures/retention_vs_ood_mean.png",
-            caption="../report/retention.rst",
-            category="Table 5",
-            subcategory="Figures",
-        ),
-        heatmaps=f"{RESULTS}/figures/table5_coactivation.png",
-        heatmaps_runs=report(
-            directory(f"{RESULTS}/figures/table5_coactivation_runs"),
-            patterns=["{corpus}_seed{seed}.png"],
-            caption="../report/coactivation.rst",
-            category="Table 5",
-            subcategory="Co-activation per run",
-            labels={"run": "{corpus} seed {seed}"},
-        ),
-    log:
-        f"{RESULTS}/logs/table5.log",
-    conda:
-        CONDA_ENV
-    params:
-        track=TRACK,
-        spec=lambda wc: as_json(PLAN.table_spec("table5")),
-        results=parent_dir(0),
-    shell:
-        "rpb pipeline table5 --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
+    rule:
+        name:
+            job.key
+        input:
+            table_inputs(job.key),
+        output:
+            **report_outputs(job),
+        log:
+            f"{RESULTS}/logs/{job.key}.log",
+        conda:
+            CONDA_ENV
+        params:
+            track=TRACK,
+            spec=table_spec_param(job.key),
+            results=parent_dir(0),
+        shell:
+            f"rpb pipeline {job.command} --results {{params.results}} --spec {{params.spec}}"
+            " --out {output.csv} {params.track} > {log} 2>&1"
 
 
 rule sweep:
@@ -306,29 +137,6 @@ rule sweep:
         " {params.track} > {log} 2>&1"
 
 
-rule drift:
-    input:
-        table_inputs("drift"),
-    output:
-        csv=f"{RESULTS}/drift.csv",
-        figure=report(
-            f"{RESULTS}/figures/drift.png",
-            caption="../report/drift.rst",
-            category="Training drift",
-        ),
-    log:
-        f"{RESULTS}/logs/drift.log",
-    conda:
-        CONDA_ENV
-    params:
-        track=TRACK,
-        spec=lambda wc: as_json(PLAN.table_spec("drift")),
-        results=parent_dir(0),
-    shell:
-        "rpb pipeline drift --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
-
-
 rule claims:
     input:
         # The tables first (the audit restates their numbers), then every run it reads.
@@ -367,41 +175,4 @@ rule claims:
         results=parent_dir("csv"),
     shell:
         "rpb pipeline claims --results {params.results} --spec {params.spec} --out {output.csv}"
-        " {params.track} > {log} 2>&1"
-
-
-rule readings:
-    input:
-        table_inputs("readings"),
-    output:
-        csv=report(
-            f"{RESULTS}/rpb_readings.csv",
-            caption="../report/data.rst",
-            category="RPB readings",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/rpb_readings.md",
-        html=report(
-            f"{RESULTS}/rpb_readings.html",
-            caption="../report/table.rst",
-            category="RPB readings",
-            subcategory="Table",
-        ),
-        runs=f"{RESULTS}/rpb_readings_runs.csv",
-        figure=report(
-            f"{RESULTS}/figures/rpb_readings.png",
-            caption="../report/readings_figure.rst",
-            category="RPB readings",
-            subcategory="Figures",
-        ),
-    log:
-        f"{RESULTS}/logs/readings.log",
-    conda:
-        CONDA_ENV
-    params:
-        track=TRACK,
-        spec=lambda wc: as_json(PLAN.table_spec("readings")),
-        results=parent_dir(0),
-    shell:
-        "rpb pipeline readings --results {params.results} --spec {params.spec} --out {output.csv}"
         " {params.track} > {log} 2>&1"
