@@ -20,19 +20,25 @@ from dataclasses import dataclass
 
 # Captions in workflow/report/ (the Snakemake report's text beside each item).
 DATA, TABLE, COACTIVATION = "data.rst", "table.rst", "coactivation.rst"
+# A folder of per-run co-activation figures: one report item per run.
+RUN_FIGURES = ("{corpus}_seed{seed}.png",)
+RUN_LABELS = (("run", "{corpus} seed {seed}"),)
 
 
 @dataclass(frozen=True)
 class Output:
-    """One output of a report job: its rule's name for it and its path under the results folder;
-    with a `caption` it is an item of the Snakemake report (`subcategory` under the job's
-    category); `runs`: a folder of per-run co-activation figures, one item per run."""
+    """One output of a report job: its rule's name for it and its path under the results folder.
+    With a `caption` it is an item of the Snakemake report, under the job's category (or its own
+    `category`) and `subcategory`. With `patterns` it is a folder, whose files matching them are
+    one report item each, named by `labels`."""
 
     name: str
     path: str
     caption: str | None = None
     subcategory: str | None = None
-    runs: bool = False
+    patterns: tuple[str, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    category: str | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +50,7 @@ class ReportJob:
     outputs: tuple[Output, ...] = ()
     # The columns naming a row, and the columns logged as its headline metrics.
     headline: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
-    planned: bool = False  # its rule is made from this entry (a table of the plain kind)
+    planned: bool = False  # tables.smk makes its whole rule from this entry
 
     @property
     def command(self) -> str:
@@ -69,7 +75,8 @@ def table_outputs(stem: str, *extra: Output, heatmaps: bool = True) -> tuple[Out
                 f"figures/{stem}_coactivation_runs",
                 COACTIVATION,
                 "Co-activation per run",
-                runs=True,
+                RUN_FIGURES,
+                RUN_LABELS,
             ),
         )
     return outputs
@@ -173,6 +180,16 @@ REPORTS: dict[str, ReportJob] = _registry(
         "sweep",
         "rpb.report.exploratory:build_sweep",
         "softness sweep: accuracy and retention against strength",
+        "Sweep",
+        table_outputs(
+            "sweep",
+            Output("runs", "sweep_runs.csv"),
+            Output("matched", "sweep_table4_matched.csv", DATA, "Data"),
+            Output("matched_md", "sweep_table4_matched.md"),
+            Output("matched_html", "sweep_table4_matched.html", TABLE, "Table"),
+            Output("figure", "figures/sweep.png", "sweep_figure.rst", "Figures"),
+            heatmaps=False,
+        ),
     ),
     ReportJob(
         "drift",
@@ -199,7 +216,23 @@ REPORTS: dict[str, ReportJob] = _registry(
         "claims",
         "rpb.report.claims:build_claims",
         "claims audit C1-C6 (results/claims.csv)",
-        headline=(("part",), ("estimate", "ci_low", "ci_high")),
+        "Claims",
+        (
+            Output("csv", "claims.csv", DATA, "Data"),
+            Output("md", "claims.md"),
+            Output("html", "claims.html", "claims.rst", "Verdicts"),
+            # One page per table: its claims, their verdicts and the premises they depend on,
+            # shown in that table's category.
+            Output(
+                "by_table",
+                "claims_by_table",
+                "claims_by_table.rst",
+                "Claims on this table",
+                ("table{n}_claims.html",),
+                category="Table {n}",
+            ),
+        ),
+        (("part",), ("estimate", "ci_low", "ci_high")),
     ),
     ReportJob(
         "router_swap_table",

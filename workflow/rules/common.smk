@@ -224,23 +224,25 @@ PLANNED_REPORTS = [job for job in REPORTS.values() if job.planned]
 
 
 def report_outputs(job):
-    """A planned report job's outputs as its rule declares them, each entry's path under RESULTS
+    """A report job's outputs as its rule declares them, each entry's path under RESULTS
     flagged for the Snakemake report where it has a caption (rpb.report.registry.Output).
     """
     outputs = {}
     for out in job.outputs:
         path = f"{RESULTS}/{out.path}"
-        if out.runs:
+        if out.patterns:
             path = directory(path)
         if out.caption is not None:
-            shown = {"caption": f"../report/{out.caption}", "category": job.category}
+            shown = {
+                "caption": f"../report/{out.caption}",
+                "category": out.category or job.category,
+            }
             if out.subcategory is not None:
                 shown["subcategory"] = out.subcategory
-            if out.runs:  # one report item per run's figure
-                shown |= {
-                    "patterns": ["{corpus}_seed{seed}.png"],
-                    "labels": {"run": "{corpus} seed {seed}"},
-                }
+            if out.patterns:  # one report item per matching file of the folder
+                shown["patterns"] = list(out.patterns)
+            if out.labels:
+                shown["labels"] = dict(out.labels)
             path = report(path, **shown)
         outputs[out.name] = path
     return outputs

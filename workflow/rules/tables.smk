@@ -91,39 +91,7 @@ rule sweep:
     input:
         lambda wc: PLAN.sweep_inputs(),
     output:
-        csv=report(
-            f"{RESULTS}/sweep.csv",
-            caption="../report/data.rst",
-            category="Sweep",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/sweep.md",
-        html=report(
-            f"{RESULTS}/sweep.html",
-            caption="../report/table.rst",
-            category="Sweep",
-            subcategory="Table",
-        ),
-        runs=f"{RESULTS}/sweep_runs.csv",
-        matched=report(
-            f"{RESULTS}/sweep_table4_matched.csv",
-            caption="../report/data.rst",
-            category="Sweep",
-            subcategory="Data",
-        ),
-        matched_md=f"{RESULTS}/sweep_table4_matched.md",
-        matched_html=report(
-            f"{RESULTS}/sweep_table4_matched.html",
-            caption="../report/table.rst",
-            category="Sweep",
-            subcategory="Table",
-        ),
-        figure=report(
-            f"{RESULTS}/figures/sweep.png",
-            caption="../report/sweep_figure.rst",
-            category="Sweep",
-            subcategory="Figures",
-        ),
+        **report_outputs(REPORTS["sweep"]),
     log:
         f"{RESULTS}/logs/sweep.log",
     conda:
@@ -143,28 +111,7 @@ rule claims:
         tables=[f"{RESULTS}/table{i}.csv" for i in (1, 2, 3, 4, 5)],
         runs=lambda wc: PLAN.claims_runs(),
     output:
-        csv=report(
-            f"{RESULTS}/claims.csv",
-            caption="../report/data.rst",
-            category="Claims",
-            subcategory="Data",
-        ),
-        md=f"{RESULTS}/claims.md",
-        html=report(
-            f"{RESULTS}/claims.html",
-            caption="../report/claims.rst",
-            category="Claims",
-            subcategory="Verdicts",
-        ),
-        # One page per table: its claims, their verdicts and the premises they depend on, shown
-        # in that table's category.
-        by_table=report(
-            directory(f"{RESULTS}/claims_by_table"),
-            patterns=["table{n}_claims.html"],
-            caption="../report/claims_by_table.rst",
-            category="Table {n}",
-            subcategory="Claims on this table",
-        ),
+        **report_outputs(REPORTS["claims"]),
     log:
         f"{RESULTS}/logs/claims.log",
     conda:
