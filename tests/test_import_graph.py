@@ -154,7 +154,10 @@ LIBRARY, PIPELINE, REPORT = "library", "pipeline", "report"
 # What each wing may import (its own modules included).
 MAY_IMPORT = {LIBRARY: {LIBRARY}, REPORT: {LIBRARY, REPORT}, PIPELINE: {LIBRARY, REPORT, PIPELINE}}
 # Entry points outside the rule, with the reason.
-ENTRY_POINTS = {"__main__": "`python -m rpb` is the `rpb` command, whose jobs are the pipeline's"}
+ENTRY_POINTS = {
+    "__main__": "`python -m rpb` is the `rpb` command, whose jobs are the pipeline's",
+    "cli": "`python -m rpb.cli`, the training launcher that configs name (rpb/cli.py)",
+}
 
 
 def wing(module: str) -> str:

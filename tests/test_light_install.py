@@ -27,13 +27,14 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 # The library: what `pip install rpb` is for, every module at the top of the package (the
-# pipeline's and the report's are in rpb/pipeline/ and rpb/report/). rpb.trl needs the `trl` extra.
+# pipeline's and the report's are in rpb/pipeline/ and rpb/report/; rpb.cli and __main__ are the
+# command's entry points). rpb.trl needs the `trl` extra.
 LIBRARY = [
     "rpb",
     *sorted(
         f"rpb.{path.stem}"
         for path in (ROOT / "rpb").glob("*.py")
-        if path.stem not in {"__init__", "__main__", "trl"}
+        if path.stem not in {"__init__", "__main__", "cli", "trl"}
     ),
 ]
 # Import names of the pipeline's packages (the `pipeline` and `analysis` extras, and datasets).

@@ -113,7 +113,7 @@ os.environ.update(RPB_MLFLOW_INVOCATION=TRACKING_INVOCATION)
 CONDA_ENV = (
     "../../envs/paper.yaml" if config["scale"] == "paper" else "../../envs/rpb.yaml"
 )
-# The training command; at paper scale "accelerate launch --config_file ... -m rpb.pipeline.cli".
+# The training command; at paper scale "accelerate launch --config_file ... -m rpb.cli".
 TRAIN_LAUNCHER = config.get("train_launcher", "rpb")
 PRETRAINED_MODELS = PLAN.pretrained_models
 HUB_MODELS = PLAN.hub_models

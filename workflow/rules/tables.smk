@@ -82,8 +82,11 @@ for job in PLANNED_REPORTS:
             track=TRACK,
             spec=table_spec_param(job.key),
             results=parent_dir(0),
+            job=job.command,
+        # The job's name comes through params: Snakemake evaluates the shell string again when
+        # the job runs, and by then the loop's `job` is its last entry.
         shell:
-            f"rpb pipeline {job.command} --results {{params.results}} --spec {{params.spec}}"
+            "rpb pipeline {params.job} --results {params.results} --spec {params.spec}"
             " --out {output.csv} {params.track} > {log} 2>&1"
 
 
