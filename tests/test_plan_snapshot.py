@@ -132,7 +132,9 @@ def _dry_run_jobs(argv: list[str], out: str) -> int:
 def _report_item(flag) -> dict:
     """How the Snakemake report shows an output (its `report()` flag): caption file, category,
     subcategory, and for a folder its patterns and labels."""
-    caption = getattr(flag.caption, "get_path_or_uri", lambda secret_free: flag.caption)(True)
+    caption = flag.caption  # a Snakemake source file once the rule is defined
+    if hasattr(caption, "get_path_or_uri"):
+        caption = caption.get_path_or_uri(secret_free=True)
     item = {"caption": str(caption), "category": flag.category, "subcategory": flag.subcategory}
     if flag.patterns:
         item |= {"patterns": list(flag.patterns), "labels": dict(flag.labels or {})}

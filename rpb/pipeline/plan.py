@@ -161,7 +161,11 @@ class PipelineConfig:
     sweep: Mapping[str, Any] | None
     diagnostics: Mapping[str, Any]
     calibration: Mapping[str, Any]
-    raw_models: Mapping[str, Any]
+
+    @property
+    def raw_models(self) -> Mapping[str, Mapping[str, Any]]:
+        """The `models` section as the config check left it (rpb.specs' base helpers read it)."""
+        return {name: model.entry for name, model in self.models.items()}
 
     @classmethod
     def parse(cls, config: Mapping[str, Any]) -> PipelineConfig:
@@ -208,7 +212,6 @@ class PipelineConfig:
             sweep=frozen(config["sweep"]) if config.get("sweep") is not None else None,
             diagnostics=frozen(config.get("diagnostics") or {}),
             calibration=frozen(config.get("calibration") or {}),
-            raw_models=frozen(config["models"]),
         )
 
 
@@ -317,14 +320,12 @@ class Plan:
         root = self.results if root is None else root
         labels = [("base", self.base_run_ids(model))] if base else []
         labels += [(m, self.runs(model, seeds)) for m in methods]
-        paths = []
-        for label, ids in labels:
-            for run in ids:
-                paths += [
-                    f"{root}/eval/{model}/{corpus}/{label}/seed{run}.json",
-                    f"{root}/analysis/{model}/{corpus}/{label}/seed{run}.json",
-                ]
-        return paths
+        return [
+            f"{root}/{results_path(kind, model=model, corpus=corpus, method=label, seed=run)}"
+            for label, ids in labels
+            for run in ids
+            for kind in ("eval", "analysis")
+        ]
 
     # --- job specs ---------------------------------------------------------------------------
 
@@ -370,9 +371,6 @@ class Plan:
             "methods": list(t1.methods),
             "seeds": self.runs(t1.model, config.seeds),
             "in_domain": list(config.evaluation.in_domain),
-            "ood": list(config.evaluation.ood),
-            "corpus_tasks": plain(config.evaluation.corpus_tasks),
-            "scale": config.scale,
         }
 
     def testbed_inputs(self) -> list[str]:
@@ -380,11 +378,11 @@ class Plan:
         paths = []
         for model in self.original_pretrained:
             paths += [
-                f"{self.results}/eval/{model}/{corpus}/base/seed0.json",
+                self.path("eval", model=model, corpus=corpus, method="base", seed=0),
                 f"{self.results}/priors/{model}/{corpus}.safetensors",
             ]
             paths += [
-                f"{self.results}/eval/{model}/{corpus}/none/seed{seed}.json"
+                self.path("eval", model=model, corpus=corpus, method="none", seed=seed)
                 for seed in self.config.seeds
             ]
         return paths
@@ -402,9 +400,13 @@ class Plan:
     def table_seeds(self, name: str) -> list[int]:
         """The seeds per base of table `name`: its own `seeds` (exploratory tables only), else
         `tables.seeds`, else the top-level seeds."""
-        tables = self.config.tables
-        own = tables.get(name, {}).get("seeds") if name in EXPLORATORY_TABLES else None
-        return list(own or tables.get("seeds") or self.config.seeds)
+        own = self.config.tables.get(name, {}).get("seeds") if name in EXPLORATORY_TABLES else None
+        return list(own or self.confirmatory_seeds)
+
+    @property
+    def confirmatory_seeds(self) -> list[int]:
+        """The seeds per base of tables 2-5 and the controls: `tables.seeds`, else the top-level."""
+        return list(self.config.tables.get("seeds") or self.config.seeds)
 
     def table_inputs(self, name: str) -> list[str]:
         """Every run table `name` reads (a table of the plain shape, `model`, `corpus` and
@@ -429,8 +431,9 @@ class Plan:
         if name == "readings":
             return outputs(t["model"], t["corpus"], [t["lower"], *t["methods"], t["upper"]], seeds)
         if name == "drift":
+            fields = {"model": t["model"], "corpus": t["corpus"]}
             return [
-                f"{self.results}/runs/{t['model']}/{t['corpus']}/{m}/seed{r}/train_history.json"
+                self.path("train_history", **fields, method=m, seed=r)
                 for m in t["methods"]
                 for r in self.runs(t["model"], seeds)
             ]
@@ -495,8 +498,7 @@ class Plan:
             return []
         labels = [claims[k] for k in ("placebo", "permuted") if claims.get(k)]
         t1 = self.config.table1
-        seeds = self.config.tables.get("seeds") or self.config.seeds
-        return self.run_outputs(t1.model, t1.corpus, labels, seeds)
+        return self.run_outputs(t1.model, t1.corpus, labels, self.confirmatory_seeds)
 
     def claims_runs(self) -> list[str]:
         """Every run output the claims audit reads, sorted: table 1's and tables 2-5's runs, and
@@ -553,8 +555,9 @@ class Plan:
 
     def diagnostic_model_dir(self, model: str, corpus: str, method: str, run: Any) -> str:
         if method == "base":
-            return f"{self.results}/models/{model}/base/model"
-        return f"{self.diagnostic_root}/runs/{model}/{corpus}/{method}/seed{run}/model"
+            return self.model_dir(model, "base", None, None)
+        fields = {"model": model, "corpus": corpus, "method": method, "seed": run}
+        return f"{self.diagnostic_root}/{results_path('model', **fields)}"
 
     def diagnostic_table1_inputs(self) -> list[str]:
         """The diagnostic tree's evaluation and analysis outputs, laid out as table 1's."""

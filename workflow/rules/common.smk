@@ -87,7 +87,6 @@ def check_integrity():
         sys.exit(integrity_message(problems, rebuild_target, command))
 
 
-SEEDS = list(PLAN.config.seeds)
 # Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
 # change of threads_per_job changes how fast a job runs, not what it computes, so it reruns nothing.
 THREADS = config.get("threads_per_job", 1)
