@@ -41,8 +41,8 @@ test: install
 	pytest
 
 # The unit tests alone: no pipeline run (tests marked slow share one smoke run of it), one worker
-# per core, tests dealt to workers one by one (`--dist load`). On 2 cores, 1217-1222 tests: 104-134 s
-# of pytest over five runs (a module per worker, `--dist loadfile`: 120-133 s over three).
+# per core, tests dealt to workers one by one (`--dist load`). On 2 cores, 1217-1222 tests: 104-142 s
+# of pytest over eight runs (a module per worker, `--dist loadfile`: 120-133 s over three).
 test-fast: install
 	pytest -m "not slow" -n auto --dist load
 
