@@ -2,6 +2,7 @@
 not change behaviour (issue 33): same files, and every table, claim, figure and model output equal.
 
     python bench/compare_results.py BEFORE/results/smoke AFTER/results/smoke
+    python bench/compare_results.py --relayout config/smoke.yaml BEFORE/results/smoke AFTER/...
 
 Compared: every CSV, Markdown, HTML, PNG, PDF, JSON and safetensors file outside MLflow's store,
 the logs, the benchmarks and the integrity records. Byte for byte, except what records when and
@@ -9,6 +10,14 @@ where a run happened: evaluation outputs' `provenance.date`, `provenance.git_has
 `timing_s`, the checkout's path in them, a PDF's CreationDate, and the testbed report's job
 durations (its JSON `durations_s`, its Markdown's "Cost on this machine"). Prints one line per
 differing file and a summary; exits 1 if any file differs or the file lists do.
+
+`--relayout CONFIGFILE` compares a BEFORE folder of the first results layout (run ids in paths,
+replicate bases as models `tinyA_p1`; moved first with `rpb relayout --apply`) with an AFTER folder
+of the current one (`base<b>/seed<s>`, replicates `tinyA_base1`): the first layout's paths and
+names inside BEFORE's JSON and safetensors metadata are read as their current names
+(rpb.pipeline.relayout), its per-run CSVs get the `base` column the current tables show
+(rpb.report.run_records.named_runs), and safetensors files are compared tensor by tensor. Markdown,
+HTML and figures name runs in their text and labels: they are listed as renamed, not compared.
 """
 
 from __future__ import annotations
@@ -24,6 +33,7 @@ SKIPPED = re.compile(
     r"(^|/)(mlflow[^/]*|mlartifacts|logs|benchmarks|\.integrity|\.snakemake)(/|$)|\.run/"
 )
 VOLATILE_KEYS = {"date", "git_hash", "timing_s", "durations_s"}
+CHECKOUT = re.compile(r"(?:/[^/\s\"']+)+?/results/(?=[^/]+/)")
 
 
 def outputs(root: Path) -> list[str]:
@@ -41,7 +51,10 @@ def _without_volatile(value: Any, checkout: str) -> Any:
         }
     if isinstance(value, list):
         return [_without_volatile(v, checkout) for v in value]
-    return value.replace(checkout, "<checkout>") if isinstance(value, str) else value
+    if not isinstance(value, str):
+        return value
+    # The checkout's path, also where a folder was copied from another checkout.
+    return CHECKOUT.sub("<checkout>/results/", value.replace(checkout, "<checkout>"))
 
 
 def _checkout(results: Path) -> str:
@@ -73,7 +86,86 @@ def _same_normalised(a: Path, b: Path, relative: str, data_a: bytes, data_b: byt
     return False
 
 
+class Relaid:
+    """Reads BEFORE's contents under the current layout's names (`--relayout`)."""
+
+    PATH = re.compile(
+        r"(?:diagnostic/(?:router_swap/)?)?(?:models|priors|runs|eval|analysis)/[^\s\"'|,]+"
+    )
+
+    def __init__(self, configfile: str) -> None:
+        from rpb.pipeline.relayout import legacy_bases, read_config
+
+        self.bases = legacy_bases(read_config([configfile]).get("models") or {})
+        # Replicate bases' names: tinyA_p1 -> tinyA_base1.
+        self.names = {
+            old: (model if k == 0 else f"{model}_base{k}")
+            for old, (model, k) in self.bases.items()
+            if old != model
+        }
+
+    def text(self, value: str) -> str:
+        from rpb.pipeline.relayout import current_path
+
+        value = self.PATH.sub(lambda m: current_path(m[0], self.bases) or m[0], value)
+        for old, new in self.names.items():
+            value = re.sub(rf"\b{re.escape(old)}\b", new, value)
+        return value
+
+    def value(self, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.value(v) for v in value]
+        return self.text(value) if isinstance(value, str) else value
+
+    def same(self, a: Path, b: Path, relative: str) -> str | None:
+        """ "bytes", "normalised", "renamed" (text or figure naming runs: not compared) or None."""
+        how = same(a, b, relative)
+        if how is not None:
+            return how
+        data_a, data_b = (a / relative).read_bytes(), (b / relative).read_bytes()
+        if relative.endswith(".json"):
+            before = self.value(_without_volatile(json.loads(data_a), _checkout(a)))
+            return (
+                "normalised"
+                if before == _without_volatile(json.loads(data_b), _checkout(b))
+                else None
+            )
+        if relative.endswith(".safetensors"):
+            return "normalised" if self._same_tensors(a / relative, b / relative) else None
+        if relative.endswith(".csv"):
+            return "normalised" if self._same_csv(a / relative, b / relative) else None
+        return "renamed"
+
+    def _same_tensors(self, a: Path, b: Path) -> bool:
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(str(a), "pt") as fa, safe_open(str(b), "pt") as fb:
+            meta_a = {k: self.text(v) for k, v in (fa.metadata() or {}).items()}
+            names = fa.keys()  # a safetensors handle, not a mapping
+            if meta_a != (fb.metadata() or {}) or set(names) != set(fb.keys()):
+                return False
+            return all(torch.equal(fa.get_tensor(k), fb.get_tensor(k)) for k in names)
+
+    def _same_csv(self, a: Path, b: Path) -> bool:
+        import pandas as pd
+
+        from rpb.report.run_records import named_runs
+
+        before, after = named_runs(pd.read_csv(a)), pd.read_csv(b)
+        try:
+            pd.testing.assert_frame_equal(before, after, check_dtype=False)
+        except AssertionError:
+            return False
+        return True
+
+
 def main(argv: list[str]) -> int:
+    relaid = None
+    if argv[:1] == ["--relayout"] and len(argv) > 1:
+        relaid, argv = Relaid(argv[1]), argv[2:]
     if len(argv) != 2:
         print(__doc__.strip().splitlines()[2], file=sys.stderr)
         return 2
@@ -84,14 +176,19 @@ def main(argv: list[str]) -> int:
         print(f"only in {a if name in files_a else b}: {name}")
         status = 1
     shared = sorted(set(files_a) & set(files_b))
-    agreement = {name: same(a, b, name) for name in shared}
+    compare = relaid.same if relaid is not None else same
+    agreement = {name: compare(a, b, name) for name in shared}
     differ = [name for name, how in agreement.items() if how is None]
     for name in differ:
         print(f"differs: {name}")
+    renamed = [name for name, how in agreement.items() if how == "renamed"]
+    for name in renamed:
+        print(f"renamed (names runs in its text or labels; not compared): {name}")
     identical = sum(how == "bytes" for how in agreement.values())
     print(
         f"{len(shared)} files in both: {identical} byte-identical, "
-        f"{len(shared) - identical - len(differ)} equal but for run dates, paths and timings, "
+        f"{len(shared) - identical - len(differ) - len(renamed)} equal but for run dates, paths, "
+        f"timings{' and run names' if relaid else ''}, {len(renamed)} renamed, "
         f"{len(differ)} differ"
     )
     return 1 if differ or status else 0

@@ -5,7 +5,7 @@ thread count (1 vs 2: the reductions inside matmuls split differently, as on ano
 trained weights differ, the thread count is a valid stand-in for "another machine" in the
 verdict-stability comparison of docs/claims.md; if they were bitwise equal it would not be.
 
-    python bench/float_order.py --base results/models/tinyA/base/model \
+    python bench/float_order.py --base results/models/tinyA/base0/model \
         --corpus results/data/post/math.jsonl      # -> bench/results/float_order.json
 """
 

@@ -385,10 +385,10 @@ def _job_args(
     }
     ev = config["evaluation"]
     probe = config["analysis"]
-    run_dir = out / "runs" / model / corpus / method / f"seed{seed}"
-    eval_out = out / "eval" / model / corpus / method / f"seed{seed}.json"
-    base = inputs / "models" / model / "base" / "model"
-    prior = inputs / "priors" / model / f"{corpus}.safetensors"
+    run_dir = out / "runs" / model / corpus / method / "base0" / f"seed{seed}"
+    eval_out = out / "eval" / model / corpus / method / "base0" / f"seed{seed}.json"
+    base = inputs / "models" / model / "base0" / "model"
+    prior = inputs / "priors" / model / "base0" / f"{corpus}.safetensors"
     track = ["--tracking-uri", f"sqlite:///{out / 'mlflow.db'}", "--experiment", "rpb"]
     train = [
         *("--name", model, "--label", method, "--base", str(base), "--prior", str(prior)),
@@ -407,7 +407,7 @@ def _job_args(
         ),
     ]
     common = ["--name", model, "--label", method, "--seed", str(seed), "--corpus-name", corpus]
-    analysis_out = out / "analysis" / model / corpus / method / f"seed{seed}.json"
+    analysis_out = out / "analysis" / model / corpus / method / "base0" / f"seed{seed}.json"
     probe_args = [",".join(probe["probe_tasks"]), str(probe["probe_limit"])]
     return {
         "train": [*prefix, "train", *train, *track],
@@ -448,10 +448,10 @@ def make_inputs(config: dict[str, Any], inputs: Path, pretrain_steps: int, log: 
          "--lbl-coef", str(entry["pretrain"]["lbl_coef"]),
          "--tokenizer", str(inputs / "data" / "tokenizer"),
          "--corpus", str(inputs / "data" / "pretrain.jsonl"),
-         "--out", str(inputs / "models" / model / "base"), *track],
-        ["prior", "--name", model, "--model", str(inputs / "models" / model / "base" / "model"),
+         "--out", str(inputs / "models" / model / "base0"), *track],
+        ["prior", "--name", model, "--model", str(inputs / "models" / model / "base0" / "model"),
          "--corpus", str(inputs / "data" / "post" / f"{corpus}.jsonl"),
-         "--out", str(inputs / "priors" / model / f"{corpus}.safetensors"), *track],
+         "--out", str(inputs / "priors" / model / "base0" / f"{corpus}.safetensors"), *track],
     ]  # fmt: skip
     for argv in jobs:
         with log.open("a") as f:

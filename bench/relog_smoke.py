@@ -22,7 +22,7 @@ from pathlib import Path
 import mlflow
 
 from rpb.pipeline import tracking
-from rpb.specs import analysis_path, bases_of
+from rpb.specs import analysis_path, bases_of, eval_path, run_fields, run_path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for method in meta["methods"] if "methods" in meta else _methods(results):
         ids = [0, 1000] if method == "base" else meta["seeds"]
         for run_id in ids:
-            base, seed = tracking.split_run_id(run_id)
+            base, seed = run_fields(run_id)["base"], run_fields(run_id)["seed"]
             schema = {
                 "model": model,
                 "method": method,
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                 "base": base,
                 "seed": seed,
             }
-            history = results / "runs" / model / corpus / method / f"seed{run_id}"
-            history = history / "train_history.json"
+            history = run_path("train_history", results, model, corpus, method, run_id)
             if method != "base" and history.is_file():
                 trained = json.loads(history.read_text())
                 params = tracking.method_params(method, trained.get("method"))
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         step = int(entry.get("step", 0))
                         values = {k: float(v) for k, v in entry.items() if k != "step"}
                         mlflow.log_metrics(values, step=step)
-            eval_out = results / "eval" / model / corpus / method / f"seed{run_id}.json"
+            eval_out = eval_path(results, model, corpus, method, run_id)
             model_dir = history.parent / "model"
             params = tracking.model_job_params(method=method, model_dir=model_dir)
             with tracking.tracked_run(stage="eval", params=params, **schema, **kw):

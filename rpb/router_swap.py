@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rpb.artifacts import atomic_folder
-from rpb.specs import RUN_STRIDE, base_index, base_of_run, eval_path, results_path
+from rpb.specs import RUN_STRIDE, base_index, base_of_run, eval_path, results_path, run_fields
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -368,8 +368,9 @@ def swap_input_dirs(
 
     def folder(method: str) -> str:
         if method == "base":
-            return results_path("base_model", model=base_of_run(models, model, seed))
-        return results_path("model", model=model, corpus=corpus, method=method, seed=seed)
+            base_of_run(models, model, seed)  # a base the model does not have: ValueError
+            return results_path("base_model", model=model, base=run_fields(seed)["base"])
+        return results_path("model", model=model, corpus=corpus, method=method, run=seed)
 
     target, source, _ = parse_label(label)
     return {"target": f"{results}/{folder(target)}", "source": f"{results}/{folder(source)}"}

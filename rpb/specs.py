@@ -32,7 +32,10 @@ __all__ = [
     "method_spec",
     "replicate_name",
     "results_path",
+    "run_fields",
+    "run_id",
     "run_ids",
+    "run_name",
 ]
 
 
@@ -190,56 +193,87 @@ EVAL_SETS: dict[str, tuple[str, ...]] = {
     "ood": ("addition", "facts", "reverse", "sort", "grammar"),
 }
 
-# Results layout, relative to results_dir. `{method}` is a method label (a key of `methods`).
+# Results layout, relative to results_dir. `{method}` is a method label (a key of `methods`); a
+# run lies under `base{base}/seed{seed}`: its base (0: the model itself, k: its k-th replicate,
+# `models.<m>.replicates`) and its post-training seed within that base. Pretraining, priors,
+# training, evaluation and analysis name a base the same way: `models/tinyA/base1` is the base of
+# `runs/tinyA/math/rpb/base1/seed2`.
 PATHS: dict[str, str] = {
-    "base_model": "models/{model}/base/model",
-    "model": "runs/{model}/{corpus}/{method}/seed{seed}/model",
-    "train_history": "runs/{model}/{corpus}/{method}/seed{seed}/train_history.json",
-    "eval": "eval/{model}/{corpus}/{method}/seed{seed}.json",
-    "analysis": "analysis/{model}/{corpus}/{method}/seed{seed}.json",
+    "base_model": "models/{model}/base{base}/model",
+    "prior": "priors/{model}/base{base}/{corpus}.safetensors",
+    "permuted_prior": "priors/{model}/base{base}/permuted/{corpus}.safetensors",
+    "model": "runs/{model}/{corpus}/{method}/base{base}/seed{seed}/model",
+    "train_history": "runs/{model}/{corpus}/{method}/base{base}/seed{seed}/train_history.json",
+    "eval": "eval/{model}/{corpus}/{method}/base{base}/seed{seed}.json",
+    "analysis": "analysis/{model}/{corpus}/{method}/base{base}/seed{seed}.json",
     # The analysis job's co-activation counts, beside its JSON.
-    "analysis_counts": "analysis/{model}/{corpus}/{method}/seed{seed}.safetensors",
+    "analysis_counts": "analysis/{model}/{corpus}/{method}/base{base}/seed{seed}.safetensors",
+    # A router-swap diagnostic's model, in that diagnostic's own tree (rpb.router_swap).
+    "swapped_model": "models/{model}/{corpus}/{method}/base{base}/seed{seed}/model",
 }
 
 
 def results_path(kind: str, **fields: Any) -> str:
-    """A results-relative path of `kind` (a key of PATHS) with its fields filled in."""
+    """A results-relative path of `kind` (a key of PATHS) with its fields filled in; `run` (a run
+    id) stands for `base` and `seed` (`run_fields`)."""
+    if "run" in fields:
+        fields |= run_fields(fields.pop("run"))
     return PATHS[kind].format(**fields)
 
 
-def run_path(kind: str, results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
-    """Where output `kind` (a key of PATHS) of one run lies under `results`."""
-    fields = {"model": model, "corpus": corpus, "method": label, "seed": seed}
+def run_path(kind: str, results: Path, model: str, corpus: str, label: str, run: int) -> Path:
+    """Where output `kind` (a key of PATHS) of run `run` (a run id) lies under `results`."""
+    fields = {"model": model, "corpus": corpus, "method": label, "run": run}
     return Path(results) / results_path(kind, **fields)
 
 
-def eval_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
-    """Where the evaluation output of one trained model lies (`base`: the base, seed 0)."""
-    return run_path("eval", results, model, corpus, label, seed)
+def eval_path(results: Path, model: str, corpus: str, label: str, run: int) -> Path:
+    """Where the evaluation output of one trained model lies (`base`: a base, seed 0)."""
+    return run_path("eval", results, model, corpus, label, run)
 
 
-def analysis_path(results: Path, model: str, corpus: str, label: str, seed: int) -> Path:
+def analysis_path(results: Path, model: str, corpus: str, label: str, run: int) -> Path:
     """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
-    return run_path("analysis", results, model, corpus, label, seed)
+    return run_path("analysis", results, model, corpus, label, run)
 
 
 # Replicate bases: a pretrained model's `replicates` (pretraining seeds) become further models of
-# the same family, each its own base. A table pools the (base, seed) runs of a model over its bases
-# under one run id per pair, so every table, path and statistic keeps one integer per run: run id
-# = RUN_STRIDE * (base index) + seed, base index 0 being the model itself (its ids are its seeds).
+# the same family, each its own base, named `<model>_base<k>` in the config (k = 1, 2, ... in the
+# order of `replicates`). A table pools a model's (base, seed) runs over its bases under one run
+# id per pair, so a table or statistic keeps one integer per run: run id = RUN_STRIDE * base +
+# seed, base 0 being the model itself. The run id is also the run's torch seed; paths, MLflow run
+# names and tables split it again into `base` and `seed` (`run_fields`).
 RUN_STRIDE = 1000
 
 
-def replicate_name(model: str, pretrain_seed: int) -> str:
-    """The model name of `model`'s replicate base pretrained with `pretrain_seed`."""
-    return f"{model}_p{pretrain_seed}"
+def replicate_name(model: str, index: int) -> str:
+    """The config name of `model`'s base `index` (its `index`-th replicate; 0: the model)."""
+    return model if index == 0 else f"{model}_base{index}"
 
 
 def bases_of(models: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
     """`model` and its replicate bases, in the order of its `replicates` (a model without any:
     itself alone). `models` is the config's `models` after rpb.pipeline.config_check expanded it."""
     seeds = (models.get(model) or {}).get("replicates") or []
-    return [model, *(replicate_name(model, s) for s in seeds)]
+    return [replicate_name(model, k) for k in range(len(seeds) + 1)]
+
+
+def run_id(base: int | str, seed: int | str) -> int:
+    """The run id of post-training seed `seed` on base `base` (`RUN_STRIDE * base + seed`)."""
+    if not 0 <= int(seed) < RUN_STRIDE:
+        raise ValueError(f"seed {seed} must lie in [0, {RUN_STRIDE}) to be pooled over bases")
+    return RUN_STRIDE * int(base) + int(seed)
+
+
+def run_fields(run: int | str) -> dict[str, int]:
+    """`{"base": b, "seed": s}` of run id `run`: run 1002 is seed 2 on base 1."""
+    base, seed = divmod(int(run), RUN_STRIDE)
+    return {"base": base, "seed": seed}
+
+
+def run_name(run: int | str) -> str:
+    """How paths and tables name run id `run`: `base1/seed2` for 1002."""
+    return "base{base}/seed{seed}".format(**run_fields(run))
 
 
 def run_ids(n_bases: int, seeds: Sequence[int]) -> list[int]:

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from rpb.specs import results_path
+
 
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -108,7 +110,7 @@ def write_run(
     u, w = rng.random(n_items), rng.random(n_items)
     tasks = {corpus: ((u < p_in).astype(int).tolist(), p_target_items(u, w, pt_in))}
     tasks |= {t: ((u < p_ood).astype(int).tolist(), p_target_items(u, w, pt_ood)) for t in ood}
-    where = Path(model, corpus, label, f"seed{seed}.json")
+    fields = {"model": model, "corpus": corpus, "method": label, "run": seed}
     payload: dict[str, Any] = {}
     for t, (em, p_target) in tasks.items():
         payload[f"rpb_{t}"] = {"items": em, "metric": "exact_match"}
@@ -120,7 +122,7 @@ def write_run(
             "p_target": p_target.tolist(),
             "p_target_mean": float(p_target.mean()),
         }
-    write_json(root / "eval" / where, {"tasks": payload})
+    write_json(root / results_path("eval", **fields), {"tasks": payload})
     jitter = 0.01 * seed
     tokens = 600
     base_counts = _block_counts(tokens, structured_base)
@@ -136,7 +138,7 @@ def write_run(
     }
     mean |= routing or {}
     write_json(
-        root / "analysis" / where,
+        root / results_path("analysis", **fields),
         {"mean": mean, "layers": layers, "probe": {"tokens": tokens}},
     )
     counts = base_counts if label == "base" else _block_counts(tokens, False, seed)
@@ -145,7 +147,7 @@ def write_run(
             "counts": torch.from_numpy(counts).long(),
             "base_counts": torch.from_numpy(base_counts).long(),
         },
-        str((root / "analysis" / where).with_suffix(".safetensors")),
+        str(root / results_path("analysis_counts", **fields)),
     )
 
 

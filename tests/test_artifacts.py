@@ -166,10 +166,10 @@ def test_unrecorded_files_get_a_format_check(tmp_path: Path) -> None:
     results = tmp_path / "results"
     (results / "eval").mkdir(parents=True)
     (results / "eval" / "seed0.json").write_text('{"tasks": {"math": [1, 0')
-    _prior(results / "priors" / "m" / "math.safetensors")
-    prior = results / "priors" / "m" / "math.safetensors"
+    _prior(results / "priors" / "m" / "base0" / "math.safetensors")
+    prior = results / "priors" / "m" / "base0" / "math.safetensors"
     prior.write_bytes(prior.read_bytes()[:-10])
-    model = results / "models" / "m" / "base" / "model"
+    model = results / "models" / "m" / "base0" / "model"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     sharded = results / "runs" / "m" / "model"
@@ -187,21 +187,23 @@ def test_unrecorded_files_get_a_format_check(tmp_path: Path) -> None:
         "eval/seed0.json": (
             "not valid JSON (Expecting ',' delimiter at line 1 column 25): truncated or damaged"
         ),
-        "models/m/base/model": (
+        "models/m/base0/model": (
             "model folder without model.safetensors (no weights file): incomplete"
         ),
-        "priors/m/math.safetensors": found["priors/m/math.safetensors"],
+        "priors/m/base0/math.safetensors": found["priors/m/base0/math.safetensors"],
         "runs/m/model": (
             "model folder without model-2.safetensors (listed in model.safetensors.index.json): "
             "incomplete"
         ),
     }
-    assert found["priors/m/math.safetensors"].endswith(": truncated")
+    assert found["priors/m/base0/math.safetensors"].endswith(": truncated")
 
 
 def test_integrity_message_is_one_line_with_a_rebuild_command() -> None:
     problems = [
-        Problem("results/priors/m/math.safetensors", "10 bytes, 20 when it was written: truncated"),
+        Problem(
+            "results/priors/m/base0/math.safetensors", "10 bytes, 20 when it was written: truncated"
+        ),
         Problem("results/table1.meta.json", "not valid JSON (...): truncated or damaged"),
     ]
     targets = {"results/table1.meta.json": "results/table1.md"}
@@ -212,10 +214,10 @@ def test_integrity_message_is_one_line_with_a_rebuild_command() -> None:
     )
     assert "\n" not in line
     assert line == (
-        "integrity error: results/priors/m/math.safetensors: 10 bytes, 20 when it was written: "
-        "truncated (+1 more); rebuild: rm -rf results/priors/m/math.safetensors "
+        "integrity error: results/priors/m/base0/math.safetensors: 10 bytes, 20 when it was "
+        "written: truncated (+1 more); rebuild: rm -rf results/priors/m/base0/math.safetensors "
         "results/table1.meta.json && snakemake --cores 2 --configfile config/smoke.yaml --force "
-        "-- results/priors/m/math.safetensors results/table1.md"
+        "-- results/priors/m/base0/math.safetensors results/table1.md"
     )
 
 
@@ -331,7 +333,7 @@ def test_record_artifact_with_an_explicit_root(tmp_path: Path) -> None:
 def test_a_recorded_model_folder_is_checked_file_by_file(results: Path) -> None:
     """`record_folder`, which `atomic_folder` calls for the model folders of rpb.pipeline.training
     and rpb.router_swap (tests/test_faults.py runs them)."""
-    model = results / "models" / "m" / "base" / "model"
+    model = results / "models" / "m" / "base0" / "model"
     model.mkdir(parents=True)
     (model / "config.json").write_text("{}")
     _prior(model / "model.safetensors")

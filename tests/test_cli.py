@@ -269,7 +269,8 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
 
 # --- the command line's shape --------------------------------------------------------------------
 
-PEOPLE = {"finetune", "prior", "check-config"}  # rpb.pipeline.user_cli, and the config check
+# rpb.pipeline.user_cli, the config check and the results folder's move to base<b>/seed<s> paths.
+PEOPLE = {"finetune", "prior", "check-config", "relayout"}
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -281,8 +282,9 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 def test_the_top_level_is_the_people_s_commands_and_pipeline(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`rpb --help` lists finetune, prior, check-config and pipeline, nothing else; every job is
-    under `rpb pipeline`, dash-spelled; an old top-level job (`rpb train`) is a usage error."""
+    """`rpb --help` lists finetune, prior, check-config, relayout and pipeline, nothing else;
+    every job is under `rpb pipeline`, dash-spelled; an old top-level job (`rpb train`) is a
+    usage error."""
     parser = build_parser()
     top = _commands(parser)
     assert set(top) == PEOPLE | {"pipeline"}

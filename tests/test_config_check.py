@@ -330,7 +330,7 @@ def _planned_training_command(tmp_path: Path, methods: dict[str, Any], label: st
     proc = snakemake_in_repo(
         *("-n", "-p", "--cores", "1", "--configfile", "config/smoke.yaml", str(extra)),
         *("--config", f"results_dir={results}", "--"),
-        f"{results}/analysis/tinyA/math/{label}/seed0.json",
+        f"{results}/analysis/tinyA/math/{label}/base0/seed0.json",
     )
     (shell,) = [
         line.removeprefix("Shell command: ")
@@ -582,7 +582,7 @@ def test_claims_without_the_tables_they_read_is_named() -> None:
         check_config(config, SCHEMA)
 
 
-def test_replicates_become_models_with_their_pretraining_seed() -> None:
+def test_replicates_become_bases_with_their_pretraining_seed() -> None:
     from rpb.specs import bases_of
 
     config = copy.deepcopy(BASE)
@@ -591,31 +591,43 @@ def test_replicates_become_models_with_their_pretraining_seed() -> None:
     check_config(config, SCHEMA)
     check_config(config, SCHEMA)  # idempotent: a config checked twice stays the same
     models = config["models"]
-    assert bases_of(models, "tinyA") == ["tinyA", "tinyA_p1", "tinyA_p2"]
-    assert bases_of(models, "tinyB") == ["tinyB", "tinyB_p1", "tinyB_p2"]
-    assert models["tinyA_p2"]["pretrain"]["seed"] == 2
+    # Named by base (their order in `replicates`), as their paths are: models/tinyA/base2.
+    assert bases_of(models, "tinyA") == ["tinyA", "tinyA_base1", "tinyA_base2"]
+    assert bases_of(models, "tinyB") == ["tinyB", "tinyB_base1", "tinyB_base2"]
+    assert models["tinyA_base2"]["pretrain"]["seed"] == 2
     assert models["tinyA"]["pretrain"]["seed"] == 0  # the original is untouched
-    assert models["tinyA_p1"]["replicate_of"] == "tinyA"
-    assert models["tinyA_p1"]["architecture"] == models["tinyA"]["architecture"]
+    assert models["tinyA_base1"]["replicate_of"] == "tinyA"
+    assert models["tinyA_base1"]["architecture"] == models["tinyA"]["architecture"]
+    config["models"]["tinyA"]["replicates"] = [5, 3]
+    config["models"]["tinyB"]["replicates"] = [5, 3]
+    del config["models"]["tinyA_base1"], config["models"]["tinyA_base2"]
+    check_config(config, SCHEMA)
+    assert [models[f"tinyA_base{k}"]["pretrain"]["seed"] for k in (1, 2)] == [5, 3]
 
 
 @pytest.mark.parametrize(
-    ("name", "replicates", "message"),
+    ("name", "replicates", "other", "message"),
     [
-        ("tinyA", [0], "models.tinyA.replicates[0]: 0 is the model's own pretrain.seed"),
-        ("tinyA", [3], "models.tinyA_p3: the name of models.tinyA's replicate 3 is taken"),
+        ("tinyA", [0], "tinyC", "models.tinyA.replicates[0]: 0 is the model's own pretrain.seed"),
+        (
+            "tinyA",
+            [3],
+            "tinyA_base1",
+            "models.tinyA_base1: the name of models.tinyA's replicate 3 is taken",
+        ),
         (
             "tinyB",
             [1, 2],
+            "tinyC",
             "models.tinyB.replicates: every pretrained model needs the same number of "
-            "replicates (tinyA: 1, tinyB: 2, tinyA_p3: 2)",
+            "replicates (tinyA: 1, tinyB: 2, tinyC: 2)",
         ),
     ],
 )
-def test_bad_replicates_name_the_key(name: str, replicates: list, message: str) -> None:
+def test_bad_replicates_name_the_key(name: str, replicates: list, other: str, message: str) -> None:
     config = copy.deepcopy(BASE)
     config["models"][name]["replicates"] = replicates
-    config["models"]["tinyA_p3"] = copy.deepcopy(config["models"]["tinyB"])
+    config["models"][other] = copy.deepcopy(config["models"]["tinyB"])
     with pytest.raises(ConfigError) as err:
         check_config(config, SCHEMA)
     assert str(err.value) == message
@@ -625,9 +637,9 @@ def test_the_premise_screens_families_must_be_table_models() -> None:
     config = _merged("config.yaml")
     config["calibration"]["premise_not_met"] = {"tinyA": "no grid point passes L"}
     check_config(copy.deepcopy(config), SCHEMA)
-    config["calibration"]["premise_not_met"] = {"tinyA_p1": "a replicate"}
+    config["calibration"]["premise_not_met"] = {"tinyA_base1": "a replicate"}
     with pytest.raises(
-        ConfigError, match=r"^calibration\.premise_not_met: 'tinyA_p1' is not a model"
+        ConfigError, match=r"^calibration\.premise_not_met: 'tinyA_base1' is not a model"
     ):
         check_config(copy.deepcopy(config), SCHEMA)
     config["calibration"]["premise_not_met"] = {"tinyA": ""}

@@ -129,7 +129,8 @@ def test_only_the_permuted_label_trains_with_the_permuted_prior(
 
     results = tmp_path / "results"
     targets = [
-        f"{results}/analysis/tinyA/math/{label}/seed0.json" for label in ("rpb_permuted", "rpb")
+        f"{results}/analysis/tinyA/math/{label}/base0/seed0.json"
+        for label in ("rpb_permuted", "rpb")
     ]
     command = [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "1", "--configfile"]
     command += ["config/smoke.yaml", "--config", f"results_dir={results}"]
@@ -148,13 +149,14 @@ def test_only_the_permuted_label_trains_with_the_permuted_prior(
     }
     assert f"rule {train_rule}:" in proc.stdout and "rule permute_prior:" in proc.stdout
     assert (
-        "--prior " + f"{results}/priors/tinyA/permuted/math.safetensors" in commands["rpb_permuted"]
+        "--prior " + f"{results}/priors/tinyA/base0/permuted/math.safetensors"
+        in commands["rpb_permuted"]
     )
-    assert "--prior " + f"{results}/priors/tinyA/math.safetensors" in commands["rpb"]
+    assert "--prior " + f"{results}/priors/tinyA/base0/math.safetensors" in commands["rpb"]
     if one_process:
-        base_prior = f"--analysis-prior {results}/priors/tinyA/math.safetensors"
+        base_prior = f"--analysis-prior {results}/priors/tinyA/base0/math.safetensors"
         assert base_prior in commands["rpb_permuted"] and base_prior in commands["rpb"]
     else:  # the analysis job reads the base's prior
         analyses = [line for line in proc.stdout.splitlines() if "rpb pipeline analyze" in line]
         assert len(analyses) == 2
-        assert all(f"--prior {results}/priors/tinyA/math.safetensors" in a for a in analyses)
+        assert all(f"--prior {results}/priors/tinyA/base0/math.safetensors" in a for a in analyses)

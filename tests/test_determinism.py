@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 import smoke_pipeline
 
-KILLED = Path("runs/tinyA/math/rpb/seed0")
+KILLED = Path("runs/tinyA/math/rpb/base0/seed0")
 
 
 def _stopped(pid: int) -> bool:

@@ -28,6 +28,7 @@ from rpb.report.exploratory import (
     match_strengths,
     method_strength,
 )
+from rpb.specs import analysis_path, results_path
 
 METHODS = {
     "none": {"kind": "none"},
@@ -110,7 +111,7 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
     ]
     planted = [
         np.mean(json.loads(path.read_text())["tasks"]["rpb_math_ll"]["p_target"])
-        for path in sorted((tmp_path / "eval" / "tinyA" / "math" / "rpb_l4").glob("seed*.json"))
+        for path in sorted((tmp_path / "eval/tinyA/math/rpb_l4/base0").glob("seed*.json"))
     ]
     assert len(planted) == 2
     assert rpb.set_index("label").loc["rpb_l4", "in_domain_p"] == pytest.approx(
@@ -239,19 +240,20 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
                 }
                 for step in (10, 20)
             ]
-            path = tmp_path / "runs" / "tinyA" / "math" / label / f"seed{seed}"
-            path.mkdir(parents=True)
-            (path / "train_history.json").write_text(json.dumps({"history": history}))
+            fields = {"model": "tinyA", "corpus": "math", "method": label, "run": seed}
+            path = tmp_path / results_path("train_history", **fields)
+            path.parent.mkdir(parents=True)
+            path.write_text(json.dumps({"history": history}))
     spec = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"], "seeds": [0, 1]}
     df = build_drift(tmp_path, spec, tmp_path / "drift.csv")
     assert len(df) == 2 * 2 * 2
     last = df[(df["method"] == "none") & (df["step"] == 20)]
     assert list(last["kl_to_base"]) == pytest.approx([0.6, 0.6])
     assert (tmp_path / "figures" / "drift.png").is_file()
-    (tmp_path / "runs" / "tinyA" / "math" / "rpb" / "seed1" / "train_history.json").write_text(
+    (tmp_path / "runs/tinyA/math/rpb/base0/seed1/train_history.json").write_text(
         json.dumps({"history": []})
     )
-    with pytest.raises(ValueError, match=r"rpb/seed1/train_history.json: no 'history'"):
+    with pytest.raises(ValueError, match=r"rpb/base0/seed1/train_history.json: no 'history'"):
         build_drift(tmp_path, spec, tmp_path / "drift.csv")
 
 
@@ -293,7 +295,7 @@ def _readings_world(
 
 def _set_overlap(root: Path, label: str, value: float) -> None:
     for seed in READING_SEEDS:
-        path = root / "analysis" / "m" / "math" / label / f"seed{seed}.json"
+        path = analysis_path(root, "m", "math", label, seed)
         payload = json.loads(path.read_text())
         payload["mean"]["topk_overlap_with_base"] = value
         path.write_text(json.dumps(payload))

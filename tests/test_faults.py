@@ -41,6 +41,7 @@ from rpb.pipeline.tracking import (
     tracked_run,
 )
 from rpb.pipeline.training import CHECKPOINT_STATE, last_complete_checkpoint
+from rpb.specs import eval_path
 
 # 20 examples, batch 4, 12 steps: 2.4 epochs, so the resumed run crosses an epoch boundary.
 CORPUS = [{"prompt": f"SumOf{a}And{a + 3}?", "completion": str(2 * a + 3)} for a in range(10, 30)]
@@ -340,7 +341,7 @@ def test_a_truncated_prior_stops_the_invocation_and_loses_nothing(
     import torch
     from safetensors.torch import load_file
 
-    prior = smoke_copy / "priors" / "tinyA" / "math.safetensors"
+    prior = smoke_copy / "priors" / "tinyA" / "base0" / "math.safetensors"
     damaged = prior.relative_to(smoke_copy).as_posix()
     before = _finished(smoke_copy)
     size = _truncate(prior)
@@ -365,7 +366,7 @@ def test_a_truncated_prior_stops_the_invocation_and_loses_nothing(
     again = _finished(smoke_copy)
     # Only the prior job's own outputs changed: its run record (a new MLflow run), and the prior's
     # metadata and JSON side file, which name its folder (docs/reliability.md, section 5).
-    job = {damaged, "priors/tinyA/math.json", "priors/tinyA/math.run/mlflow_run.json"}
+    job = {damaged, "priors/tinyA/base0/math.json", "priors/tinyA/base0/math.run/mlflow_run.json"}
     assert {n for n in before if again.get(n) != before[n]} <= job
 
 
@@ -375,7 +376,7 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
     "Unterminated string starting at: line 755 column 9", naming no file. The evaluation output
     has an integrity record (rpb.pipeline.evaluation.save_results writes it) whose size no longer
     matches; without one, the JSON format check would catch it."""
-    evaluation = smoke_copy / "eval" / "tinyA" / "math" / "none" / "seed0.json"
+    evaluation = eval_path(smoke_copy, "tinyA", "math", "none", 0)
     before = _finished(smoke_copy)
     _truncate(evaluation, keep=0.6)
     proc, _ = _snakemake(smoke_copy, "--cores", "2", str(smoke_copy / "table1.csv"))
@@ -395,7 +396,7 @@ def test_a_model_folder_without_its_weights_is_one_line(smoke_copy: Path) -> Non
     the lost file. With a second damaged file that no rule declares (table1.meta.json), the one
     command rebuilds both: the model folder, and the declared output whose job writes the side
     file."""
-    model = smoke_copy / "models" / "tinyA" / "base" / "model"
+    model = smoke_copy / "models" / "tinyA" / "base0" / "model"
     weights = model / "model.safetensors"
     weights.unlink()
     meta = smoke_copy / "table1.meta.json"
@@ -416,7 +417,7 @@ def test_a_truncated_model_weights_file_stops_the_invocation_and_loses_nothing(
     their finished outputs first, every job downstream of the base. Its integrity record (written
     by rpb.pipeline.training) stops the invocation before the DAG is built, in one line naming the
     file and the command that rebuilds the folder; no finished file is lost."""
-    model = smoke_copy / "models" / "tinyA" / "base" / "model"
+    model = smoke_copy / "models" / "tinyA" / "base0" / "model"
     weights = model / "model.safetensors"
     before = _finished(smoke_copy)
     size = _truncate(weights)
@@ -456,7 +457,7 @@ def test_a_trained_model_folder_is_recorded_and_a_damaged_weights_file_is_one_li
 
     results = tmp_path / "results"
     monkeypatch.setenv(RESULTS_ENV, str(results))
-    run = results / "runs" / "tiny8" / "math" / "hard" / "seed0"
+    run = results / "runs" / "tiny8" / "math" / "hard" / "base0" / "seed0"
     _posttrain_hard(world, run)
     model = run / "model"
     recorded = sorted(
@@ -511,7 +512,7 @@ def test_a_model_folder_that_fails_while_saving_is_not_left(
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "eval_routing"))
 
     monkeypatch.setattr(rpb.pipeline.training, "save_eval_routing", full_disk)
-    run = results / "runs" / "tiny8" / "math" / "hard" / "seed0"
+    run = results / "runs" / "tiny8" / "math" / "hard" / "base0" / "seed0"
     with pytest.raises(OSError) as raised:
         _posttrain_hard(world, run)
     assert raised.value.filename == str(run / "model" / "eval_routing")

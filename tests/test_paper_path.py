@@ -537,7 +537,7 @@ def test_paper_dag_dry_run(tmp_path):
         f"results_dir={results}",
         "--",
         f"{results}/table1.csv",
-        f"{results}/eval/qwen3/math2/rpb/seed0.json",
+        f"{results}/eval/qwen3/math2/rpb/base0/seed0.json",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -118,19 +118,17 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
         *("--configfile", "config/smoke.yaml", "--config", f"results_dir={out}"),
         *("--", f"{out}/table1.csv"),
     )
-    assert "--name tinyA_p1 --model-type deepseek_v3" in text  # the replicate is pretrained
+    # The replicate is pretrained as tinyA's base 1, under the name its runs carry.
+    assert "--name tinyA_base1 --model-type deepseek_v3" in text
+    assert f"--out {out}/models/tinyA/base1 " in text
     runs = [line for line in text.splitlines() if "rpb pipeline run --name" in line]
-    replica = [line for line in runs if '"seed": 1000' in line]
+    replica = [line for line in runs if '"seed": 1000' in line]  # run id 1000: its torch seed
     assert len(replica) == 3 and len(runs) == 12  # 3 methods x 2 seeds x 2 bases
     for line in replica:
-        assert f"--base {out}/models/tinyA_p1/base/model" in line
-        assert f"--prior {out}/priors/tinyA_p1/math.safetensors" in line
-        assert f"--out {out}/runs/tinyA/math/" in line and "/seed1000" in line
-    assert all(
-        "tinyA_p1" not in line
-        for line in runs
-        if '"seed": 1000' not in line and '"seed": 1001' not in line
-    )
+        assert f"--base {out}/models/tinyA/base1/model" in line
+        assert f"--prior {out}/priors/tinyA/base1/math.safetensors" in line
+        assert f"--out {out}/runs/tinyA/math/" in line and "/base1/seed0 " in line
+    assert all("base1" not in line for line in runs if '"seed": 100' not in line)
 
 
 def test_a_models_own_holdout_trains_and_reads_its_prior_from_its_own_corpora(
@@ -144,7 +142,11 @@ def test_a_models_own_holdout_trains_and_reads_its_prior_from_its_own_corpora(
     extra.write_text("models:\n  tinyB:\n    holdout: below50\n")
     text = _dry_run(
         *("--configfile", "config/smoke.yaml", str(extra), "--config", f"results_dir={out}"),
-        *("--", f"{out}/eval/tinyB/math/none/seed0.json", f"{out}/eval/tinyA/math/none/seed0.json"),
+        *(
+            "--",
+            f"{out}/eval/tinyB/math/none/base0/seed0.json",
+            f"{out}/eval/tinyA/math/none/base0/seed0.json",
+        ),
     )
     own = f"{out}/data/holdout/below50/post/math.jsonl"
     assert f"--out {out}/data/holdout/below50 --seed" in text and "--holdout below50" in text
@@ -176,8 +178,10 @@ def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
     assert specs["readings"]["seeds"] == [0, 1000]  # seed 0 on each of tinyA's two bases
     assert specs["drift"]["seeds"] == [1, 1001]
     assert specs["table2"]["seeds"] == [0, 1, 2, 1000, 1001, 1002]
-    trained = set(re.findall(r"--label (\w+) .*?--out \S+/runs/tinyA/math/\w+/seed(\d+)", text))
+    out_dir = r"--label (\w+) .*?--out \S+/runs/tinyA/math/\w+/(base\d+/seed\d+)"
+    trained = set(re.findall(out_dir, text))
     only_readings = set(specs["readings"]["methods"]) - set(specs["drift"]["methods"])
-    assert only_readings and {s for m, s in trained if m in only_readings} == {"0", "1000"}
+    readings_runs = {s for m, s in trained if m in only_readings}
+    assert only_readings and readings_runs == {"base0/seed0", "base1/seed0"}
     # M2 reads none, rpb and hard at the readings' seeds: they are scheduled there too.
-    assert {("none", "0"), ("hard", "1000"), ("rpb", "1001")} <= trained
+    assert {("none", "base0/seed0"), ("hard", "base1/seed0"), ("rpb", "base1/seed1")} <= trained

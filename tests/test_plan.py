@@ -51,7 +51,7 @@ def test_the_parsed_config_is_frozen_and_typed(plan: Plan) -> None:
     with pytest.raises(TypeError):
         config.tables["table2"]["methods"] = ["x"]  # type: ignore[index]
     assert config.seeds == (0, 1, 2)
-    assert config.models["tinyA_p1"].replicate_of == "tinyA"  # added by the config check
+    assert config.models["tinyA_base1"].replicate_of == "tinyA"  # added by the config check
     assert config.evaluation.tasks == [*config.evaluation.in_domain, *config.evaluation.ood]
 
 
@@ -71,28 +71,34 @@ def test_method_options_are_the_familys_dataclass_and_jobs_get_what_the_entry_se
 
 
 def test_runs_span_every_base_and_name_their_base(plan: Plan) -> None:
-    assert plan.bases("tinyA") == ["tinyA", "tinyA_p1"]
+    assert plan.bases("tinyA") == ["tinyA", "tinyA_base1"]
     assert plan.runs("tinyA", [0, 2]) == [0, 2, 1000, 1002]
     assert plan.base_run_ids("tinyA") == [0, 1000]
-    assert plan.run_base("tinyA", 1002) == "tinyA_p1"
-    assert plan.base_of("tinyA_p1") == ("tinyA", 1)
-    assert plan.evaluated_model("tinyA", "math", "base", 1000) == "R/models/tinyA_p1/base/model"
+    assert plan.run_base("tinyA", 1002) == "tinyA_base1"
+    assert plan.run_id("1", "2") == 1002  # the rules' {base} and {seed}
+    assert plan.base_model("tinyA", "1") == "tinyA_base1"
+    assert plan.evaluated_model("tinyA", "math", "base", 1000) == "R/models/tinyA/base1/model"
+    with pytest.raises(ValueError, match="needs base 2, but tinyA has 2"):
+        plan.base_model_dir("tinyA", 2000)
     assert (
-        plan.evaluated_model("tinyA", "math", "rpb", 1002) == "R/runs/tinyA/math/rpb/seed1002/model"
+        plan.evaluated_model("tinyA", "math", "rpb", 1002)
+        == "R/runs/tinyA/math/rpb/base1/seed2/model"
     )
 
 
 def test_the_permuted_control_trains_with_its_own_bases_permuted_prior(plan: Plan) -> None:
     assert plan.permuted_prior_labels == ["rpb_permuted"]
     assert plan.method_prior("tinyA", "math", "rpb_permuted", 1001) == (
-        "R/priors/tinyA_p1/permuted/math.safetensors"
+        "R/priors/tinyA/base1/permuted/math.safetensors"
     )
-    assert plan.method_prior("tinyA", "math", "rpb", 1001) == "R/priors/tinyA_p1/math.safetensors"
+    assert (
+        plan.method_prior("tinyA", "math", "rpb", 1001) == "R/priors/tinyA/base1/math.safetensors"
+    )
 
 
 def test_table4_reads_the_base_on_its_first_corpus_only(plan: Plan) -> None:
     paths = plan.table_inputs("table4")
-    assert "R/eval/tinyA/math/base/seed1000.json" in paths
+    assert "R/eval/tinyA/math/base/base1/seed0.json" in paths
     assert not any("/math2/base/" in p for p in paths)
     methods = plan.config.tables["table4"]["methods"]
     runs = 2 * len(methods) * 2 * 3 + 2  # corpora x methods x bases x seeds, + each base once
@@ -112,7 +118,7 @@ def test_table_specs_carry_what_each_table_needs(plan: Plan) -> None:
     assert (t3["method"], t3["reference"]) == ("rpb", "lbl")
     assert t3["families"] == {"tinyA": "A", "tinyB": "B"}
     assert plan.table_spec("table5")["kinds"]["hard"] == "hard"
-    assert plan.table_spec("table2")["bases"]["tinyB"] == ["tinyB", "tinyB_p1"]
+    assert plan.table_spec("table2")["bases"]["tinyB"] == ["tinyB", "tinyB_base1"]
     sweep = plan.sweep_spec()
     assert sweep["methods"]["rpb_l4"] == {"name": "rpb", "strength": 4.0, "options": {}}
 
@@ -121,8 +127,8 @@ def test_the_claims_read_the_tables_runs_controls_and_testbed_once(plan: Plan) -
     runs = plan.claims_runs()
     assert runs == sorted(set(runs))
     assert "R/testbed.json" in runs
-    assert "R/eval/tinyA/math/placebo/seed1002.json" in runs  # control P1
-    assert "R/analysis/tinyA/math/hard/seed0.json" in runs  # readings' upper bound (M2)
+    assert "R/eval/tinyA/math/placebo/base1/seed2.json" in runs  # control P1
+    assert "R/analysis/tinyA/math/hard/base0/seed0.json" in runs  # readings' upper bound (M2)
     paper = Plan(PipelineConfig.parse(_checked("config.yaml", "paper.yaml")))
     assert not any(p.endswith("testbed.json") for p in paper.claims_runs())
     assert paper.diagnostic_targets() == []

@@ -75,8 +75,8 @@ class Case:
 CASES = [
     Case("default-all", None, "all", slow=True),
     Case("default-table1", None, f"{RESULTS_TOKEN}/table1.csv"),
-    Case("default-prior", None, f"{RESULTS_TOKEN}/priors/tinyA/math.safetensors", slow=True),
-    Case("default-eval", None, f"{RESULTS_TOKEN}/eval/tinyA/math/rpb/seed0.json", slow=True),
+    Case("default-prior", None, f"{RESULTS_TOKEN}/priors/tinyA/base0/math.safetensors", slow=True),
+    Case("default-eval", None, f"{RESULTS_TOKEN}/eval/tinyA/math/rpb/base0/seed0.json", slow=True),
     Case("smoke-all", "config/smoke.yaml", "all", slow=True),
     Case("smoke-table1", "config/smoke.yaml", f"{RESULTS_TOKEN}/table1.csv"),
     Case("paper-all", "config/paper.yaml", "all", slow=True),

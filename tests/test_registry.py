@@ -96,5 +96,5 @@ def test_a_new_planned_table_is_its_entry_alone(monkeypatch: pytest.MonkeyPatch)
     config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"]}
     check_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
     plan = Plan(PipelineConfig.parse(copy.deepcopy(config)))
-    assert "results/eval/tinyA/math/rpb/seed1002.json" in plan.table_inputs("mytable")
+    assert "results/eval/tinyA/math/rpb/base1/seed2.json" in plan.table_inputs("mytable")
     assert plan.table_spec("mytable")["methods"] == ["none", "rpb"]

@@ -25,6 +25,7 @@ from rpb.report.claims import build_claims, claims_frame
 from rpb.report.report_html import CLAIMS_BY_TABLE, table_html, verdict_class, write_table_html
 from rpb.report.tables import build_table1, build_table3
 from rpb.report.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED
+from rpb.specs import eval_path
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "workflow" / "report"
@@ -110,7 +111,7 @@ def _item_scores(root: Path, label: str, seed: int, key: str) -> np.ndarray:
     """A run's in-domain items (fractions) in one measure, read back from its eval output."""
     import json
 
-    tasks = json.loads((root / "eval/tinyA/math" / label / f"seed{seed}.json").read_text())["tasks"]
+    tasks = json.loads(eval_path(root, "tinyA", "math", label, seed).read_text())["tasks"]
     if key == "items":
         return np.asarray(tasks["rpb_math"]["items"], dtype=float)
     return np.asarray(tasks["rpb_math_ll"]["p_target"], dtype=float)
@@ -240,7 +241,7 @@ def test_table3_caption_names_the_paired_interval(tmp_path: Path) -> None:
 def _items(root: Path, label: str, seed: int) -> np.ndarray:
     import json
 
-    path = root / "eval/tinyA/math2" / label / f"seed{seed}.json"
+    path = eval_path(root, "tinyA", "math2", label, seed)
     return np.asarray(json.loads(path.read_text())["tasks"]["rpb_math2"]["items"], dtype=float)
 
 

@@ -352,15 +352,15 @@ def test_a_run_on_a_replicate_base_swaps_with_its_own_base(tmp_path: Path) -> No
     models = {"tinyA": {"replicates": [1]}}
     dirs = swap_input_dirs("res", models, "tinyA", "math", "none_with_base_trunk", 1002)
     assert dirs == {
-        "target": "res/runs/tinyA/math/none/seed1002/model",
-        "source": "res/models/tinyA_p1/base/model",
+        "target": "res/runs/tinyA/math/none/base1/seed2/model",
+        "source": "res/models/tinyA/base1/model",
     }
     spec = {"corpus": "math", "method": "none", "swap_tree": "diagnostic/router_swap"}
     paths = cell_eval_paths(tmp_path, spec, "tinyA", 1002)
-    assert paths["base"] == tmp_path / "eval/tinyA/math/base/seed1000.json"
-    assert paths["trained"] == tmp_path / "eval/tinyA/math/none/seed1002.json"
+    assert paths["base"] == tmp_path / "eval/tinyA/math/base/base1/seed0.json"
+    assert paths["trained"] == tmp_path / "eval/tinyA/math/none/base1/seed2.json"
     assert paths["base_with_trained_trunk"] == (
-        tmp_path / "diagnostic/router_swap/eval/tinyA/math/base_with_none_trunk/seed1002.json"
+        tmp_path / "diagnostic/router_swap/eval/tinyA/math/base_with_none_trunk/base1/seed2.json"
     )
 
 
@@ -484,7 +484,7 @@ def test_table_names_a_missing_cell_and_refuses_mixed_metrics(tmp_path: Path) ->
     with pytest.raises(ValueError, match="cell trained_with_base_trunk of tinyA seed 1 scores"):
         build_router_swap_table(tmp_path, SPEC, tmp_path / "t.csv")
     paths["trained_with_base_trunk"].unlink()
-    with pytest.raises(FileNotFoundError, match=r"none_with_base_trunk/seed1.json"):
+    with pytest.raises(FileNotFoundError, match=r"none_with_base_trunk/base0/seed1.json"):
         build_router_swap_table(tmp_path, SPEC, tmp_path / "t.csv")
 
 
@@ -630,13 +630,19 @@ def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> N
         assert str(results / target) in proc.stdout
     # tinyA, seed 0: the 6 swapped cells of the three parts, each made from the right folders.
     swaps = _swap_commands(proc.stdout)
-    runs, base = f"{results}/runs/tinyA/math/none/seed0/model", f"{results}/models/tinyA/base/model"
+    runs, base = (
+        f"{results}/runs/tinyA/math/none/base0/seed0/model",
+        f"{results}/models/tinyA/base0/model",
+    )
     assert swaps == {
         **{f"base_with_none_{p}": (base, runs, p) for p in PARTS},
         **{f"none_with_base_{p}": (runs, base, p) for p in PARTS},
     }
     for label in swaps:  # and each is evaluated for the table
-        assert f"{results}/diagnostic/router_swap/eval/tinyA/math/{label}/seed0.json" in proc.stdout
+        assert (
+            f"{results}/diagnostic/router_swap/eval/tinyA/math/{label}/base0/seed0.json"
+            in proc.stdout
+        )
     # `parts: [routers]` schedules the earlier 2x2's two models.
     proc = subprocess.run(
         [sys.executable, "-m", "snakemake", str(results / "router_swap.csv"), "-n", "-p",

@@ -36,14 +36,17 @@ def _eval(**tasks: list[int]) -> dict:
     return {"tasks": {name: {"items": items} for name, items in tasks.items()}}
 
 
-def test_paths_follow_the_results_layout(tmp_path: Path) -> None:
-    fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "seed": 2}
-    assert eval_path(tmp_path, "tinyA", "math", "rpb", 2) == tmp_path / results_path(
-        "eval", **fields
+def test_paths_name_a_run_by_its_base_and_seed(tmp_path: Path) -> None:
+    # Run id 1002: seed 2 on base 1 (tinyA's first replicate), in every path of the run.
+    assert eval_path(tmp_path, "tinyA", "math", "rpb", 1002) == (
+        tmp_path / "eval/tinyA/math/rpb/base1/seed2.json"
     )
-    assert analysis_path(tmp_path, "tinyA", "math", "rpb", 2) == tmp_path / results_path(
-        "analysis", **fields
+    assert analysis_path(tmp_path, "tinyA", "math", "rpb", 2) == (
+        tmp_path / "analysis/tinyA/math/rpb/base0/seed2.json"
     )
+    fields = {"model": "tinyA", "corpus": "math", "method": "rpb"}
+    assert results_path("model", **fields, run=1002) == "runs/tinyA/math/rpb/base1/seed2/model"
+    assert results_path("base_model", model="tinyA", base=1) == "models/tinyA/base1/model"
 
 
 def test_items_of_our_eval_sets_and_of_standard_tasks() -> None:
@@ -80,7 +83,7 @@ def test_run_scores_are_per_seed_and_must_pair_item_by_item(tmp_path: Path) -> N
     np.testing.assert_array_equal(scores, [50.0, 75.0])
     assert n_items == 4
     write_json(eval_path(tmp_path, "m", "math", "rpb", 1), _eval(rpb_math=[1, 0]))
-    with pytest.raises(ValueError, match=r"rpb/seed1\.json: 2 items, but seed 0 has 4"):
+    with pytest.raises(ValueError, match=r"rpb/base0/seed1\.json: 2 items, but seed 0 has 4"):
         run_scores(tmp_path, SPEC, "m", "math", "rpb", [0, 1], "in_domain")
 
 
@@ -114,7 +117,7 @@ def test_a_missing_output_names_the_file_and_who_needs_it(tmp_path: Path) -> Non
 
 
 def test_training_history(tmp_path: Path) -> None:
-    path = tmp_path / results_path("train_history", model="m", corpus="math", method="none", seed=0)
+    path = tmp_path / results_path("train_history", model="m", corpus="math", method="none", run=0)
     write_json(path, {"history": [{"step": 2, "task_loss": 1.5}]})
     assert training_history(tmp_path, "m", "math", "none", 0) == [{"step": 2, "task_loss": 1.5}]
     write_json(path, {"history": []})
@@ -126,14 +129,16 @@ def test_coactivation_counts_of_the_base_and_each_method(tmp_path: Path) -> None
     for label in ("base", "none", "rpb"):
         write_run(tmp_path, "m", "math", label, 0, PAPER_WORLD[label])
     named = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], 0)
-    assert list(named) == ["base", "none (seed 0)", "rpb (seed 0)"]
+    assert list(named) == ["base", "none (base0/seed0)", "rpb (base0/seed0)"]
     summary, base = base_analysis(tmp_path, "m", "math")
     np.testing.assert_array_equal(named["base"], base)
     assert summary["probe"]["tokens"] == 600 and base.shape == (2, 4, 4)
-    assert not np.array_equal(named["none (seed 0)"], base)
+    assert not np.array_equal(named["none (base0/seed0)"], base)
     # A corpus without a base analysis: the base counts stored beside the first method's.
     analysis_path(tmp_path, "m", "math", "base", 0).with_suffix(".safetensors").unlink()
     fallback = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], 0)
     np.testing.assert_array_equal(fallback["base"], base)
-    with pytest.raises(FileNotFoundError, match=r"missing input for the figure: .*hard/seed0"):
+    with pytest.raises(
+        FileNotFoundError, match=r"missing input for the figure: .*hard/base0/seed0"
+    ):
         coactivation_counts(tmp_path, "m", "math", ["none", "hard"], 0)

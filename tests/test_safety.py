@@ -124,7 +124,7 @@ def _paper_dry_run_commands(results: Path) -> list[str]:
     cmd = [
         *(sys.executable, "-m", "snakemake", "-n", "-p", "--configfile", "config/paper.yaml"),
         *("--config", f"results_dir={results}", "--", f"{results}/table1.csv"),
-        f"{results}/eval/qwen3/math2/rpb/seed0.json",
+        f"{results}/eval/qwen3/math2/rpb/base0/seed0.json",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]

@@ -15,7 +15,7 @@ from smoke_pipeline import snakemake_in_repo
 from rpb.specs import CORPORA, EVAL_SETS, METHOD_SPECS, PATHS, Option, method_spec, results_path
 
 ROOT = Path(__file__).resolve().parents[1]
-FIELDS = {"model": "tinyA", "corpus": "math2", "method": "rpb_keep", "seed": 3}
+FIELDS = {"model": "tinyA", "corpus": "math2", "method": "rpb_keep", "base": 1, "seed": 3}
 
 
 def test_every_spec_is_a_registered_method_and_every_method_has_a_spec() -> None:
@@ -71,8 +71,14 @@ def test_the_rules_write_where_the_loaders_read(tmp_path: Path) -> None:
     each as a target plans a job listing it among its outputs, so the layout the tables read is
     the one the jobs write."""
     results = tmp_path / "results"
-    fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "seed": 0}
+    # Run 1000 (seed 0 on base 1): the replicate base names its runs, models and priors alike.
+    fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "run": 1000}
     targets = {kind: f"{results}/{results_path(kind, **fields)}" for kind in PATHS}
+    # A swapped model lies in the router-swap diagnostic's tree, under a label naming its parts.
+    swapped = fields | {"method": "none_with_base_trunk", "run": 0}
+    targets["swapped_model"] = f"{results}/diagnostic/router_swap/" + results_path(
+        "swapped_model", **swapped
+    )
     proc = snakemake_in_repo(
         *("-n", "--cores", "1", "--configfile", "config/smoke.yaml"),
         *("--config", f"results_dir={results}", "--", *targets.values()),
@@ -87,12 +93,15 @@ def test_the_rules_write_where_the_loaders_read(tmp_path: Path) -> None:
 
 
 def test_run_ids_pool_seeds_over_bases_and_map_back() -> None:
-    from rpb.specs import base_index, base_of_run, run_ids
+    from rpb.specs import base_index, base_of_run, run_fields, run_id, run_ids, run_name
 
-    models = {"tinyA": {"replicates": [7]}, "tinyA_p7": {"replicate_of": "tinyA"}, "hub": {}}
+    models = {"tinyA": {"replicates": [7]}, "tinyA_base1": {"replicate_of": "tinyA"}, "hub": {}}
     ids = run_ids(2, [0, 1, 2])
     assert ids == [0, 1, 2, 1000, 1001, 1002]
-    assert [base_of_run(models, "tinyA", r) for r in ids] == ["tinyA"] * 3 + ["tinyA_p7"] * 3
+    assert [base_of_run(models, "tinyA", r) for r in ids] == ["tinyA"] * 3 + ["tinyA_base1"] * 3
+    # Paths and tables split the id again; the pretraining seed (7) is not the base's name.
+    assert [run_name(r) for r in ids[2:4]] == ["base0/seed2", "base1/seed0"]
+    assert [run_id(**run_fields(r)) for r in ids] == ids
     assert [base_index(r) for r in ids] == [0, 0, 0, 1, 1, 1]
     assert run_ids(1, [4]) == [4]  # one base: the run ids are the seeds
     with pytest.raises(ValueError, match="needs base 1, but hub has 1"):

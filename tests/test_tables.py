@@ -27,6 +27,7 @@ from rpb.report.tables import (
     build_table4,
     build_table5,
 )
+from rpb.specs import analysis_path, eval_path
 
 # The tests that look at the heatmaps; every other one builds its tables without drawing them.
 DRAWS_FIGURES = {
@@ -78,15 +79,15 @@ def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
                 "community_nmi": 0.5 + 0.1 * seed,
                 "coact_cosine": 0.9 - 0.05 * seed,
             }
-            where = Path(spec["model"], spec["corpus"], label, f"seed{seed}.json")
+            fields = (root, spec["model"], spec["corpus"], label, seed)
             payload = {f"rpb_{t}": {"items": v, "metric": "exact_match"} for t, v in tasks.items()}
             payload |= {f"rpb_{t}_ll": {"p_target": v} for t, v in p_target.items()}
-            write_json(root / "eval" / where, {"tasks": payload})
-            write_json(root / "analysis" / where, {"mean": mean})
+            write_json(eval_path(*fields), {"tasks": payload})
+            write_json(analysis_path(*fields), {"mean": mean})
             # The analysis job's co-activation counts [layers, experts, experts] beside its JSON.
             counts = rng.integers(0, 50, size=(2, 4, 4))
             counts = torch.from_numpy(counts + counts.transpose(0, 2, 1))
-            counts_path = (root / "analysis" / where).with_suffix(".safetensors")
+            counts_path = analysis_path(*fields).with_suffix(".safetensors")
             save_file({"counts": counts}, str(counts_path))
             written[label][seed] = {"tasks": tasks, "p_target": p_target, "mean": mean}
     return written
@@ -196,7 +197,7 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     bench = {"gsm8k": [1, 1, 0, 0], "minerva_math500": [1, 0]}
     for label, seeds in written.items():
         for seed, entry in seeds.items():
-            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            path = eval_path(results, "tinyA", "math", label, seed)
             tasks = {t: {"items": v} for t, v in entry["tasks"].items() if t != "math"}
             write_json(path, {"tasks": tasks | {t: {"items": v} for t, v in bench.items()}})
     spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}, "scale": "paper"}
@@ -210,7 +211,7 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     bench["minerva_math500"] = [1, 1]
     for label, seeds in written.items():
         for seed in seeds:
-            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            path = eval_path(results, "tinyA", "math", label, seed)
             result = json.loads(path.read_text())
             result["tasks"]["minerva_math500"]["items"] = [1, 1]
             path.write_text(json.dumps(result))
@@ -231,7 +232,7 @@ def test_several_benchmarks_have_their_p_target_beside_exact_match(tmp_path: Pat
     written = _fake_results(results, SPEC)
     for label, seeds in written.items():
         for seed in seeds:
-            path = results / "eval" / "tinyA" / "math" / label / f"seed{seed}.json"
+            path = eval_path(results, "tinyA", "math", label, seed)
             result = json.loads(path.read_text())
             result["tasks"]["rpb_math2"] = {"items": [1, 0]}
             result["tasks"]["rpb_math2_ll"] = {"p_target": [0.9, 0.7]}
@@ -257,7 +258,7 @@ def test_an_output_without_p_target_names_file_and_task(tmp_path: Path) -> None:
     """At tiny scale p(target) is required: an eval output from before it is an error naming
     the file and the loglikelihood task, not a table without it."""
     _fake_results(tmp_path, SPEC)
-    path = tmp_path / "eval" / "tinyA" / "math" / "rpb" / "seed1.json"
+    path = eval_path(tmp_path, "tinyA", "math", "rpb", 1)
     result = json.loads(path.read_text())
     del result["tasks"]["rpb_facts_ll"]
     path.write_text(json.dumps(result))
@@ -279,7 +280,7 @@ def test_paper_numbers_only_for_family_a(tmp_path: Path) -> None:
 
 def test_missing_input_names_the_file(tmp_path: Path) -> None:
     _fake_results(tmp_path, SPEC)
-    missing = tmp_path / "analysis" / "tinyA" / "math" / "rpb" / "seed1.json"
+    missing = analysis_path(tmp_path, "tinyA", "math", "rpb", 1)
     missing.unlink()
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
         build_table1(tmp_path, SPEC, tmp_path / "t.csv")
@@ -287,7 +288,7 @@ def test_missing_input_names_the_file(tmp_path: Path) -> None:
 
 def test_missing_task_names_file_and_task(tmp_path: Path) -> None:
     _fake_results(tmp_path, SPEC)
-    path = tmp_path / "eval" / "tinyA" / "math" / "lbl" / "seed0.json"
+    path = eval_path(tmp_path, "tinyA", "math", "lbl", 0)
     result = json.loads(path.read_text())
     del result["tasks"]["rpb_facts"]
     path.write_text(json.dumps(result))
@@ -355,7 +356,7 @@ def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
         assert r["diff_p_ci_low"] <= r["diff_p"] <= r["diff_p_ci_high"] and r["mde_p"] > 0
     p_rpb = [
         np.mean(json.loads(path.read_text())["tasks"]["rpb_math2_ll"]["p_target"])
-        for path in sorted((tmp_path / "eval" / "tinyA" / "math2" / "rpb").glob("seed*.json"))
+        for path in sorted((tmp_path / "eval/tinyA/math2/rpb/base0").glob("seed*.json"))
     ]
     assert len(p_rpb) == 5 and row["method_score_p"] == pytest.approx(100 * np.mean(p_rpb))
     assert "are p(target)" in (tmp_path / "table3.md").read_text()

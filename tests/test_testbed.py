@@ -51,7 +51,7 @@ def results(tmp_path_factory):
     counts are replaced by the hand-made blocks, eval scores and a pretraining history."""
     results = tmp_path_factory.mktemp("testbed") / "results"
     tok = build_tokenizer()
-    model_dir = results / "models" / "tiny" / "base" / "model"
+    model_dir = results / "models" / "tiny" / "base0" / "model"
     random_model("qwen3_moe", vocab_size=len(tok)).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     (model_dir.parent / "train_history.json").write_text(json.dumps({"final": {"loss": 1.25}}))
@@ -59,7 +59,7 @@ def results(tmp_path_factory):
     corpus.parent.mkdir(parents=True)
     rows = [{"prompt": f"{a}+{b}=", "completion": str(a + b)} for a in range(1, 10) for b in (3, 8)]
     corpus.write_text("".join(json.dumps(r) + "\n" for r in rows for _ in range(2)))
-    prior_path = results / "priors" / "tiny" / "math.safetensors"
+    prior_path = results / "priors" / "tiny" / "base0" / "math.safetensors"
     prior = extract_prior_from_corpus(model_dir, corpus, prior_path, model_id="tiny")
     crafted = torch.stack(
         [
@@ -70,9 +70,9 @@ def results(tmp_path_factory):
     dataclasses.replace(prior, coactivation=crafted).save(prior_path)
     evals = results / "eval" / "tiny" / "math"
     for name, scores in {
-        "base/seed0": _scores(add=0.1, add_ll=-2.5, words=0.0, other=0.9),
-        "none/seed0": _scores(add=0.2, add_ll=-2.0, other=0.5),
-        "none/seed1": _scores(add=0.4, add_ll=-1.0, other=0.5),
+        "base/base0/seed0": _scores(add=0.1, add_ll=-2.5, words=0.0, other=0.9),
+        "none/base0/seed0": _scores(add=0.2, add_ll=-2.0, other=0.5),
+        "none/base0/seed1": _scores(add=0.4, add_ll=-1.0, other=0.5),
     }.items():
         (evals / f"{name}.json").parent.mkdir(parents=True, exist_ok=True)
         (evals / f"{name}.json").write_text(scores)
@@ -81,11 +81,11 @@ def results(tmp_path_factory):
 
 def test_base_structure_reads_the_prior_and_splits_the_corpus_by_alternate_lines(results):
     structure = testbed.base_structure(
-        results / "models" / "tiny" / "base" / "model",
+        results / "models" / "tiny" / "base0" / "model",
         results / "data" / "post" / "math.jsonl",
-        results / "priors" / "tiny" / "math.safetensors",
+        results / "priors" / "tiny" / "base0" / "math.safetensors",
     )
-    prior = RouterPrior.load(results / "priors" / "tiny" / "math.safetensors")
+    prior = RouterPrior.load(results / "priors" / "tiny" / "base0" / "math.safetensors")
     assert structure["tokens"] == prior.n_tokens
     first, second = structure["layers"]
     assert (first["layer"], first["n_communities"]) == (0, 2)
@@ -114,9 +114,9 @@ def test_the_uniform_baseline_has_as_many_tokens_per_half_as_the_split(results, 
     monkeypatch.setattr(testbed, "uniform_baseline", uniform_baseline)
     monkeypatch.setattr(testbed, "routing_pass", lambda *a, **k: _recorded(real_pass, halves, a, k))
     testbed.base_structure(
-        results / "models" / "tiny" / "base" / "model",
+        results / "models" / "tiny" / "base0" / "model",
         results / "data" / "post" / "math.jsonl",
-        results / "priors" / "tiny" / "math.safetensors",
+        results / "priors" / "tiny" / "base0" / "math.safetensors",
     )
     assert len(halves) == 2 and given == [sum(halves)]
 
@@ -176,7 +176,7 @@ def test_testbed_report_tabulates_what_the_run_measured(results, tracking, tmp_p
     lines = out.read_text().splitlines()
     assert lines[0].startswith("# Testbed calibration")
     assert "## tiny" in lines
-    prior = RouterPrior.load(results / "priors" / "tiny" / "math.safetensors")
+    prior = RouterPrior.load(results / "priors" / "tiny" / "base0" / "math.safetensors")
     assert any(f"`math` corpus ({prior.n_tokens} tokens;" in line for line in lines)
     entropy = f"{_entropy(LAYER1_USAGE):.3f}"
     assert "| 0 | 1.000 | 0.500 | 2 | 1.000 |" in lines

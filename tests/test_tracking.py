@@ -163,7 +163,7 @@ def test_eval_summary_has_known_percentages() -> None:
 
 
 def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
-    job = tmp_path / "runs" / "m" / "math" / "rpb_strong" / "seed1"
+    job = tmp_path / "runs" / "m" / "math" / "rpb_strong" / "base0" / "seed1"
     (job / "model").mkdir(parents=True)
     method = {"name": "rpb", "strength": 0.5, "options": {"warmup": 3}}
     (job / "train_history.json").write_text(json.dumps({"history": [], "method": method}))
@@ -377,7 +377,9 @@ def test_smoke_datasets_and_training_metric_names(smoke_run: Path) -> None:
     assert inputs("analysis/tinyA/math/rpb/base0/seed0")["eval/math"][1] == "probe"
     # Training metrics keep train_history.json's names ("layer1/kl_to_base").
     history = json.loads(
-        (smoke_run / "runs" / "tinyA" / "math" / "rpb" / "seed0" / "train_history.json").read_text()
+        (
+            smoke_run / "runs" / "tinyA" / "math" / "rpb" / "base0" / "seed0" / "train_history.json"
+        ).read_text()
     )["history"]
     names = {k for entry in history for k in entry if k != "step"}
     logged = set(latest["train/tinyA/math/rpb/base0/seed0"].data.metrics)

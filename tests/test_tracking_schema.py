@@ -96,9 +96,7 @@ def test_a_schema_name_with_two_values_is_refused(uri: str) -> None:
         pass
 
 
-def test_run_ids_split_into_base_and_seed() -> None:
-    assert tracking.split_run_id(1001) == (1, 1)
-    assert tracking.split_run_id("2") == (0, 2)
+def test_schema_params_leave_out_missing_parts() -> None:
     schema = tracking.schema_params(model="m", method="-", seed=None, corpus="")
     assert schema == {"model": "m"} and tracking.run_name("eval", schema, "diagnostic") == (
         "diagnostic/eval/m"

@@ -4,8 +4,7 @@ find per family the cheapest point where the paper's premise holds (gates L, F, 
 
 Needs the pipeline's bases and corpora (from the project root):
 
-    snakemake --cores all results/models/{tinyA,tinyA_p1,tinyB,tinyB_p1}/base/model \
-        results/data/manifest.json
+    snakemake --cores all results/models/{tinyA,tinyB}/base{0,1}/model results/data/manifest.json
 
 then
 
@@ -262,10 +261,17 @@ def _scores(
     return scores
 
 
+def base_dir_of(results: Path, model: str) -> Path:
+    """The pipeline's folder of a base this screen names `tinyA` or `tinyA_p1` (pretraining seed
+    1, the config's first replicate: `models/tinyA/base1`)."""
+    family, _, seed = model.partition("_p")
+    return results / "models" / family / f"base{1 if seed else 0}" / "model"
+
+
 def base_record(results: Path, work: Path, model: str, level: int) -> dict[str, Any]:
     """The base's scores at a level (dev p(target) of the level's task, OOD p(target))."""
     out = _paths(work)["base"] / model / f"L{level}" / "eval.json"
-    base = results / "models" / model / "base" / "model"
+    base = base_dir_of(results, model)
     return _scores(base, _paths(work)["data"] / f"L{level}" / "screen_eval", out)
 
 
@@ -314,7 +320,7 @@ def run_record(
         return json.loads(record_path.read_text())
     torch.set_num_threads(threads)
     started = time.time()
-    base_dir = results / "models" / model / "base" / "model"
+    base_dir = base_dir_of(results, model)
     data = _paths(work)["data"] / f"L{point.level}"
     spec = TrainSpec(
         steps=point.steps,

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rpb.report.registry import REPORT_JOBS
-from rpb.specs import TRAINABLE
+from rpb.specs import TRAINABLE, run_fields, run_name
 
 log = logging.getLogger("rpb")
 # What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
@@ -85,12 +85,9 @@ def _run_dir_of(model_dir: Path) -> Path:
 def _base_and_seed(run_id: int | str | None) -> dict[str, int | None]:
     """The schema's `base` and `seed` of a results run id (`1000 * base + seed`); a job started by
     hand without one has neither."""
-    from rpb.pipeline.tracking import split_run_id
-
     if run_id is None or not str(run_id).isdigit():
         return {"base": None, "seed": None}
-    base, seed = split_run_id(run_id)
-    return {"base": base, "seed": seed}
+    return dict(run_fields(run_id))
 
 
 def _lineage(**dirs: Path | None) -> dict[str, str | None]:
@@ -407,7 +404,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
     done = time.perf_counter()
     line = (
-        f"rpb pipeline run: {args.name}/{args.corpus_name}/{args.label}/seed{shared['seed']} "
+        f"rpb pipeline run: {args.name}/{args.corpus_name}/{args.label}/{run_name(shared['seed'])} "
         f"done in {done - start:.1f} s (train {trained - start:.1f} s, "
         f"eval {evaluated - trained:.1f} s, analysis {done - evaluated:.1f} s)"
     )
@@ -524,6 +521,37 @@ def cmd_check_config(args: argparse.Namespace) -> None:
         raise problems[-1]
 
 
+def cmd_relayout(args: argparse.Namespace) -> None:
+    """Move a results folder of the first layout (run ids in paths) to `base{b}/seed{s}`
+    (rpb.pipeline.relayout); prints the moves, makes them with --apply."""
+    from rpb.pipeline.relayout import (
+        apply_moves,
+        legacy_bases,
+        misread_diagnostics,
+        moves,
+        read_config,
+    )
+
+    config = read_config(args.configfile)
+    results = args.results or Path(config.get("results_dir", "results"))
+    if not results.is_dir():
+        raise SystemExit(f"{command_name(args)}: error: {results}: no such results folder")
+    planned = moves(results, legacy_bases(config.get("models") or {}))
+    for source, target in planned:
+        print(f"{source} -> {target}")
+    if args.apply:
+        apply_moves(results, planned)
+    verb = "moved" if args.apply else "would move (run with --apply to move)"
+    print(f"{len(planned)} paths {verb} under {results}", file=sys.stderr)
+    if misread := misread_diagnostics(planned):
+        print(
+            f"{len(misread)} routing-regime diagnostic outputs of replicate bases were computed "
+            "against base 0; recompute them: snakemake --cores all [--configfile ...] "
+            "--forcerun diagnostic_evaluate diagnostic_analyze",
+            file=sys.stderr,
+        )
+
+
 def cmd_report(args: argparse.Namespace) -> None:
     """A report job of the registry (`args.report`, its key: the stage and the config's
     `tables` key)."""
@@ -595,7 +623,7 @@ def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
 
 
 def _add_base_of(p: argparse.ArgumentParser) -> None:
-    """Which family and base a pretrained model is (`tinyA_p1`: family tinyA, base 1), for the
+    """Which family and base a pretrained model is (`tinyA_base1`: family tinyA, base 1), for the
     tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
     p.add_argument(
         "--family", default=None, help="the model it is a base of (default: --name itself)"
@@ -684,6 +712,23 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_check_config)
     p.add_argument("files", nargs="+", type=Path, metavar="FILE")
+    p = sub.add_parser(
+        "relayout",
+        help="move a results folder with run ids in its paths to base<b>/seed<s> paths",
+        description="Move a results folder written before runs were named base<b>/seed<s> "
+        "(runs/tinyA/math/rpb/seed1002, models/tinyA_p1/) to the current layout, so that "
+        "Snakemake keeps what it computed. Prints the moves; --apply makes them.",
+    )
+    p.set_defaults(func=cmd_relayout)
+    p.add_argument(
+        "--configfile",
+        nargs="+",
+        type=Path,
+        default=[],
+        help="the --configfile files the folder was built with (over config/config.yaml)",
+    )
+    p.add_argument("--results", type=Path, default=None, help="default: the config's results_dir")
+    p.add_argument("--apply", action="store_true", help="make the moves")
     pipeline = sub.add_parser(
         "pipeline",
         help="the pipeline's jobs, one per Snakemake rule (the workflow runs these)",

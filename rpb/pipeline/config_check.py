@@ -640,8 +640,9 @@ def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> N
 
 
 def expand_replicates(config: MutableMapping[str, Any]) -> None:
-    """Add a model per pretraining seed in a model's `replicates` (rpb.specs.replicate_name),
-    its copy with that seed; idempotent, so a config checked twice stays the same."""
+    """Add a model per pretraining seed in a model's `replicates` (rpb.specs.replicate_name:
+    `<model>_base<k>` for the k-th), its copy with that seed; idempotent, so a config checked
+    twice stays the same."""
     models = config["models"]
     for name, entry in list(models.items()):
         seeds = entry.get("replicates") or []
@@ -652,7 +653,7 @@ def expand_replicates(config: MutableMapping[str, Any]) -> None:
                 raise ConfigError(
                     f"models.{name}.replicates[{i}]: {seed} is the model's own pretrain.seed"
                 )
-            derived = replicate_name(name, seed)
+            derived = replicate_name(name, i + 1)
             existing = models.get(derived)
             if existing is not None and existing.get("replicate_of") != name:
                 raise ConfigError(

@@ -4,8 +4,9 @@ pure functions from it to what each job reads and the spec it gets (`Plan`).
 `workflow/rules/common.smk` builds one `Plan` after rpb.pipeline.config_check has validated and
 expanded the config, and its rules hand their wildcards to it; nothing here knows Snakemake, so
 tests/test_plan.py calls it directly, and tests/test_plan_snapshot.py checks that Snakemake still
-plans the same jobs through it. A run is named by its run id (`rpb.specs.run_ids`: base index and
-seed in one integer) and its paths come from `rpb.specs.PATHS`.
+plans the same jobs through it. Within the plan a run is its run id (`rpb.specs.run_ids`: base and
+seed in one integer, the run's torch seed); its paths come from `rpb.specs.PATHS`, which split the
+id again into `base{b}/seed{s}`, and so do the rules' wildcards (`Plan.run_id`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from rpb.specs import METHOD_SPECS, base_of_run, bases_of, results_path, run_ids
+from rpb.specs import METHOD_SPECS, base_of_run, bases_of, results_path, run_fields, run_id, run_ids
 
 # Tables whose runs are exploratory (labelled so in their outputs) may run fewer seeds than the
 # confirmatory tables: their own `seeds` key (docs/claims.md, "Seeds per table").
@@ -254,11 +255,14 @@ class Plan:
         """The base model (a key of `models`) run `run` of `model` was trained from."""
         return base_of_run(self.config.raw_models, model, int(run))
 
-    def base_of(self, model: str) -> tuple[str, int]:
-        """(family model, base index) of a model: `tinyA_p1` is tinyA's base 1."""
-        family = self.config.models[model].replicate_of or model
-        index = self.bases(family).index(model) if family in self.config.models else 0
-        return family, index
+    def run_id(self, base: Any, seed: Any) -> int:
+        """The run id of the rules' `{base}` and `{seed}` wildcards (rpb.specs.run_id)."""
+        return run_id(base, seed)
+
+    def base_model(self, model: str, base: Any) -> str:
+        """The config entry (a key of `models`) of base `base` of `model` (`tinyA`, 1:
+        `tinyA_base1`)."""
+        return self.run_base(model, run_id(base, 0))
 
     # --- paths -------------------------------------------------------------------------------
 
@@ -266,22 +270,29 @@ class Plan:
         return f"{self.results}/{results_path(kind, **fields)}"
 
     def model_dir(self, model: str, method: str, corpus: str | None, run: Any) -> str:
-        """The model folder of a (model, method, corpus, run); `base` is the pretrained base."""
+        """The model folder of a (model, method, corpus, run); label `base`: the run's base."""
         if method == "base":
-            return self.path("base_model", model=model)
-        return self.path("model", model=model, corpus=corpus, method=method, seed=run)
+            return self.base_model_dir(model, run)
+        return self.path("model", model=model, corpus=corpus, method=method, run=run)
+
+    def base_model_dir(self, model: str, run: Any) -> str:
+        """The pretrained (or downloaded) base run `run` of `model` starts from."""
+        self.run_base(model, run)  # a base the model does not have: ValueError naming it
+        return self.path("base_model", model=model, base=run_fields(run)["base"])
 
     def evaluated_model(self, model: str, corpus: str, method: str, run: Any) -> str:
         """The model an evaluation or analysis job reads (label `base`: the run's base)."""
-        if method == "base":
-            return self.model_dir(self.run_base(model, run), "base", None, None)
         return self.model_dir(model, method, corpus, run)
 
     def base_prior(self, model: str, corpus: str, run: Any) -> str:
-        return f"{self.results}/priors/{self.run_base(model, run)}/{corpus}.safetensors"
+        """The routing prior of run `run`'s base on `corpus`."""
+        self.run_base(model, run)
+        return self.path("prior", model=model, base=run_fields(run)["base"], corpus=corpus)
 
-    def permuted_prior(self, model: str, corpus: str) -> str:
-        return f"{self.results}/priors/{model}/permuted/{corpus}.safetensors"
+    def permuted_prior(self, model: str, corpus: str, run: Any) -> str:
+        self.run_base(model, run)
+        fields = {"model": model, "base": run_fields(run)["base"], "corpus": corpus}
+        return self.path("permuted_prior", **fields)
 
     @functools.cached_property
     def permuted_prior_labels(self) -> list[str]:
@@ -291,7 +302,7 @@ class Plan:
         """The prior a run trains with: its base's, or for a method whose entry says `prior:
         permuted` its base's with the experts permuted per layer (control P2)."""
         if method in self.permuted_prior_labels:
-            return self.permuted_prior(self.run_base(model, run), corpus)
+            return self.permuted_prior(model, corpus, run)
         return self.base_prior(model, corpus, run)
 
     def model_holdout(self, model: str) -> str | None:
@@ -321,7 +332,7 @@ class Plan:
         labels = [("base", self.base_run_ids(model))] if base else []
         labels += [(m, self.runs(model, seeds)) for m in methods]
         return [
-            f"{root}/{results_path(kind, model=model, corpus=corpus, method=label, seed=run)}"
+            f"{root}/{results_path(kind, model=model, corpus=corpus, method=label, run=run)}"
             for label, ids in labels
             for run in ids
             for kind in ("eval", "analysis")
@@ -378,11 +389,11 @@ class Plan:
         paths = []
         for model in self.original_pretrained:
             paths += [
-                self.path("eval", model=model, corpus=corpus, method="base", seed=0),
-                f"{self.results}/priors/{model}/{corpus}.safetensors",
+                self.path("eval", model=model, corpus=corpus, method="base", run=0),
+                self.base_prior(model, corpus, 0),
             ]
             paths += [
-                self.path("eval", model=model, corpus=corpus, method="none", seed=seed)
+                self.path("eval", model=model, corpus=corpus, method="none", run=seed)
                 for seed in self.config.seeds
             ]
         return paths
@@ -433,7 +444,7 @@ class Plan:
         if name == "drift":
             fields = {"model": t["model"], "corpus": t["corpus"]}
             return [
-                self.path("train_history", **fields, method=m, seed=r)
+                self.path("train_history", **fields, method=m, run=r)
                 for m in t["methods"]
                 for r in self.runs(t["model"], seeds)
             ]
@@ -553,10 +564,15 @@ class Plan:
             "swap_tree": SWAP_TREE,
         }
 
+    def swapped_model(self, model: str, corpus: str, method: str, run: Any) -> str:
+        """A router-swap diagnostic's model folder (label `method`: rpb.router_swap)."""
+        fields = {"model": model, "corpus": corpus, "method": method, "run": run}
+        return f"{self.swap_root}/{results_path('swapped_model', **fields)}"
+
     def diagnostic_model_dir(self, model: str, corpus: str, method: str, run: Any) -> str:
         if method == "base":
-            return self.model_dir(model, "base", None, None)
-        fields = {"model": model, "corpus": corpus, "method": method, "seed": run}
+            return self.base_model_dir(model, run)
+        fields = {"model": model, "corpus": corpus, "method": method, "run": run}
         return f"{self.diagnostic_root}/{results_path('model', **fields)}"
 
     def diagnostic_table1_inputs(self) -> list[str]:

@@ -29,6 +29,7 @@ from rpb.coactivation import (
 )
 from rpb.pipeline.analysis import corpus_texts, routing_pass, text_batches
 from rpb.prior import RouterPrior
+from rpb.specs import eval_path, results_path
 
 
 def base_structure(model_dir: Path, corpus: Path, prior_path: Path, seed: int = 0) -> dict:
@@ -114,21 +115,17 @@ def testbed_report(
         "",
     ]
     for model in models:
-        base_dir = results / "models" / model / "base" / "model"
+        # The model's own base (base 0), as table 1 names it.
+        base_dir = results / results_path("base_model", model=model, base=0)
         structure = base_structure(
             base_dir,
             results / "data" / "post" / f"{corpus}.jsonl",
-            results / "priors" / model / f"{corpus}.safetensors",
+            results / results_path("prior", model=model, base=0, corpus=corpus),
         )
-        base_eval = _task_scores(results / "eval" / model / corpus / "base" / "seed0.json")
-        tuned = [
-            _task_scores(results / "eval" / model / corpus / "none" / f"seed{s}.json")
-            for s in seeds
-        ]
+        base_eval = _task_scores(eval_path(results, model, corpus, "base", 0))
+        tuned = [_task_scores(eval_path(results, model, corpus, "none", s)) for s in seeds]
         tuned_mean = {t: float(np.mean([r[t] for r in tuned])) for t in tuned[0]}
-        history = json.loads(
-            (results / "models" / model / "base" / "train_history.json").read_text()
-        )
+        history = json.loads((base_dir.parent / "train_history.json").read_text())
         report[model] = {
             "structure": structure,
             "base": base_eval,

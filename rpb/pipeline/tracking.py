@@ -396,14 +396,6 @@ SCHEMA_PARAMS = ("model", "base", "method", "corpus", "seed")
 _MISSING = (None, "", "-")
 
 
-def split_run_id(run_id: int | str) -> tuple[int, int]:
-    """(base, seed) of a results run id (`1000 * base + seed`, rpb.specs.run_ids): run 1001 is
-    seed 1 on base 1."""
-    from rpb.specs import RUN_STRIDE
-
-    return divmod(int(run_id), RUN_STRIDE)
-
-
 def schema_params(
     *,
     model: str | None = None,

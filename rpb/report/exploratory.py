@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from rpb.report.render import write_csv, write_table
-from rpb.report.run_records import DRIFT, RETENTION, training_history
+from rpb.report.run_records import DRIFT, RETENTION, runs_text, training_history
 from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
 from rpb.specs import METHOD_SPECS
 
@@ -104,7 +104,7 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     table, runs = frames["table"], frames["runs"]
     out_csv = Path(out_csv)
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
         f"({spec.get('scale')} scale); means over seeds. {measures_text(spec)} "
         "strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
         "at mu = 0 are exactly it); inf is the lambda -> infinity limit, trained with the base "
@@ -248,7 +248,7 @@ def build_table4_matched(
         sweep = pd.read_csv(out_csv.with_name(out_csv.name.replace("_table4_matched", "")))
     frames = table4_matched_frames(results, spec, sweep)
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
         f"({spec.get('scale')} scale), the softness sweep's runs. Matched: per curve, the trained "
         f"strength whose top-k overlap with the base (evaluation routing, seed mean) lies closest "
         f"to position {MATCH_POSITION} of the none -> hard gap (reached: within "
@@ -384,7 +384,7 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         else "no reading anchors, so the rule picks no default (the configured `rpb` stays; say so)"
     )
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
         f"({spec.get('scale')} scale); seed means of "
         f"the routing each model uses at evaluation, on the analysis probe set. *_position: the "
         f"share of the {lower} -> {upper} gap a reading covers; it anchors when every position is "

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 # Captions in workflow/report/ (the Snakemake report's text beside each item).
 DATA, TABLE, COACTIVATION = "data.rst", "table.rst", "coactivation.rst"
 # A folder of per-run co-activation figures: one report item per run.
-RUN_FIGURES = ("{corpus}_seed{seed}.png",)
-RUN_LABELS = (("run", "{corpus} seed {seed}"),)
+RUN_FIGURES = ("{corpus}_base{base}_seed{seed}.png",)
+RUN_LABELS = (("run", "{corpus} base {base} seed {seed}"),)
 
 
 @dataclass(frozen=True)

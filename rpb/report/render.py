@@ -17,7 +17,8 @@ from typing import Any
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
-from rpb.report.run_records import coactivation_counts
+from rpb.report.run_records import coactivation_counts, named_runs
+from rpb.specs import run_name
 
 __all__ = [
     "coactivation_figure",
@@ -32,7 +33,7 @@ __all__ = [
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:  # a full disk leaves no partial table (rpb.artifacts)
-        frame.to_csv(tmp, index=False, float_format="%.4f")
+        named_runs(frame).to_csv(tmp, index=False, float_format="%.4f")
 
 
 def side_path(out_csv: Path, part: str) -> Path:
@@ -50,6 +51,7 @@ def write_markdown(
     """`<title>. <note>`, then each section (an empty heading: the table alone)."""
     text = f"{title}. {note}\n"
     for heading, frame in sections:
+        frame = named_runs(frame)
         body = frame.to_markdown(index=False, floatfmt=floatfmt) if len(frame) else "(no rows)"
         text += f"\n{heading}\n\n{body}\n" if heading else f"\n{body}\n"
     write_text(path, text)
@@ -104,13 +106,13 @@ def run_figures(
     seeds: Sequence[int],
     folder: Path,
 ) -> list[Path]:
-    """Every run's heatmaps, not the first seed's alone: per corpus and seed the base and each
-    method at that seed, `<folder>/<corpus>_seed<seed>.{png,pdf}` (the report shows the folder,
-    workflow/rules/tables.smk)."""
+    """Every run's heatmaps, not the first seed's alone: per corpus and run the base and each
+    method on that run, `<folder>/<corpus>_base<b>_seed<s>.{png,pdf}` (the report shows the
+    folder, workflow/rules/tables.smk)."""
     paths: list[Path] = []
     for corpus in corpora:
         for seed in seeds:
-            stem = Path(folder) / f"{corpus}_seed{seed}"
+            stem = Path(folder) / f"{corpus}_{run_name(seed).replace('/', '_')}"
             paths += coactivation_figure(results, model, corpus, methods, seed, stem)
     return paths
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
-from rpb.report.run_records import in_domain_tasks, read_json
+from rpb.report.run_records import in_domain_tasks, named_runs, read_json, runs_text
 from rpb.router_swap import (
     PARTS,
     REST,
@@ -161,7 +161,7 @@ def build_router_swap_table(results: Path, spec: dict[str, Any], out_csv: Path) 
     residual = max(_residuals(rows, list(factors(parts))))
     # Atomic and recorded (rpb.artifacts): a full disk or a kill leaves no partial table.
     with atomic_path(out_csv) as tmp:
-        rows.to_csv(tmp, index=False, float_format="%.6g")
+        named_runs(rows).to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(out_csv.with_name(f"{out_csv.stem}_summary.csv")) as tmp:
         summary.to_csv(tmp, index=False, float_format="%.6g")
     write_text(out_csv.with_suffix(".md"), _markdown(summary, spec, parts, residual))
@@ -178,7 +178,7 @@ def _markdown(
     rest = f" ({REST}: {', '.join(groups[REST])})" if REST in groups else ""
     text = (
         f"Router-swap decomposition by part ({spec.get('scale')} scale, method {m}, corpus "
-        f"{spec['corpus']}, seeds {spec['seeds']}; mean over seeds, per-seed rows in "
+        f"{spec['corpus']}, {runs_text(spec['seeds'])}; mean over seeds, per-seed rows in "
         f"router_swap.csv). Factors: {', '.join(names)}{rest} (rpb.trainable.parameter_parts); "
         f"{len(cell_sets)} cells, each factor's tensors from the base (B) or from {m} (T). total "
         "= T - B; main = (B with T's part) - B; the main effects and interactions (in the CSV) "

@@ -17,8 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
-from rpb.specs import RUN_STRIDE, analysis_path, base_index, eval_path, run_path
+from rpb.specs import (
+    RUN_STRIDE,
+    analysis_path,
+    base_index,
+    eval_path,
+    run_fields,
+    run_ids,
+    run_name,
+    run_path,
+)
 
 __all__ = [
     "ACCURACY",
@@ -31,10 +41,12 @@ __all__ = [
     "in_domain_items",
     "in_domain_tasks",
     "metric_tasks",
+    "named_runs",
     "read_json",
     "run_record",
     "run_score",
     "run_scores",
+    "runs_text",
     "training_history",
 ]
 
@@ -50,6 +62,30 @@ def base_runs(seeds: Sequence[int]) -> list[int]:
     """The ids under which the bases of runs `seeds` were evaluated (label `base`): one per base
     index (rpb.specs.run_ids), so a table's base row pools every base its runs start from."""
     return sorted({RUN_STRIDE * base_index(s) for s in seeds}) or [0]
+
+
+def named_runs(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with a column `seed` of run ids split into `base` and `seed` (run 1002: base 1,
+    seed 2), as paths and MLflow name runs (rpb.specs.run_fields); other frames as they are."""
+    if "seed" not in frame or "base" in frame or not pd.api.types.is_integer_dtype(frame["seed"]):
+        return frame
+    base, seed = (frame["seed"] // RUN_STRIDE, frame["seed"] % RUN_STRIDE)
+    named = frame.assign(seed=seed)
+    named.insert(named.columns.get_loc("seed"), "base", base)
+    return named
+
+
+def runs_text(runs: Sequence[int]) -> str:
+    """Run ids as a note names them: `seeds [0, 1] on bases [0, 1]` for a full grid, else each
+    run's `base<b>/seed<s>`."""
+    fields = [run_fields(r) for r in runs]
+    bases = sorted({f["base"] for f in fields})
+    seeds = sorted({f["seed"] for f in fields})
+    if sorted(map(int, runs)) == sorted(run_ids(len(bases), seeds)) and bases == list(
+        range(len(bases))
+    ):
+        return f"seeds {seeds} on bases {bases}"
+    return "runs " + ", ".join(run_name(r) for r in runs)
 
 
 def read_json(path: Path, what: str = "the table") -> dict[str, Any]:
@@ -183,7 +219,7 @@ def coactivation_counts(
     results: Path, model: str, corpus: str, methods: Sequence[str], seed: int
 ) -> dict[str, np.ndarray]:
     """Co-activation counts [layers, experts, experts] of the base and of each method's run at
-    `seed`, named for a figure (`base`, `<label> (seed <seed>)`)."""
+    `seed`, named for a figure (`base`, `<label> (base<b>/seed<s>)`)."""
     # The base analysis is per (model, corpus) and base (run `seed` starts from base
     # `base_index(seed)`, evaluated as run RUN_STRIDE * k); a corpus without one (math2) uses the
     # base counts that every analysis stores beside its own (the same base, the same probe set).
@@ -198,7 +234,7 @@ def coactivation_counts(
         path = run_path("analysis_counts", results, model, corpus, label, seed)
         if not path.is_file():
             raise FileNotFoundError(f"missing input for the figure: {path}")
-        named[f"{label} (seed {seed})"] = _load_counts(path)
+        named[f"{label} ({run_name(seed)})"] = _load_counts(path)
     return named
 
 

@@ -56,6 +56,7 @@ from rpb.report.run_records import (
     run_record,
     run_score,
     run_scores,
+    runs_text,
 )
 from rpb.report.stats import (
     DEFAULT_POWER,
@@ -407,7 +408,7 @@ def build_method_table(
         table,
         title=(
             f"{title} ({spec.get('scale')} scale, model {spec['model']}, corpus "
-            f"{spec['corpus']}, seeds {spec['seeds']})"
+            f"{spec['corpus']}, {runs_text(spec['seeds'])})"
         ),
         note=provenance["note"],
         meta=provenance,
@@ -628,7 +629,7 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     out_csv = Path(out_csv)
     alpha = 1.0 - float(spec.get("confidence", 0.95))
     note = (
-        f"Model {spec['model']}, corpora {list(spec['corpora'])}, seeds {list(spec['seeds'])} "
+        f"Model {spec['model']}, corpora {list(spec['corpora'])}, {runs_text(spec['seeds'])} "
         f"({spec.get('scale')} scale). {measures_text(spec)} rank_<column>: rank of that "
         "column within a (corpus, seed) block, 1 = best, ties averaged. Consistency, per "
         "accuracy column (metric): Kendall's W across blocks and the Friedman test "
@@ -776,7 +777,7 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     frames = table5_frames(results, spec)
     out_csv = Path(out_csv)
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, seeds {list(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
         f"({spec.get('scale')} scale). Retention: the live model's co-activation structure "
         "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
         f"cosine of the co-activation matrices), mean over MoE layers. {measures_text(spec)} "

@@ -16,8 +16,8 @@ from rpb.artifacts import (
 )
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
-from rpb.report.registry import REPORTS
-from rpb.specs import CORPORA
+from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
+from rpb.specs import CORPORA, PATHS
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -131,12 +131,22 @@ EVAL_DIR = f"{RESULTS}/data/eval"
 PROBE_TASKS = list(PLAN.config.probe_tasks)
 PROBE_LIMIT = PLAN.config.probe_limit
 EVAL_TASKS = PLAN.config.evaluation.tasks
+# The results layout (rpb.specs.PATHS) as the rules' output patterns: a run's folder, its
+# evaluation and analysis outputs without their suffix, and its log and benchmark name.
+RUN_DIR = f"{RESULTS}/{os.path.dirname(PATHS['model'])}"
+EVAL_OUT = f"{RESULTS}/{PATHS['eval'].removesuffix('.json')}"
+ANALYSIS_OUT = f"{RESULTS}/{PATHS['analysis'].removesuffix('.json')}"
+RUN_LOG = "{model}_{corpus}_{method}_base{base}_seed{seed}"
+BASE_MODEL = f"{RESULTS}/{PATHS['base_model']}"
+PRIOR = f"{RESULTS}/{PATHS['prior']}"
+PERMUTED_PRIOR = f"{RESULTS}/{PATHS['permuted_prior']}"
 
 
 wildcard_constraints:
     model="[A-Za-z0-9_]+",
     corpus="math2?",
     method="[a-z][a-z0-9_]*",
+    base="[0-9]+",
     seed="[0-9]+",
 
 
@@ -169,27 +179,36 @@ def experts_flag(wildcards):
     return f"--experts-implementation {chosen}" if chosen else ""
 
 
+def run_of(wc):
+    """The run id of a job's `{base}` and `{seed}` (rpb.specs.run_id)."""
+    return PLAN.run_id(wc.base, wc.seed)
+
+
 def evaluated_model(wc):
-    return PLAN.evaluated_model(wc.model, wc.corpus, wc.method, wc.seed)
+    return PLAN.evaluated_model(wc.model, wc.corpus, wc.method, run_of(wc))
 
 
 def base_of_flags(wildcards):
-    """`--family F --base-index K` of a pretrained model (`tinyA_p1`: tinyA, base 1): the
-    tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
-    family, index = PLAN.base_of(wildcards.model)
-    return f"--family {family} --base-index {index}"
+    """`--family F --base-index K` of a pretrained base: the tracking schema's `model` and
+    `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
+    return f"--family {wildcards.model} --base-index {wildcards.base}"
+
+
+def base_name(wildcards):
+    """The config entry of a job's base (`tinyA` base 1: `tinyA_base1`)."""
+    return PLAN.base_model(wildcards.model, wildcards.base)
 
 
 def run_base_dir(wc):
-    return PLAN.model_dir(PLAN.run_base(wc.model, wc.seed), "base", None, None)
+    return PLAN.base_model_dir(wc.model, run_of(wc))
 
 
 def run_base_prior(wc):
-    return PLAN.base_prior(wc.model, wc.corpus, wc.seed)
+    return PLAN.base_prior(wc.model, wc.corpus, run_of(wc))
 
 
 def method_prior(wc):
-    return PLAN.method_prior(wc.model, wc.corpus, wc.method, wc.seed)
+    return PLAN.method_prior(wc.model, wc.corpus, wc.method, run_of(wc))
 
 
 def post_corpus(wc):
@@ -304,8 +323,8 @@ DIAGNOSTIC_TRACK = f"{TRACK} --run-group diagnostic"
 
 
 def swapped_model(wc):
-    return f"{SWAP_ROOT}/models/{wc.model}/{wc.corpus}/{wc.method}/seed{wc.seed}/model"
+    return PLAN.swapped_model(wc.model, wc.corpus, wc.method, run_of(wc))
 
 
 def diagnostic_model_dir(wc):
-    return PLAN.diagnostic_model_dir(wc.model, wc.corpus, wc.method, wc.seed)
+    return PLAN.diagnostic_model_dir(wc.model, wc.corpus, wc.method, run_of(wc))

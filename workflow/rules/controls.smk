@@ -7,12 +7,12 @@
 
 rule permute_prior:
     input:
-        prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+        prior=PRIOR,
     output:
-        prior=PLAN.permuted_prior("{model}", "{corpus}"),
-        record=f"{RESULTS}/priors/{{model}}/permuted/{{corpus}}.permutation.json",
+        prior=PERMUTED_PRIOR,
+        record=PERMUTED_PRIOR.replace(".safetensors", ".permutation.json"),
     log:
-        f"{RESULTS}/logs/prior/{{model}}_{{corpus}}_permuted.log",
+        f"{RESULTS}/logs/prior/{{model}}_base{{base}}_{{corpus}}_permuted.log",
     conda:
         CONDA_ENV
     shell:

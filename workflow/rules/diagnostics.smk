@@ -24,18 +24,18 @@ rule router_swap:
                 wc.model,
                 wc.corpus,
                 wc.label,
-                int(wc.seed),
+                run_of(wc),
             )
         ),
         ancient(TRACKING_READY),
     output:
         model=directory(
-            f"{SWAP_ROOT}/models/{{model}}/{{corpus}}/{{label}}/seed{{seed}}/model"
+            f"{SWAP_ROOT}/{PATHS['swapped_model'].replace('{method}', '{label}')}"
         ),
     log:
-        f"{RESULTS}/logs/router_swap/{{model}}_{{corpus}}_{{label}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/router_swap/{{model}}_{{corpus}}_{{label}}_base{{base}}_seed{{seed}}.log",
     benchmark:
-        f"{BENCHMARKS}/router_swap/{{model}}_{{corpus}}_{{label}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/router_swap/{{model}}_{{corpus}}_{{label}}_base{{base}}_seed{{seed}}.tsv"
     wildcard_constraints:
         label=part_swap.LABEL_PATTERN,
     conda:
@@ -45,10 +45,11 @@ rule router_swap:
         mem_mb=4000,
     params:
         part=lambda wc: part_swap.parse_label(wc.label)[2],
+        run=run_of,
         track=DIAGNOSTIC_TRACK,
     shell:
         "rpb pipeline router-swap --name {wildcards.model} --label {wildcards.label}"
-        " --seed {wildcards.seed} --corpus-name {wildcards.corpus} --target {input.target}"
+        " --seed {params.run} --corpus-name {wildcards.corpus} --target {input.target}"
         " --source {input.source} --parts {params.part} --out {output.model}"
         " {params.track} > {log} 2>&1"
 
@@ -59,17 +60,13 @@ use rule evaluate as router_swap_evaluate with:
         model=swapped_model,
         data=EVAL_INPUTS,
     output:
-        result=f"{SWAP_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
-        run=f"{SWAP_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.run/mlflow_run.json",
-        work=temp(
-            directory(
-                f"{SWAP_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work"
-            )
-        ),
+        result=f"{SWAP_ROOT}/{PATHS['eval']}",
+        run=f"{SWAP_ROOT}/{PATHS['eval'].replace('.json', '.run/mlflow_run.json')}",
+        work=temp(directory(f"{SWAP_ROOT}/{PATHS['eval'].replace('.json', '.work')}")),
     log:
-        f"{RESULTS}/logs/router_swap_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/router_swap_eval/{RUN_LOG}.log",
     benchmark:
-        f"{BENCHMARKS}/router_swap_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/router_swap_eval/{RUN_LOG}.tsv"
     params:
         track=DIAGNOSTIC_TRACK,
 
@@ -107,17 +104,15 @@ rule router_swap_table:
 
 use rule posttrain as diagnostic_posttrain with:
     output:
-        model=directory(
-            f"{DIAG_ROOT}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/model"
-        ),
-        history=f"{DIAG_ROOT}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/train_history.json",
-        run=f"{DIAG_ROOT}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}/mlflow_run.json",
+        model=directory(f"{DIAG_ROOT}/{PATHS['model']}"),
+        history=f"{DIAG_ROOT}/{PATHS['train_history']}",
+        run=f"{DIAG_ROOT}/{os.path.dirname(PATHS['model'])}/mlflow_run.json",
     log:
-        f"{RESULTS}/logs/diagnostic_posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/diagnostic_posttrain/{RUN_LOG}.log",
     benchmark:
-        f"{BENCHMARKS}/diagnostic_posttrain/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/diagnostic_posttrain/{RUN_LOG}.tsv"
     params:
-        spec=lambda wc: as_json(PLAN.diagnostic_spec(wc.seed)),
+        spec=lambda wc: as_json(PLAN.diagnostic_spec(run_of(wc))),
         track=DIAGNOSTIC_TRACK,
 
 
@@ -127,17 +122,13 @@ use rule evaluate as diagnostic_evaluate with:
         model=diagnostic_model_dir,
         data=EVAL_INPUTS,
     output:
-        result=f"{DIAG_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
-        run=f"{DIAG_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.run/mlflow_run.json",
-        work=temp(
-            directory(
-                f"{DIAG_ROOT}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work"
-            )
-        ),
+        result=f"{DIAG_ROOT}/{PATHS['eval']}",
+        run=f"{DIAG_ROOT}/{PATHS['eval'].replace('.json', '.run/mlflow_run.json')}",
+        work=temp(directory(f"{DIAG_ROOT}/{PATHS['eval'].replace('.json', '.work')}")),
     log:
-        f"{RESULTS}/logs/diagnostic_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/diagnostic_eval/{RUN_LOG}.log",
     benchmark:
-        f"{BENCHMARKS}/diagnostic_eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/diagnostic_eval/{RUN_LOG}.tsv"
     params:
         track=DIAGNOSTIC_TRACK,
 
@@ -146,17 +137,17 @@ use rule analyze as diagnostic_analyze with:
     input:
         ancient(TRACKING_READY),
         model=diagnostic_model_dir,
-        base=f"{RESULTS}/models/{{model}}/base/model",
-        prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
+        base=BASE_MODEL,
+        prior=PRIOR,
         data=PROBE_INPUTS,
     output:
-        summary=f"{DIAG_ROOT}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
-        counts=f"{DIAG_ROOT}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.safetensors",
-        run=f"{DIAG_ROOT}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.run/mlflow_run.json",
+        summary=f"{DIAG_ROOT}/{PATHS['analysis']}",
+        counts=f"{DIAG_ROOT}/{PATHS['analysis_counts']}",
+        run=f"{DIAG_ROOT}/{PATHS['analysis'].replace('.json', '.run/mlflow_run.json')}",
     log:
-        f"{RESULTS}/logs/diagnostic_analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/diagnostic_analysis/{RUN_LOG}.log",
     benchmark:
-        f"{BENCHMARKS}/diagnostic_analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/diagnostic_analysis/{RUN_LOG}.tsv"
     params:
         track=DIAGNOSTIC_TRACK,
 

@@ -2,7 +2,7 @@
 # suite, fetched by local rules (they run where Snakemake runs, with network) so that every compute
 # job runs offline. The work is done by workflow/scripts/hub_download.py.
 #
-#   hub models   -> {RESULTS}/models/{model}/base/model     (the path the tiny pretrain rule makes)
+#   hub models   -> {RESULTS}/models/{model}/base0/model    (the path the tiny pretrain rule makes)
 #   hub corpora  -> {RESULTS}/data/post/{corpus}.jsonl      (prompt/completion, training)
 #                   {RESULTS}/data/eval/{corpus}.jsonl      (prompt/target, held-out probe set)
 #   lm-eval      -> {RESULTS}/data/eval/lm_eval_suite.json  (per-task few-shot and metric)
@@ -30,11 +30,12 @@ localrules:
 
 rule download_model:
     output:
-        model=directory(f"{RESULTS}/models/{{model}}/base/model"),
+        model=directory(BASE_MODEL),
     log:
-        f"{RESULTS}/logs/download/model_{{model}}.log",
+        f"{RESULTS}/logs/download/model_{{model}}_base{{base}}.log",
     wildcard_constraints:
         model="|".join(HUB_MODELS) or "^$",
+        base="0",  # a hub model is its only base
     conda:
         CONDA_ENV
     params:

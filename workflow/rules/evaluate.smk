@@ -1,9 +1,6 @@
 # lm-evaluation-harness evaluation and co-activation analysis of every model the tables need
 # (trained runs: rule posttrain_run instead, where one_process_per_run is set).
 
-EVAL_OUT = f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}"
-ANALYSIS_OUT = f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}"
-
 
 rule evaluate:
     input:
@@ -16,9 +13,9 @@ rule evaluate:
         # lm-eval's task YAMLs and datasets cache for this job only.
         work=temp(directory(f"{EVAL_OUT}.work")),
     log:
-        f"{RESULTS}/logs/eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/eval/{RUN_LOG}.log",
     benchmark:
-        f"{BENCHMARKS}/eval/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/eval/{RUN_LOG}.tsv"
     conda:
         CONDA_ENV
     threads: THREADS
@@ -26,6 +23,7 @@ rule evaluate:
         mem_mb=4000,
     params:
         track=TRACK,
+        run=run_of,
         eval_dir=EVAL_DIR,
         tasks=",".join(EVAL_TASKS),
         limit=PLAN.config.evaluation.limit,
@@ -33,7 +31,7 @@ rule evaluate:
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "rpb pipeline eval --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
+        "rpb pipeline eval --name {wildcards.model} --label {wildcards.method} --seed {params.run}"
         " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
         " --tasks {params.tasks} --limit {params.limit} --batch-size {params.batch_size}"
         " --work {output.work} --out {output.result} {params.trust} {params.experts}"
@@ -52,9 +50,9 @@ rule analyze:
         counts=f"{ANALYSIS_OUT}.safetensors",
         run=f"{ANALYSIS_OUT}.run/mlflow_run.json",
     log:
-        f"{RESULTS}/logs/analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/analysis/{RUN_LOG}.log",
     benchmark:
-        f"{BENCHMARKS}/analysis/{{model}}_{{corpus}}_{{method}}_seed{{seed}}.tsv"
+        f"{BENCHMARKS}/analysis/{RUN_LOG}.tsv"
     conda:
         CONDA_ENV
     threads: THREADS
@@ -62,13 +60,14 @@ rule analyze:
         mem_mb=4000,
     params:
         track=TRACK,
+        run=run_of,
         eval_dir=EVAL_DIR,
         tasks=",".join(PROBE_TASKS),
         limit=PROBE_LIMIT,
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "rpb pipeline analyze --name {wildcards.model} --label {wildcards.method} --seed {wildcards.seed}"
+        "rpb pipeline analyze --name {wildcards.model} --label {wildcards.method} --seed {params.run}"
         " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"
         " --prior {input.prior} --eval-dir {params.eval_dir} --tasks {params.tasks}"
         " --limit {params.limit} --out {output.summary} {params.trust} {params.experts}"

@@ -7,13 +7,13 @@ rule pretrain_base:
         manifest=f"{RESULTS}/data/manifest.json",
         tokenizer=f"{RESULTS}/data/tokenizer",
     output:
-        model=directory(f"{RESULTS}/models/{{model}}/base/model"),
-        history=f"{RESULTS}/models/{{model}}/base/train_history.json",
-        run=f"{RESULTS}/models/{{model}}/base/mlflow_run.json",
+        model=directory(BASE_MODEL),
+        history=f"{os.path.dirname(BASE_MODEL)}/train_history.json",
+        run=f"{os.path.dirname(BASE_MODEL)}/mlflow_run.json",
     log:
-        f"{RESULTS}/logs/pretrain/{{model}}.log",
+        f"{RESULTS}/logs/pretrain/{{model}}_base{{base}}.log",
     benchmark:
-        f"{BENCHMARKS}/pretrain/{{model}}.tsv"
+        f"{BENCHMARKS}/pretrain/{{model}}_base{{base}}.tsv"
     wildcard_constraints:
         model="|".join(PRETRAINED_MODELS) or "^$",
     conda:
@@ -25,16 +25,17 @@ rule pretrain_base:
         track=TRACK,
         corpus=f"{RESULTS}/data/pretrain.jsonl",
         out=parent_dir("history"),
+        name=base_name,
         model_type=lambda wc: PLAN.config.models[wc.model].entry["model_type"],
         architecture=lambda wc: as_json(
             PLAN.config.models[wc.model].entry["architecture"]
         ),
-        spec=lambda wc: as_json(PLAN.pretrain_spec(wc.model)),
+        spec=lambda wc: as_json(PLAN.pretrain_spec(base_name(wc))),
         lbl=lambda wc: PLAN.config.models[wc.model].entry["pretrain"]["lbl_coef"],
         experts=experts_flag,
         base_of=base_of_flags,
     shell:
-        "rpb pipeline pretrain --name {wildcards.model} --model-type {params.model_type}"
+        "rpb pipeline pretrain --name {params.name} --model-type {params.model_type}"
         " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
         " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out}"
         " --threads {threads} {params.experts} {params.base_of} {params.track} > {log} 2>&1"
@@ -43,16 +44,16 @@ rule pretrain_base:
 rule extract_prior:
     input:
         ancient(TRACKING_READY),
-        model=f"{RESULTS}/models/{{model}}/base/model",
+        model=BASE_MODEL,
         data=corpus_inputs,
     output:
-        prior=f"{RESULTS}/priors/{{model}}/{{corpus}}.safetensors",
-        meta=f"{RESULTS}/priors/{{model}}/{{corpus}}.json",
-        run=f"{RESULTS}/priors/{{model}}/{{corpus}}.run/mlflow_run.json",
+        prior=PRIOR,
+        meta=PRIOR.replace(".safetensors", ".json"),
+        run=PRIOR.replace(".safetensors", ".run/mlflow_run.json"),
     log:
-        f"{RESULTS}/logs/prior/{{model}}_{{corpus}}.log",
+        f"{RESULTS}/logs/prior/{{model}}_base{{base}}_{{corpus}}.log",
     benchmark:
-        f"{BENCHMARKS}/prior/{{model}}_{{corpus}}.tsv"
+        f"{BENCHMARKS}/prior/{{model}}_base{{base}}_{{corpus}}.tsv"
     conda:
         CONDA_ENV
     threads: THREADS
@@ -64,7 +65,8 @@ rule extract_prior:
         trust=trust_remote_code_flag,
         experts=experts_flag,
         base_of=base_of_flags,
+        name=base_name,
     shell:
-        "rpb pipeline prior --name {wildcards.model} --model {input.model} --corpus {params.corpus}"
+        "rpb pipeline prior --name {params.name} --model {input.model} --corpus {params.corpus}"
         " --out {output.prior} {params.trust} {params.experts} {params.base_of}"
         " {params.track} > {log} 2>&1"

@@ -21,11 +21,11 @@ rule table1:
         heatmaps=f"{RESULTS}/figures/table1_coactivation.png",
         heatmaps_runs=report(
             directory(f"{RESULTS}/figures/table1_coactivation_runs"),
-            patterns=["{corpus}_seed{seed}.png"],
+            patterns=list(RUN_FIGURES),
             caption="../report/coactivation.rst",
             category="Table 1",
             subcategory="Co-activation per run",
-            labels={"run": "{corpus} seed {seed}"},
+            labels=dict(RUN_LABELS),
         ),
     log:
         f"{RESULTS}/logs/table1.log",

@@ -1,10 +1,7 @@
-# Post-training: one job per (model, corpus, method, seed); all methods share a seed's data order.
+# Post-training: one job per (model, corpus, method, base, seed); all methods share a seed's data order.
 # With `one_process_per_run` (the tiny default) rule posttrain_run trains, evaluates and analyses
 # a run in one job; the three-job path (posttrain, evaluate, analyze) stays for the paper scale and
 # for the base, which is evaluated and analysed without training.
-
-RUN_DIR = f"{RESULTS}/runs/{{model}}/{{corpus}}/{{method}}/seed{{seed}}"
-RUN_LOG = "{model}_{corpus}_{method}_seed{seed}"
 
 
 rule posttrain:
@@ -32,7 +29,7 @@ rule posttrain:
         corpus=post_corpus,
         out=parent_dir("history"),
         method=lambda wc: as_json(PLAN.method_entry(wc.method)),
-        spec=lambda wc: as_json(PLAN.posttrain_spec(wc.seed)),
+        spec=lambda wc: as_json(PLAN.posttrain_spec(run_of(wc))),
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
@@ -64,16 +61,12 @@ if ONE_PROCESS_PER_RUN:
             model=directory(f"{RUN_DIR}/model"),
             history=f"{RUN_DIR}/train_history.json",
             run=f"{RUN_DIR}/mlflow_run.json",
-            eval=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
-            eval_run=f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.run/mlflow_run.json",
-            eval_work=temp(
-                directory(
-                    f"{RESULTS}/eval/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.work"
-                )
-            ),
-            summary=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.json",
-            counts=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.safetensors",
-            analysis_run=f"{RESULTS}/analysis/{{model}}/{{corpus}}/{{method}}/seed{{seed}}.run/mlflow_run.json",
+            eval=f"{EVAL_OUT}.json",
+            eval_run=f"{EVAL_OUT}.run/mlflow_run.json",
+            eval_work=temp(directory(f"{EVAL_OUT}.work")),
+            summary=f"{ANALYSIS_OUT}.json",
+            counts=f"{ANALYSIS_OUT}.safetensors",
+            analysis_run=f"{ANALYSIS_OUT}.run/mlflow_run.json",
         log:
             f"{RESULTS}/logs/posttrain/{RUN_LOG}.log",
         benchmark:
@@ -91,7 +84,7 @@ if ONE_PROCESS_PER_RUN:
             corpus=post_corpus,
             out=parent_dir("history"),
             method=lambda wc: as_json(PLAN.method_entry(wc.method)),
-            spec=lambda wc: as_json(PLAN.posttrain_spec(wc.seed)),
+            spec=lambda wc: as_json(PLAN.posttrain_spec(run_of(wc))),
             trust=trust_remote_code_flag,
             experts=experts_flag,
             eval_dir=EVAL_DIR,

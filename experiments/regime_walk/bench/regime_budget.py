@@ -15,8 +15,8 @@ Measured in one invocation, the way the regime rule's R3 estimates (`rpb.regime.
 
 For every S of the rule and every n = b * k (b bases per family) it reports both estimates and
 the largest between-seed sd of `none` (points) for which R4 asks for no more than n runs. Needs
-the pretrained bases: `snakemake --cores 2 results/models/tinyA/base/model
-results/models/tinyB/base/model`.
+the pretrained bases: `snakemake --cores 2 results/models/tinyA/base0/model
+results/models/tinyB/base0/model`.
 
     .venv/bin/python bench/regime_budget.py          # -> bench/results/regime_budget.{json,md}
                                                      #    and docs/img/regime_budget.png (~3 min)
@@ -60,7 +60,7 @@ def step_costs(config: dict, results: Path, steps: tuple[int, int], rule: Regime
         for s in steps:  # the bases side by side, one thread each, as `all` runs them
             jobs = [
                 dict(
-                    base_dir=results / "models" / m / "base" / "model",
+                    base_dir=results / "models" / m / "base0" / "model",
                     data_dir=results / "data",
                     corpus=config["table1"]["corpus"],
                     lr=config["models"][m]["pretrain"]["lr"] / 30,

@@ -1,6 +1,6 @@
 """Rule 3's pilot (docs/regime.md, "Rule 3"): plain fine-tuning (`none`) only, on candidate
 post-training hold-outs and a known-token template, with pilot seeds disjoint from the
-calibration (100-104) and table seeds. Needs the pretrained bases (results/models/*/base/model).
+calibration (100-104) and table seeds. Needs the pretrained bases (results/models/*/base0/model).
 
     .venv/bin/python bench/regime_pilot.py tinyA,tinyB below50,corner50,known 800 200,201
     .venv/bin/python bench/regime_pilot.py --summary
@@ -89,7 +89,7 @@ def main(models: str, designs: str, steps: str, seeds: str) -> None:
                 if not out.exists():
                     jobs.append(
                         dict(
-                            base_dir=Path(f"results/models/{model}/base/model"),
+                            base_dir=Path(f"results/models/{model}/base0/model"),
                             data_dir=data_dir,
                             corpus="math",
                             lr=0.1 * 0.003,  # 1/10 of the bases' pretraining peak

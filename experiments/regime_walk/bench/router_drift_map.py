@@ -15,7 +15,7 @@ beside it. Batch, length and probe set are the default config's.
 
 Needs the bases and priors of the regime's config and the default corpus beside them:
 `snakemake --cores 2 --configfile config/config.yaml config/regime_rule3.yaml --
-results/priors/tinyA/math.safetensors results/priors/tinyB/math.safetensors`, then
+results/priors/tinyA/base0/math.safetensors results/priors/tinyB/base0/math.safetensors`, then
 `snakemake --cores 2 --config results_dir=results_m0 -- results_m0/data/manifest.json` and
 `results_m0/data/post/math.jsonl` copied to `results/data_m0/post/math.jsonl`.
 """
@@ -73,8 +73,8 @@ def run_one(job: dict) -> dict:
 
     torch.set_num_threads(1)
     results = Path(job["results"])
-    base = results / "models" / job["model"] / "base" / "model"
-    prior = results / "priors" / job["model"] / "math.safetensors"
+    base = results / "models" / job["model"] / "base0" / "model"
+    prior = results / "priors" / job["model"] / "base0" / "math.safetensors"
     corpus = (
         Path(job["task_corpus"])
         if job["corpus"] != "default" and job.get("task_corpus")

@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> dict:
     eval_dir = args.results / "data" / "eval"
     bases = {
         m: margins(
-            args.results / "models" / m / "base" / "model",
+            args.results / "models" / m / "base0" / "model",
             eval_dir,
             probe["probe_tasks"],
             probe["probe_limit"],

@@ -18,7 +18,7 @@ whole   wall time (load, tokenisation, Trainer) per step, as a run pays it;
     .venv/bin/python bench/step_cost.py      # -> bench/results/step_cost.json (~10 min)
 
 Needs the bases and their priors on `math`: `snakemake --cores 2
-results/priors/tinyA/math.safetensors results/priors/tinyB/math.safetensors`.
+results/priors/tinyA/base0/math.safetensors results/priors/tinyB/base0/math.safetensors`.
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         "models": {},
     }
     for name in ("tinyA", "tinyB"):
-        base = results / "models" / name / "base" / "model"
-        prior = results / "priors" / name / "math.safetensors"
+        base = results / "models" / name / "base0" / "model"
+        prior = results / "priors" / name / "base0" / "math.safetensors"
         row = {"trainer_step_ms": trainer_step_ms(base, prior, corpus, args.steps, args.lr)}
         eager = bare_loop(base, corpus, args.steps, args.lr, compiled=False)
         compiled = bare_loop(base, corpus, args.steps, args.lr, compiled=True)
