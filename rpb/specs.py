@@ -6,7 +6,8 @@ method class), `rpb.pipeline.config_check` (what a config may name), the Snakema
 the tables and the CLI. It imports nothing heavy, because the Snakefile imports it at every parse.
 
 A new method is a class in `rpb.methods` plus its `MethodSpec` here; a new tiny eval set is a
-generator in `rpb.pipeline.data` plus its name in `EVAL_SETS`.
+generator in `rpb.pipeline.data` plus its name in `EVAL_SETS` (under `eval_only` it retrains no
+base: `rpb.pipeline.data.EVAL_ONLY_ITEMS`).
 """
 
 from __future__ import annotations
@@ -191,6 +192,9 @@ CORPORA: tuple[str, ...] = ("math", "math2")
 EVAL_SETS: dict[str, tuple[str, ...]] = {
     "in_domain": CORPORA,
     "ood": ("addition", "facts", "reverse", "sort", "grammar"),
+    # Eval-only sets: no base pretrains on them and none is written with the corpora, so naming
+    # one in `evaluation.ood` evaluates it without retraining a base (rule eval_only_set).
+    "eval_only": ("addition3",),
 }
 
 # Results layout, relative to results_dir. `{method}` is a method label (a key of `methods`); a

@@ -337,10 +337,15 @@ def _rpb_command(line: str) -> list[str] | None:
 
 def test_every_rule_s_rpb_command_parses(tmp_path: Path) -> None:
     """`snakemake -n -p` of the smoke config's `all` prints every job's shell command: each
-    `rpb ...` one parses with the CLI's parser, and together they use every pipeline job."""
+    `rpb ...` one parses with the CLI's parser, and together they use every pipeline job (with an
+    eval-only set named, for `eval-set`)."""
     results = tmp_path / "results"
+    eval_only = tmp_path / "eval_only.yaml"
+    eval_only.write_text(
+        "evaluation:\n  ood: [addition, facts, reverse, sort, grammar, addition3]\n"
+    )
     proc = snakemake_in_repo(
-        *("-n", "-p", "--cores", "1", "--configfile", "config/smoke.yaml"),
+        *("-n", "-p", "--cores", "1", "--configfile", "config/smoke.yaml", str(eval_only)),
         *("--config", f"results_dir={results}", "--", "all"),
         timeout=600,
     )

@@ -675,3 +675,20 @@ def test_every_pretrained_family_names_its_expert_count_key(model_type: str) -> 
     assert key in _FAMILY[model_type], key
     model = random_model(model_type, **{key: 6})
     assert {handle.weight.shape[0] for handle in find_routers(model)} == {6}
+
+
+def test_eval_only_sets_are_out_of_domain_tasks_of_the_synthetic_corpora() -> None:
+    config = _merged("config.yaml", "smoke.yaml")
+    config["evaluation"]["ood"] = [*config["evaluation"]["ood"], "addition3"]
+    config["analysis"]["probe_tasks"] = [*config["analysis"]["probe_tasks"], "addition3"]
+    check_config(copy.deepcopy(config), SCHEMA)
+    config["evaluation"]["in_domain"] = ["math", "addition3"]
+    with pytest.raises(ConfigError, match=r"^evaluation\.in_domain\[1\]: 'addition3' is neither"):
+        check_config(config, SCHEMA)
+    paper = _merged("config.yaml", "paper.yaml")
+    paper["analysis"]["probe_tasks"] = ["addition3"]
+    with pytest.raises(
+        ConfigError,
+        match=r"^analysis\.probe_tasks\[0\]: 'addition3' is an eval-only set of the synthetic",
+    ):
+        check_config(paper, SCHEMA)

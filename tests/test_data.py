@@ -20,6 +20,7 @@ from rpb.pipeline.data import (
     load_jsonl,
     split_symbols,
     write_corpora,
+    write_eval_only_set,
 )
 
 TRAIN_FILES = ("pretrain.jsonl", "post/math.jsonl", "post/math2.jsonl")
@@ -342,3 +343,36 @@ def test_holdout_regions_and_bad_specs() -> None:
         write_corpora(
             Path("/nonexistent"), seed=0, sizes=SIZE_PRESETS["smoke"], level=2, holdout="corner50"
         )
+
+
+def test_an_eval_only_set_is_written_beside_the_corpora_and_leaves_them_alone(
+    tmp_path: Path,
+) -> None:
+    """`addition3` (rpb.specs.EVAL_SETS["eval_only"]): the corpora's seed and eval size, 3-digit
+    operands in the pretraining format, byte-identical when written again, and the corpora,
+    their manifest and so every base untouched."""
+    write_corpora(tmp_path, seed=3, sizes=SIZE_PRESETS["smoke"])
+    corpora = _files(tmp_path)
+    path = write_eval_only_set(tmp_path, "addition3")
+    assert path == tmp_path / "eval" / "addition3.jsonl"
+    records = load_jsonl(path, ("prompt", "target"))
+    assert len(records) == SIZE_PRESETS["smoke"]["eval"]
+    for record in records:
+        a, b = map(int, re.fullmatch(r"(\d{3})\+(\d{3})=", record["prompt"]).groups())
+        assert record["target"] == str(a + b)[::-1]  # the pretraining format: sum reversed
+    written = path.read_bytes()
+    assert write_eval_only_set(tmp_path, "addition3").read_bytes() == written
+    assert {k: v for k, v in _files(tmp_path).items() if k != "eval/addition3.jsonl"} == corpora
+    with pytest.raises(ValueError, match=r"unknown eval-only set 'addition4' \(known: addition3"):
+        write_eval_only_set(tmp_path, "addition4")
+
+
+def test_an_eval_only_prompt_that_training_saw_names_both_lines(tmp_path: Path) -> None:
+    write_corpora(tmp_path, seed=3, sizes=SIZE_PRESETS["smoke"])
+    prompt = json.loads(write_eval_only_set(tmp_path, "addition3").read_text().splitlines()[4])
+    pretrain = tmp_path / "pretrain.jsonl"
+    lines = pretrain.read_text().splitlines()
+    lines[1] = json.dumps({"text": prompt["prompt"] + prompt["target"], "domain": "addition"})
+    pretrain.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"eval/addition3\.jsonl:5: .* pretrain\.jsonl:2$"):
+        write_eval_only_set(tmp_path, "addition3")

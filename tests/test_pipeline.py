@@ -185,3 +185,24 @@ def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
     assert only_readings and readings_runs == {"base0/seed0", "base1/seed0"}
     # M2 reads none, rpb and hard at the readings' seeds: they are scheduled there too.
     assert {("none", "base0/seed0"), ("hard", "base1/seed0"), ("rpb", "base1/seed1")} <= trained
+
+
+def test_an_eval_only_set_is_evaluated_without_retraining_a_base(tmp_path: Path) -> None:
+    """Naming an eval-only set (`addition3`) in evaluation.ood adds its own job and its scores to
+    every evaluation; the corpora, the pretraining and the priors keep their commands (dry run)."""
+    out = tmp_path / "results"
+    extra = tmp_path / "eval_only.yaml"
+    extra.write_text("evaluation:\n  ood: [addition, facts, reverse, sort, grammar, addition3]\n")
+    args = ("--config", f"results_dir={out}", "--", f"{out}/table1.csv")
+    before = _dry_run("--configfile", "config/smoke.yaml", *args)
+    after = _dry_run("--configfile", "config/smoke.yaml", str(extra), *args)
+    upstream = ("rpb pipeline corpora", "rpb pipeline pretrain", "rpb pipeline prior")
+
+    def commands(text: str, jobs: tuple[str, ...]) -> list[str]:
+        shell = (ln.removeprefix("Shell command: ") for ln in text.splitlines())
+        return sorted(ln for ln in shell if ln.startswith(jobs))
+
+    assert commands(before, upstream) and commands(after, upstream) == commands(before, upstream)
+    assert f"rpb pipeline eval-set --data {out}/data --task addition3" in after
+    runs = commands(after, ("rpb pipeline run ",))
+    assert runs and all(",addition3 " in line for line in runs)

@@ -126,6 +126,22 @@ def cmd_corpora(args: argparse.Namespace) -> None:
         log.info("corpora written to %s: %s", args.out, json.dumps(manifest.get("files", {}))[:400])
 
 
+def cmd_eval_set(args: argparse.Namespace) -> None:
+    """An eval-only set beside the corpora (rpb.pipeline.data.write_eval_only_set)."""
+    import mlflow
+
+    from rpb.pipeline.data import write_eval_only_set
+    from rpb.pipeline.tracking import tracked_run
+
+    run_dir = args.data / "eval" / f"{args.task}.run"
+    with tracked_run(
+        stage="eval_set", params={"task": args.task}, run_dir=run_dir, **_track_kwargs(args)
+    ):
+        path = write_eval_only_set(args.data, args.task)
+        mlflow.log_artifact(str(path))
+        log.info("eval-only set %s written to %s", args.task, path)
+
+
 def cmd_pretrain(args: argparse.Namespace) -> None:
     import mlflow
 
@@ -758,6 +774,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="post-training hold-out region, e.g. corner50 (rpb.pipeline.data.check_holdout)",
     )
+
+    p = add(
+        "eval-set", cmd_eval_set, "write an eval-only set beside the corpora (no base reads it)"
+    )
+    p.add_argument("--data", type=Path, required=True, help="the corpora's folder (manifest.json)")
+    p.add_argument("--task", required=True, help="a name of rpb.specs.EVAL_SETS['eval_only']")
 
     p = add("pretrain", cmd_pretrain, "pretrain a tiny MoE base with a load-balancing loss")
     p.add_argument("--name", required=True)

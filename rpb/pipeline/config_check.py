@@ -56,9 +56,12 @@ RESERVED_METHOD_LABELS = ("base",)
 # from the model's config when the method attaches (rpb.methods.LBL); only these families take it.
 FAMILY_STRENGTH = "family"
 FAMILY_STRENGTH_METHODS = ("lbl",)
-# The tiny testbed's eval sets (rpb.pipeline.data); any other evaluation name is a standard lm-eval
-# task.
-TINY_EVAL_SETS = EVAL_SETS
+# The tiny testbed's eval sets (rpb.pipeline.data): the OOD ones and the eval-only ones may be
+# scored out of domain; any other evaluation name is a standard lm-eval task.
+TINY_EVAL_SETS = {
+    "in_domain": EVAL_SETS["in_domain"],
+    "ood": (*EVAL_SETS["ood"], *EVAL_SETS["eval_only"]),
+}
 # Must match the `model` wildcard constraint in workflow/rules/common.smk, or no rule would match.
 MODEL_NAME = re.compile(r"[A-Za-z0-9_]+")
 # PyYAML (YAML 1.1, which Snakemake uses) reads `1e-3` as a string; it needs `1.0e-3`.
@@ -453,7 +456,19 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
     probe = (config.get("analysis") or {}).get("probe_tasks") or []
     if _duplicate(probe) is not None:
         raise ConfigError(f"analysis.probe_tasks: '{_duplicate(probe)}' is listed twice")
-    eval_sets = [*EVAL_SETS["in_domain"], *EVAL_SETS["ood"]]
+    eval_sets = [*TINY_EVAL_SETS["in_domain"], *TINY_EVAL_SETS["ood"]]
+    # An eval-only set is written beside the synthetic corpora (rule eval_only_set).
+    if config["data"].get("corpora"):
+        for key, names in (
+            ("evaluation.ood", config["evaluation"]["ood"]),
+            ("analysis.probe_tasks", probe),
+        ):
+            for i, name in enumerate(names):
+                if name in EVAL_SETS["eval_only"]:
+                    raise ConfigError(
+                        f"{key}[{i}]: '{name}' is an eval-only set of the synthetic corpora, "
+                        "and data.corpora names hub corpora"
+                    )
     for i, name in enumerate(probe):
         if name not in eval_sets:
             raise ConfigError(

@@ -631,6 +631,52 @@ def write_corpora(
     return manifest
 
 
+# --- eval-only sets ---------------------------------------------------------------------------
+# Written after the corpora by their own job (`write_eval_only_set`), from a stream of their own,
+# in the corpora's vocabulary: the pretraining mixture, the corpora and their manifest never
+# change, so no base is retrained for them. A prompt that starts a training text is an error.
+
+
+def _addition3_item(rng: random.Random) -> tuple[str, str]:
+    """Addition of two 3-digit operands in the pretraining format (pretraining adds 2-digit
+    operands only): does post-training carry to a longer operand?"""
+    return _addition_item(rng.randrange(100, 1000), rng.randrange(100, 1000), rng)
+
+
+EVAL_ONLY_ITEMS: dict[str, Callable[[random.Random], tuple[str, str]]] = {
+    "addition3": _addition3_item,
+}
+EVAL_ONLY = EVAL_SETS["eval_only"]
+
+
+def write_eval_only_set(data_dir: Path, task: str) -> Path:
+    """`<data_dir>/eval/<task>.jsonl` for eval-only set `task`, with the corpora's seed and eval
+    size (their manifest); checked against every training text of the corpora."""
+    if task not in EVAL_ONLY_ITEMS:
+        raise ValueError(f"unknown eval-only set {task!r} (known: {', '.join(EVAL_ONLY_ITEMS)})")
+    data_dir = Path(data_dir)
+    manifest = json.loads((data_dir / "manifest.json").read_text())
+    items = _unique_items(
+        _rng(manifest["seed"], f"{task}-eval"),
+        manifest["sizes"]["eval"],
+        EVAL_ONLY_ITEMS[task],
+        task,
+    )
+    records = [{"prompt": prompt, "target": target} for prompt, target in items]
+    for record in records:
+        for value in record.values():
+            split_symbols(value)
+    name = f"eval/{task}.jsonl"
+    train = [
+        (train_name, i, _record_text(record))
+        for train_name in ("pretrain.jsonl", *(f"post/{t}.jsonl" for t in POST_TASKS))
+        for i, record in enumerate(load_jsonl(data_dir / train_name, ()), start=1)
+    ]
+    _find_overlap(train, _eval_prompts(name, records))
+    lines = (json.dumps(r, sort_keys=True, ensure_ascii=True) + "\n" for r in records)
+    return write_text(data_dir / name, "".join(lines))
+
+
 # --- reading and checking ------------------------------------------------------------------
 
 

@@ -17,7 +17,7 @@ from rpb.artifacts import (
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
 from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
-from rpb.specs import CORPORA, PATHS
+from rpb.specs import CORPORA, EVAL_SETS, PATHS
 
 # Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
 # (Snakemake prints sys.exit's message to stderr as is and exits 1).
@@ -131,6 +131,7 @@ EVAL_DIR = f"{RESULTS}/data/eval"
 PROBE_TASKS = list(PLAN.config.probe_tasks)
 PROBE_LIMIT = PLAN.config.probe_limit
 EVAL_TASKS = PLAN.config.evaluation.tasks
+EVAL_ONLY_SETS = EVAL_SETS["eval_only"]
 # The results layout (rpb.specs.PATHS) as the rules' output patterns: a run's folder, its
 # evaluation and analysis outputs without their suffix, and its log and benchmark name.
 RUN_DIR = f"{RESULTS}/{os.path.dirname(PATHS['model'])}"

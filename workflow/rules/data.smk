@@ -38,6 +38,29 @@ rule corpora:
         " > {log} 2>&1"
 
 
+# An eval-only set (rpb.specs.EVAL_SETS["eval_only"]) named in the evaluation: written beside the
+# corpora by its own job, so no base, prior or corpus depends on it.
+rule eval_only_set:
+    input:
+        ancient(TRACKING_READY),
+        manifest=f"{RESULTS}/data/manifest.json",
+    output:
+        eval=f"{RESULTS}/data/eval/{{task}}.jsonl",
+        run=f"{RESULTS}/data/eval/{{task}}.run/mlflow_run.json",
+    log:
+        f"{RESULTS}/logs/eval_set_{{task}}.log",
+    wildcard_constraints:
+        task="|".join(EVAL_ONLY_SETS) or "^$",
+    conda:
+        CONDA_ENV
+    params:
+        track=TRACK,
+        data=lambda wc, input: os.path.dirname(input.manifest),
+    shell:
+        "rpb pipeline eval-set --data {params.data} --task {wildcards.task} {params.track}"
+        " > {log} 2>&1"
+
+
 # A model's own post-training hold-out (models.<m>.holdout, differing from data.holdout): the
 # same generator and seed with that hold-out; only its post/ corpora are read.
 rule holdout_corpora:

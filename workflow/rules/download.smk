@@ -96,10 +96,20 @@ TINY_DATA = [] if HUB_CORPORA else [f"{RESULTS}/data/manifest.json"]
 # Prior extraction and training read data/post/{corpus}.jsonl (post_corpus: or, for a tiny
 # model with its own hold-out, data/holdout/<hold-out>/post/{corpus}.jsonl).
 CORPUS_INPUTS = [f"{RESULTS}/data/post/{{corpus}}.jsonl"] if HUB_CORPORA else TINY_DATA
-# Evaluation reads our eval sets and/or the lm-eval suite with its datasets in the cache.
-EVAL_INPUTS = TINY_DATA + ([LM_EVAL_SUITE, LM_EVAL_PREFETCH] if LM_EVAL_TASKS else [])
+# Evaluation reads our eval sets (the eval-only ones it names: rule eval_only_set) and/or the
+# lm-eval suite with its datasets in the cache.
+EVAL_INPUTS = (
+    TINY_DATA
+    + [f"{RESULTS}/data/eval/{t}.jsonl" for t in EVAL_TASKS if t in EVAL_ONLY_SETS]
+    + ([LM_EVAL_SUITE, LM_EVAL_PREFETCH] if LM_EVAL_TASKS else [])
+)
 # Analysis reads the probe sets data/eval/{task}.jsonl.
-PROBE_INPUTS = TINY_DATA or [
-    f"{RESULTS}/data/eval/{t}.jsonl"
-    for t in config.get("analysis", {}).get("probe_tasks", [])
-]
+if TINY_DATA:
+    PROBE_INPUTS = TINY_DATA + [
+        f"{RESULTS}/data/eval/{t}.jsonl" for t in PROBE_TASKS if t in EVAL_ONLY_SETS
+    ]
+else:
+    PROBE_INPUTS = [
+        f"{RESULTS}/data/eval/{t}.jsonl"
+        for t in config.get("analysis", {}).get("probe_tasks", [])
+    ]
