@@ -140,7 +140,7 @@ def test_killed_training_job_resumes_in_the_pipeline(runs: dict[str, Any]) -> No
     assert "rpb_state.pt" not in after["checkpoints"]["checkpoint-6"]
     assert after["statuses"] == ["RUNNING"]
     # The rerun resumed from the complete checkpoint and ended the dead run.
-    log = (runs["b"] / "logs" / "posttrain" / "tinyA_math_rpb_seed0.log").read_text()
+    log = (runs["b"] / "logs" / "posttrain" / "tinyA_math_rpb_base0_seed0.log").read_text()
     assert "removing incomplete checkpoint" in log
     assert f"resuming from {runs['b'] / KILLED / 'checkpoints' / 'checkpoint-3'}" in log
     old, new = _mlflow_runs(runs["b"], "train/tinyA/math/rpb/base0/seed0")

@@ -17,6 +17,7 @@ import pytest
 from conftest import new_store
 
 from rpb.pipeline import tracking
+from rpb.specs import run_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -293,8 +294,7 @@ def _finished_by_name(runs: list[Any]) -> dict[str, Any]:
 
 def _job_name(stage: str, model: str, corpus: str, method: str, run_id: int) -> str:
     """The run name of a job on results run id `run_id` (1000 * base + seed)."""
-    base, seed = tracking.split_run_id(run_id)
-    schema = tracking.schema_params(model=model, corpus=corpus, method=method, base=base, seed=seed)
+    schema = tracking.schema_params(model=model, corpus=corpus, method=method, **run_fields(run_id))
     return tracking.run_name(stage, schema)
 
 
