@@ -95,13 +95,12 @@ class Relaid:
 
     def __init__(self, configfile: str) -> None:
         from rpb.pipeline.relayout import legacy_bases, read_config
+        from rpb.specs import replicate_name
 
         self.bases = legacy_bases(read_config([configfile]).get("models") or {})
         # Replicate bases' names: tinyA_p1 -> tinyA_base1.
         self.names = {
-            old: (model if k == 0 else f"{model}_base{k}")
-            for old, (model, k) in self.bases.items()
-            if old != model
+            old: replicate_name(model, k) for old, (model, k) in self.bases.items() if old != model
         }
 
     def text(self, value: str) -> str:

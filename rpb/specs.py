@@ -289,7 +289,7 @@ def run_ids(n_bases: int, seeds: Sequence[int]) -> list[int]:
 
 def base_index(run_id: int) -> int:
     """Which of a model's bases (0: the model itself) run `run_id` was trained from."""
-    return int(run_id) // RUN_STRIDE
+    return run_fields(run_id)["base"]
 
 
 def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run_id: int) -> str:

@@ -275,10 +275,14 @@ class Plan:
             return self.base_model_dir(model, run)
         return self.path("model", model=model, corpus=corpus, method=method, run=run)
 
+    def _base_index(self, model: str, run: Any) -> int:
+        """The base run `run` of `model` starts from (a base it lacks: ValueError naming it)."""
+        self.run_base(model, run)
+        return run_fields(run)["base"]
+
     def base_model_dir(self, model: str, run: Any) -> str:
         """The pretrained (or downloaded) base run `run` of `model` starts from."""
-        self.run_base(model, run)  # a base the model does not have: ValueError naming it
-        return self.path("base_model", model=model, base=run_fields(run)["base"])
+        return self.path("base_model", model=model, base=self._base_index(model, run))
 
     def evaluated_model(self, model: str, corpus: str, method: str, run: Any) -> str:
         """The model an evaluation or analysis job reads (label `base`: the run's base)."""
@@ -286,13 +290,11 @@ class Plan:
 
     def base_prior(self, model: str, corpus: str, run: Any) -> str:
         """The routing prior of run `run`'s base on `corpus`."""
-        self.run_base(model, run)
-        return self.path("prior", model=model, base=run_fields(run)["base"], corpus=corpus)
+        return self.path("prior", model=model, base=self._base_index(model, run), corpus=corpus)
 
     def permuted_prior(self, model: str, corpus: str, run: Any) -> str:
-        self.run_base(model, run)
-        fields = {"model": model, "base": run_fields(run)["base"], "corpus": corpus}
-        return self.path("permuted_prior", **fields)
+        base = self._base_index(model, run)
+        return self.path("permuted_prior", model=model, base=base, corpus=corpus)
 
     @functools.cached_property
     def permuted_prior_labels(self) -> list[str]:
