@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rpb.router_specs import FAMILY_ROUTERS, RouterSpec, UnsupportedRouter, class_path
+from rpb.families import FAMILIES
+from rpb.router_specs import RouterSpec, UnsupportedRouter, class_path
 from rpb.routing_core import (
     Registered,
     RouterHandle,
@@ -198,7 +199,7 @@ def _router_name(cls: type) -> str:
     """`router class X (family)`: the built-in family of the class, or the transformers model
     folder it comes from (`cohere2_moe`); just `router class X` for a class of one's own."""
     path = class_path(cls)
-    families = [f for f, (p, _) in FAMILY_ROUTERS.items() if p == path]
+    families = [name for name, family in FAMILIES.items() if family.router == path]
     parts = path.split(".")
     if not families and parts[:2] == ["transformers", "models"] and len(parts) > 3:
         families = [parts[2]]

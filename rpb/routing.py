@@ -27,14 +27,9 @@ from transformers.models.olmoe.modeling_olmoe import OlmoeTopKRouter
 from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
+from rpb.families import BUILTIN_ROUTERS, supported_families
 from rpb.router_check import CHECKED, _flat, _max_diff, _router_name, checked_spec
-from rpb.router_specs import (
-    BUILTIN_ROUTERS,
-    RouterSpec,
-    UnsupportedRouter,
-    class_path,
-    supported_families,
-)
+from rpb.router_specs import RouterSpec, UnsupportedRouter, class_path
 from rpb.routing_core import (
     _DEFAULT,
     Registered,
@@ -73,7 +68,7 @@ __all__ = [
 KINDS = ("softmax", "deepseek_v3", "sigmoid")
 
 # User registrations (and the five original classes); built-in families are looked up by class
-# path in rpb.router_specs.BUILTIN_ROUTERS, so their modelling code is imported only when used.
+# path in rpb.families.BUILTIN_ROUTERS, so their modelling code is imported only when used.
 ROUTER_REGISTRY: dict[type[nn.Module], Registered] = {
     cls: BUILTIN_ROUTERS[class_path(cls)]  # type: ignore[misc]
     for cls in (

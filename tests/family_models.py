@@ -1,5 +1,5 @@
-"""Tiny random models of every MoE family rpb.router_specs describes, shared by the family tests
-(tests/test_router_specs.py, tests/test_router_check.py): one cached base per model type, fresh
+"""Tiny random models of every MoE family rpb.families describes, shared by the family tests
+(tests/test_families.py, tests/test_router_check.py): one cached base per model type, fresh
 copies of it, and its router prior."""
 
 from __future__ import annotations
@@ -11,14 +11,13 @@ from conftest import make_batch
 from torch import nn
 
 from rpb.architectures import random_model
+from rpb.families import FAMILIES
 from rpb.prior import RouterPrior, extract_prior
-from rpb.router_specs import FAMILY_ROUTERS, MODEL_TYPE_ALIASES
 
 # The tiny model type that stands for each family (text-only configs of multimodal families).
-TINY_TYPE = {family: family for family in FAMILY_ROUTERS} | {
-    f: alias for alias, f in MODEL_TYPE_ALIASES.items()
-}
-FAMILIES = [TINY_TYPE[f] for f in FAMILY_ROUTERS if f != "phimoe"]
+TINY_TYPE = {name: family.text_model_type or name for name, family in FAMILIES.items()}
+# The tiny model types of the families rpb routes (phimoe is refused).
+ROUTED_TYPES = [TINY_TYPE[name] for name in FAMILIES if name != "phimoe"]
 
 
 @functools.cache

@@ -3,7 +3,7 @@ aliases, refused typos) and random models (router redraws that change nothing el
 
 Already covered elsewhere: unknown type/field refusal and determinism (tests/test_routing.py),
 head_dim where the model reads it (ibid.), two MoE layers of 8 experts top-2 per family and the
-model-type lists against the registry (tests/test_router_specs.py)."""
+model-type lists against the registry (tests/test_families.py)."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 from conftest import make_batch
-from family_models import FAMILIES, family_model, family_prior
+from family_models import ROUTED_TYPES, family_model, family_prior
 from torch import nn
 
 from rpb.methods import make_method
@@ -228,9 +228,9 @@ def test_a_sub_ulp_score_difference_is_refused_in_one_line(saved_registry):
     the dense sigmoid of rpb.routing, llama4 itself reproduces exactly: see below.)"""
     if not _sigmoid_rounds_by_position():
         pytest.skip("this CPU's sigmoid rounds the same in its scalar and vector loops")
-    from rpb.router_specs import FAMILY_ROUTERS
+    from rpb.families import FAMILIES
 
-    llama4 = FAMILY_ROUTERS["llama4"][1]
+    llama4 = FAMILIES["llama4"].routing
     gate = _GatheredSigmoidRouter()
     with pytest.raises(ValueError) as err:
         register_router(_GatheredSigmoidRouter, llama4, example=gate)
@@ -251,7 +251,7 @@ def test_a_sub_ulp_score_difference_is_refused_in_one_line(saved_registry):
 SHAPES = [(1, 8, 0), (3, 5, 0), (2, 12, 1), (3, 8, 1)]
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_a_zero_bias_forward_is_the_library_forward(model_type):
     model = family_model(model_type)
     for training in (True, False):

@@ -337,17 +337,6 @@ def _check_lengths(config: Mapping[str, Any]) -> None:
             )
 
 
-# Per model_type: the architecture keys of the expert count, routed top-k and expert groups
-# (transformers' config attribute names).
-_EXPERT_KEYS = {
-    "deepseek_v3": "n_routed_experts",
-    "qwen3_moe": "num_experts",
-    "qwen2_moe": "num_experts",
-    "olmoe": "num_experts",
-    "mixtral": "num_local_experts",
-}
-
-
 def _check_architecture(name: str, model_type: str, arch: Mapping[str, Any]) -> None:
     """Settings that cannot build (or cannot route) a model; caught here, not inside a job."""
     where = f"models.{name}.architecture"
@@ -374,7 +363,10 @@ def _check_architecture(name: str, model_type: str, arch: Mapping[str, Any]) -> 
             f"{where}.num_key_value_heads: {kv_heads} does not divide "
             f"num_attention_heads ({heads}) (not divisible)"
         )
-    expert_key = _EXPERT_KEYS.get(model_type)
+    from rpb.families import FAMILIES, MODEL_TYPE_ALIASES  # pure data: no torch import
+
+    family = FAMILIES.get(MODEL_TYPE_ALIASES.get(model_type, model_type))
+    expert_key = family.expert_count_key if family else None
     experts = positive(expert_key) if expert_key else None
     top_k = positive("num_experts_per_tok")
     if experts and top_k and top_k > experts:
@@ -397,16 +389,22 @@ def _check_architecture(name: str, model_type: str, arch: Mapping[str, Any]) -> 
         )
 
 
-def _check_hub_model_type(name: str, spec: Mapping[str, Any]) -> None:
-    """A hub model may be of any family rpb routes (the registry decides, not a fixed list)."""
-    from rpb.router_specs import routed_model_types  # pure data: no torch import
+def _check_model_type(name: str, spec: Mapping[str, Any]) -> None:
+    """A hub model may be of any family rpb routes, a pretrained one of any family marked
+    `pretrain` (rpb.families decides, not a fixed list)."""
+    from rpb.families import PRETRAIN_MODEL_TYPES, routed_model_types  # pure data: no torch
 
-    model_type = spec.get("model_type")
-    known = routed_model_types()
-    if spec.get("source") == "hub" and model_type not in known:
+    model_type, source = spec.get("model_type"), spec.get("source")
+    if source == "hub":
+        known, what = routed_model_types(), "a family rpb routes"
+    elif source == "pretrain":
+        known, what = list(PRETRAIN_MODEL_TYPES), "a family the pipeline pretrains"
+    else:
+        return
+    if model_type not in known:
         hint = _suggest(str(model_type), known)
         raise ConfigError(
-            f"models.{name}.model_type: '{model_type}' is not a family rpb routes "
+            f"models.{name}.model_type: '{model_type}' is not {what} "
             f"({hint}known: {', '.join(known)})"
         )
 
@@ -437,7 +435,7 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
     for name in config["models"]:
         if not MODEL_NAME.fullmatch(str(name)):
             raise ConfigError(f"models.{name}: model names may use only letters, digits and _")
-        _check_hub_model_type(name, config["models"][name])
+        _check_model_type(name, config["models"][name])
     for name, spec in config["models"].items():
         _check_architecture(name, spec["model_type"], spec.get("architecture") or {})
     for label, entry in config["methods"].items():

@@ -132,7 +132,8 @@ def check_model_dir(path: Path) -> None:
     """A local checkpoint folder whose config.json names a MoE family rpb routes (else a one-line
     error naming the folder and, for a family rpb does not route, its model type), checked before
     any weight loads."""
-    from rpb.router_specs import FAMILY_ROUTERS, UnsupportedRouter, routed_model_types
+    from rpb.families import FAMILIES, routed_model_types
+    from rpb.router_specs import UnsupportedRouter
 
     if not path.is_dir():
         raise FileNotFoundError(f"--model {path}: no such folder (a local checkpoint folder)")
@@ -143,7 +144,8 @@ def check_model_dir(path: Path) -> None:
         model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
     except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as err:
         raise ValueError(f"{config}: not a JSON object ({err})") from None
-    refused = FAMILY_ROUTERS.get(model_type, (None, None))[1]
+    family = FAMILIES.get(model_type)
+    refused = family.routing if family else None
     if isinstance(refused, UnsupportedRouter):
         raise ValueError(f"--model {path}: model type {model_type!r} is refused: {refused.reason}")
     if model_type not in routed_model_types():

@@ -1,4 +1,4 @@
-"""Every MoE family rpb.router_specs describes, on a tiny random model of its own config class
+"""Every MoE family rpb.families describes, on a tiny random model of its own config class
 (tests/family_models.py): zero-bias equivalence, the step-0 invariant of every method, anchor
 terms, hard routing, the prior, refusals of unsupported routers in one line, and the registry's
 families in the README and the schema. The self-check's own refusals: tests/test_router_check.py."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 from conftest import make_batch
-from family_models import FAMILIES, TINY_TYPE, family_base, family_model, family_prior
+from family_models import ROUTED_TYPES, TINY_TYPE, family_base, family_model, family_prior
 from method_variants import STEP0_EXACT
 from torch import nn
 from transformers import AutoModelForCausalLM
@@ -22,14 +22,12 @@ from rpb.architectures import (
     SUPPORTED_MODEL_TYPES,
     TINY_MODEL_TYPES,
     build_config,
+    random_model,
 )
+from rpb.families import FAMILIES, MODEL_TYPE_ALIASES, families_markdown, routed_model_types
 from rpb.methods import make_method
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.prior import RouterPrior
-from rpb.router_specs import (
-    families_markdown,
-    routed_model_types,
-)
 from rpb.routing import (
     RouterControl,
     find_routers,
@@ -70,11 +68,11 @@ def _sent(spec, output, top_k: int) -> torch.Tensor:
 
 def test_every_registered_family_has_a_tinyfamily_model():
     assert set(TINY_TYPE.values()) <= set(TINY_MODEL_TYPES)
-    assert sorted(SUPPORTED_MODEL_TYPES) == sorted(FAMILIES)
-    assert set(PRETRAIN_MODEL_TYPES) < set(FAMILIES)
+    assert sorted(SUPPORTED_MODEL_TYPES) == sorted(ROUTED_TYPES)
+    assert set(PRETRAIN_MODEL_TYPES) < set(ROUTED_TYPES)
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_zero_bias_routing_is_the_library_routing(model_type):
     model = family_model(model_type).train()
     batch = make_batch()
@@ -113,7 +111,7 @@ def test_zero_bias_routing_is_exact_in_bfloat16(model_type):
     assert torch.equal(out, ref)
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_step0_every_method_computes_the_base_outputs(model_type):
     model, prior, batch = family_model(model_type), family_prior(model_type), make_batch()
     for training in (True, False):
@@ -126,7 +124,7 @@ def test_step0_every_method_computes_the_base_outputs(model_type):
             assert torch.equal(out, ref), (name, options, training)
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_anchor_terms_are_zero_at_step0_and_pull_after_a_perturbation(model_type):
     model, prior, batch = family_model(model_type).train(), family_prior(model_type), make_batch()
     for name in ("anchor_weight", "anchor_logit", "anchor_kl"):
@@ -147,7 +145,7 @@ def test_anchor_terms_are_zero_at_step0_and_pull_after_a_perturbation(model_type
                 assert h.router_bias.grad.abs().sum() > 0, name
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_hard_sends_exactly_the_base_top_k(model_type):
     model, prior, batch = family_model(model_type).train(), family_prior(model_type), make_batch()
     _perturb(model)
@@ -194,7 +192,7 @@ def test_a_second_control_records_what_the_first_one_sent(model_type):
             assert not rec.steered
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
 def test_prior_extraction_and_loading(model_type, tmp_path):
     model, prior = family_model(model_type), family_prior(model_type)
     handles = find_routers(model)
@@ -251,32 +249,51 @@ def test_more_logit_columns_than_experts_is_refused():
 def test_readme_lists_the_registry_families():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- families:start -->\n", 1)[1].split("<!-- families:end -->", 1)[0]
-    assert section == families_markdown(), "refresh it with: python -m rpb.router_specs"
+    assert section == families_markdown(), "refresh it with: python -m rpb.families"
     assert all(f"`{t}`" in section for t in routed_model_types())
 
 
-def test_schema_accepts_any_registered_family_for_hub_models():
+def test_config_check_reads_the_model_types_from_the_registry():
+    """Hub models may be of any family rpb routes, pretrained ones of the families marked
+    `pretrain`; nothing else lists them (the schema leaves model_type a string)."""
     schema = ROOT / "workflow" / "schemas" / "config.schema.yaml"
-    raw = yaml.safe_load(schema.read_text())
-    pretrain = raw["$defs"]["model"]["allOf"][0]["then"]["properties"]["model_type"]["enum"]
-    assert sorted(pretrain) == sorted(PRETRAIN_MODEL_TYPES)
+    model = yaml.safe_load(schema.read_text())["$defs"]["model"]
+    assert model["properties"]["model_type"]["type"] == "string"
+    assert "enum" not in model["properties"]["model_type"]
+    assert "model_type" not in str(model["allOf"])
 
-    def config_with(model_type: str) -> dict:
+    def config_with(model_type: str, source: str = "hub") -> dict:
         config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
-        config["models"]["hubmodel"] = {
-            "family": "A",
-            "source": "hub",
-            "model_type": model_type,
-            "hf_id": "someone/some-moe",
-            "revision": "0" * 40,
-        }
+        hub = {"hf_id": "someone/some-moe", "revision": "0" * 40}
+        tiny = config["models"]["tinyA"]
+        config["models"]["newmodel"] = (
+            {"family": "A", "source": "hub", "model_type": model_type, **hub}
+            if source == "hub"
+            else {**tiny, "model_type": model_type, "architecture": {}}
+        )
         return config
 
     for model_type in routed_model_types():
         check_config(config_with(model_type), schema)
-    with pytest.raises(ConfigError, match=r"^models\.hubmodel\.model_type: 'phimoe' is not a fam"):
+    for model_type in PRETRAIN_MODEL_TYPES:
+        check_config(config_with(model_type, "pretrain"), schema)
+    with pytest.raises(ConfigError, match=r"^models\.newmodel\.model_type: 'phimoe' is not a fam"):
         check_config(config_with("phimoe"), schema)
-    bad = config_with("qwen3_moe")
-    bad["models"]["tinyA"]["model_type"] = "gpt_oss"  # pretrain: only the five tiny-base types
-    with pytest.raises(ConfigError, match=r"models\.tinyA\.model_type"):
-        check_config(bad, schema)
+    with pytest.raises(
+        ConfigError,
+        match=r"^models\.newmodel\.model_type: 'gpt_oss' is not a family the pipeline pretrains",
+    ):
+        check_config(config_with("gpt_oss", "pretrain"), schema)
+    assert tuple(n for n, f in FAMILIES.items() if f.pretrain) == PRETRAIN_MODEL_TYPES
+
+
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
+def test_each_family_names_the_field_of_its_expert_count(model_type):
+    """The config check's expert-count checks read `expert_count_key`: a wrong one would skip
+    them silently. It must be the tiny config's own spelling (transformers also accepts aliases,
+    which a config written the usual way never sets) and the field that sizes the routers."""
+    name = MODEL_TYPE_ALIASES.get(model_type, model_type)
+    key = FAMILIES[name].expert_count_key
+    assert key in FAMILIES[name].tiny, key
+    model = random_model(model_type, **{key: 16})
+    assert {handle.weight.shape[0] for handle in find_routers(model)} == {16}
