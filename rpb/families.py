@@ -467,6 +467,31 @@ FAMILIES: dict[str, Family] = {
             "router_scaling_factor": 1.5,
         },
     ),
+    # DeepSeek-V3.2: DeepSeek-V3's router under sparse (indexer-selected) attention.
+    "deepseek_v32": Family(
+        router=f"{_M}.deepseek_v32.modeling_deepseek_v32.DeepseekV32TopkRouter",
+        routing=_DEEPSEEK_V3,
+        expert_count_key="n_routed_experts",
+        tiny={
+            "num_key_value_heads": 4,
+            "n_routed_experts": 8,
+            "num_experts_per_tok": 2,
+            "n_shared_experts": 1,
+            "moe_intermediate_size": 32,
+            "first_k_dense_replace": 0,
+            "n_group": 4,
+            "topk_group": 2,
+            "routed_scaling_factor": 1.5,
+            "q_lora_rank": 16,
+            "kv_lora_rank": 16,
+            "qk_rope_head_dim": 8,
+            "qk_nope_head_dim": 8,
+            "v_head_dim": 8,
+            "index_topk": 8,
+            "index_head_dim": 8,
+            "index_n_heads": 2,
+        },
+    ),
     "phimoe": Family(
         router=f"{_M}.phimoe.modeling_phimoe.PhimoeTopKRouter",
         routing=UnsupportedRouter(
