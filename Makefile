@@ -44,7 +44,7 @@ test: install
 # per core, tests dealt to workers one by one (`--dist load`). On 2 cores, 1217-1222 tests: 104-142 s
 # of pytest over eight runs (a module per worker, `--dist loadfile`: 120-133 s over three).
 test-fast: install
-	pytest -m "not slow" -n auto --dist load
+	pytest -m "not slow and not workflow" -n auto --dist load
 
 # Cost of one tiny run against the reference commit, and the router methods' step overhead
 # (docs/performance.md); minutes each.

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import os
 import shutil
+import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -158,6 +161,35 @@ SMOKE_ORDER = (
     "test_rerun_triggers",
     "test_tracking",
 )
+
+
+def starts_snakemake(args: object) -> bool:
+    """Whether a subprocess command line runs Snakemake (`snakemake ...`, `python -m snakemake`)."""
+    if not isinstance(args, Sequence) or isinstance(args, (str, bytes)):
+        args = str(args).split()
+    words = [str(a) for a in args]
+    return any(Path(w).name == "snakemake" for w in words[:1]) or any(
+        pair == ("-m", "snakemake") for pair in itertools.pairwise(words)
+    )
+
+
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_snakemake(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unit tier (`make test-fast`: not slow, not workflow) stays fast because none of its
+    tests starts Snakemake (seconds each); a test that does must be marked `workflow`."""
+    node = request.node
+    if node.get_closest_marker("workflow") or node.get_closest_marker("slow"):
+        return
+    popen_init = subprocess.Popen.__init__
+
+    def refuse_snakemake(self: subprocess.Popen, args: object, *rest: object, **kw: object):
+        if starts_snakemake(args):
+            pytest.fail(f"{node.nodeid} starts Snakemake: mark it @pytest.mark.workflow")
+        popen_init(self, args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refuse_snakemake)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -335,6 +335,7 @@ def _rpb_command(line: str) -> list[str] | None:
     return words[1:end]
 
 
+@pytest.mark.workflow
 def test_every_rule_s_rpb_command_parses(tmp_path: Path) -> None:
     """`snakemake -n -p` of the smoke config's `all` prints every job's shell command: each
     `rpb ...` one parses with the CLI's parser, and together they use every pipeline job (with an

@@ -167,6 +167,7 @@ def _dag_edges(configfile: str, results: Path) -> tuple[dict[str, str], set[tupl
     return nodes, edges
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize(
     "configfile",
     # A Snakemake process each (seconds): the unit tier plans the smoke config's DAG.

@@ -341,6 +341,7 @@ def _planned_training_command(tmp_path: Path, methods: dict[str, Any], label: st
     return words[1 : words.index(">")]  # after the launcher (`rpb`), before the log redirection
 
 
+@pytest.mark.workflow
 def test_a_family_strength_reaches_the_lbl_method_unchanged(tmp_path: Path) -> None:
     """`strength: family` (lbl's: the model family's own load-balancing coefficient) passes the
     check as it is, travels unchanged through the training rule's `--method` (the command line a
@@ -438,6 +439,7 @@ SNAKEMAKE_CASES = {
 }
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize(
     "case",
     # Each case is a Snakemake process (seconds): the unit tier runs the first; the messages

@@ -113,6 +113,7 @@ def test_default_config_has_both_controls() -> None:
     assert config["methods"]["rpb_permuted"]["prior"] == "permuted"
 
 
+@pytest.mark.workflow
 @pytest.mark.parametrize(
     # A Snakemake process each (seconds): the unit tier plans the one-process path.
     "one_process",

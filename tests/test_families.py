@@ -5,7 +5,9 @@ families in the README and the schema. The self-check's own refusals: tests/test
 
 from __future__ import annotations
 
+import copy
 import functools
+import operator
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,6 @@ from rpb.architectures import (
     SUPPORTED_MODEL_TYPES,
     TINY_MODEL_TYPES,
     build_config,
-    random_model,
 )
 from rpb.families import FAMILIES, MODEL_TYPE_ALIASES, families_markdown, routed_model_types
 from rpb.methods import make_method
@@ -262,28 +263,29 @@ def test_config_check_reads_the_model_types_from_the_registry():
     assert "enum" not in model["properties"]["model_type"]
     assert "model_type" not in str(model["allOf"])
 
-    def config_with(model_type: str, source: str = "hub") -> dict:
-        config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+    base = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+    def config_with(*model_types: str, source: str = "hub") -> dict:
+        """The default config plus one model entry per model type (`m0`, `m1`, ...)."""
+        config = copy.deepcopy(base)
         hub = {"hf_id": "someone/some-moe", "revision": "0" * 40}
-        tiny = config["models"]["tinyA"]
-        config["models"]["newmodel"] = (
-            {"family": "A", "source": "hub", "model_type": model_type, **hub}
-            if source == "hub"
-            else {**tiny, "model_type": model_type, "architecture": {}}
-        )
+        for i, model_type in enumerate(model_types):
+            config["models"][f"m{i}"] = (
+                {"family": "A", "source": "hub", "model_type": model_type, **hub}
+                if source == "hub"
+                else {**base["models"]["tinyA"], "model_type": model_type, "architecture": {}}
+            )
         return config
 
-    for model_type in routed_model_types():
-        check_config(config_with(model_type), schema)
-    for model_type in PRETRAIN_MODEL_TYPES:
-        check_config(config_with(model_type, "pretrain"), schema)
-    with pytest.raises(ConfigError, match=r"^models\.newmodel\.model_type: 'phimoe' is not a fam"):
+    check_config(config_with(*routed_model_types()), schema)
+    check_config(config_with(*PRETRAIN_MODEL_TYPES, source="pretrain"), schema)
+    with pytest.raises(ConfigError, match=r"^models\.m0\.model_type: 'phimoe' is not a family"):
         check_config(config_with("phimoe"), schema)
     with pytest.raises(
         ConfigError,
-        match=r"^models\.newmodel\.model_type: 'gpt_oss' is not a family the pipeline pretrains",
+        match=r"^models\.m0\.model_type: 'gpt_oss' is not a family the pipeline pretrains",
     ):
-        check_config(config_with("gpt_oss", "pretrain"), schema)
+        check_config(config_with("gpt_oss", source="pretrain"), schema)
     assert tuple(n for n, f in FAMILIES.items() if f.pretrain) == PRETRAIN_MODEL_TYPES
 
 
@@ -292,8 +294,15 @@ def test_each_family_names_the_field_of_its_expert_count(model_type):
     """The config check's expert-count checks read `expert_count_key`: a wrong one would skip
     them silently. It must be the tiny config's own spelling (transformers also accepts aliases,
     which a config written the usual way never sets) and the field that sizes the routers."""
-    name = MODEL_TYPE_ALIASES.get(model_type, model_type)
-    key = FAMILIES[name].expert_count_key
-    assert key in FAMILIES[name].tiny, key
-    model = random_model(model_type, **{key: 16})
-    assert {handle.weight.shape[0] for handle in find_routers(model)} == {16}
+    family = FAMILIES[MODEL_TYPE_ALIASES.get(model_type, model_type)]
+    key = family.expert_count_key
+    assert key in family.tiny, key
+    with torch.device("meta"):  # shapes only: no weights drawn
+        model = AutoModelForCausalLM.from_config(build_config(model_type, **{key: 16}))
+    router_class = family.router.rsplit(".", 1)[1]
+    weights = [
+        operator.attrgetter(family.routing.weight)(module)
+        for module in model.modules()
+        if type(module).__name__ == router_class
+    ]
+    assert weights and {weight.shape[0] for weight in weights} == {16}

@@ -623,6 +623,7 @@ def test_rpb_check_config_names_the_file_and_line_of_each_bad_config(
     ]
 
 
+@pytest.mark.workflow
 def test_snakemake_reads_a_configfile_before_any_workflow_code(tmp_path: Path) -> None:
     """Why `--configfile` needs `rpb check-config`: Snakemake parses the file while it reads its
     command line (snakemake.settings.types.ConfigSettings.__post_init__), before the Snakefile,

@@ -496,6 +496,7 @@ def test_train_launcher_starts_rpb_cli():
     assert "--corpus-name" in proc.stdout
 
 
+@pytest.mark.workflow
 def test_profiles_name_existing_rules():
     """Every rule a profile sets resources for is a rule of the workflow (`snakemake
     --list-rules`: the rules it defines, wherever and however they are written)."""
@@ -516,6 +517,7 @@ def _job_counts(stdout: str) -> dict[str, int]:
     return {r[0]: int(r[1]) for r in rows if len(r) == 2 and r[1].isdigit()}
 
 
+@pytest.mark.workflow
 def test_paper_dag_dry_run(tmp_path):
     """The full paper DAG through the SLURM profile: downloads, then one prior, 3 methods x 3
     seeds of training, evaluation and analysis of each and of the base, table 1; no tiny rule."""

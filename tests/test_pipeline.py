@@ -110,6 +110,7 @@ def test_second_invocation_has_nothing_to_do(smoke_results: Path) -> None:
     assert "Nothing to be done" in proc.stdout + proc.stderr
 
 
+@pytest.mark.workflow
 def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path) -> None:
     """The smoke config's second base of tinyA: it is pretrained, and run id 1000 + s is seed s
     trained from it, with its own prior, evaluated and pooled into table 1 (dry run)."""
@@ -131,6 +132,7 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
     assert all("base1" not in line for line in runs if '"seed": 100' not in line)
 
 
+@pytest.mark.workflow
 def test_a_models_own_holdout_trains_and_reads_its_prior_from_its_own_corpora(
     tmp_path: Path,
 ) -> None:
@@ -159,6 +161,7 @@ def test_a_models_own_holdout_trains_and_reads_its_prior_from_its_own_corpora(
         assert f"--corpus {corpus}" in line, line
 
 
+@pytest.mark.workflow
 def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
     """tables.readings.seeds and tables.drift.seeds (exploratory tables may run fewer seeds than
     the confirmatory ones, docs/claims.md): the readings' runs, the audit's M2 and the drift
@@ -187,6 +190,7 @@ def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
     assert {("none", "base0/seed0"), ("hard", "base1/seed0"), ("rpb", "base1/seed1")} <= trained
 
 
+@pytest.mark.workflow
 def test_an_eval_only_set_is_evaluated_without_retraining_a_base(tmp_path: Path) -> None:
     """Naming an eval-only set (`addition3`) in evaluation.ood adds its own job and its scores to
     every evaluation; the corpora, the pretraining and the priors keep their commands (dry run)."""

@@ -44,6 +44,9 @@ REPO_TOKEN = "<repo>"
 # Lines of each section of a failure's diff before "... and N more".
 DIFF_LINES = 40
 
+# Each case is a Snakemake dry run in a subprocess (seconds): not in the unit tier.
+pytestmark = pytest.mark.workflow
+
 
 @dataclass(frozen=True)
 class Case:

@@ -109,6 +109,7 @@ def test_report_bundles_tables_and_figures(smoke_all: Path) -> None:
 
 # The report checks themselves are unit-tested in tests/test_config_check.py; this checks that a bad
 # report config stops a Snakemake invocation with one line and no traceback.
+@pytest.mark.workflow
 @pytest.mark.parametrize(
     ("override", "message"),
     [

@@ -611,6 +611,7 @@ def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_pat
     assert any(k.endswith(".mlp.gate.weight") for k in changed)
 
 
+@pytest.mark.workflow
 def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> None:
     """`all` builds both diagnostics; only the diagnostic jobs train with the regime's setting."""
     import subprocess

@@ -131,6 +131,7 @@ def _paper_dry_run_commands(results: Path) -> list[str]:
     return [line for line in proc.stdout.splitlines() if " --name " in line]
 
 
+@pytest.mark.workflow
 def test_jobs_take_trust_remote_code_from_the_model_entry(tmp_path: Path) -> None:
     """`--trust-remote-code` on exactly the moonlight jobs, of all four job kinds that load it."""
     commands = _paper_dry_run_commands(tmp_path / "results")

@@ -66,6 +66,7 @@ def test_results_path_templates_render(kind: str) -> None:
         results_path(kind)  # a field left out
 
 
+@pytest.mark.workflow
 def test_the_rules_write_where_the_loaders_read(tmp_path: Path) -> None:
     """Every template, filled in, is a file a rule writes: a dry run of the smoke config with
     each as a target plans a job listing it among its outputs, so the layout the tables read is

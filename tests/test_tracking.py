@@ -251,6 +251,7 @@ def test_other_tracking_errors_of_log_datasets_are_not_swallowed(
         tracking.log_datasets([path], "evaluation")
 
 
+@pytest.mark.workflow
 def test_dry_run_creates_no_run(tmp_path: Path) -> None:
     results = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
