@@ -555,8 +555,9 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
 
 
 def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A table of the plain shape (model, corpus, methods) needs no schema entry: its name in
-    rpb.report.registry makes it known, and its keys are checked like the others'."""
+    """A table of the plain shape (model, corpus, methods) needs no schema entry: its report job
+    (declared by its module, read by rpb.report.registry) makes it known, and its keys are
+    checked like the others'."""
     from rpb.report import registry
 
     config = _merged("config.yaml", "smoke.yaml")
@@ -566,7 +567,7 @@ def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setitem(
         registry.REPORT_JOBS,
         "mytable",
-        registry.ReportJob("mytable", "rpb.report.tables:build_table2", "my table"),
+        registry.ReportJob("mytable", "build_table2", "my table", module="rpb.report.tables"),
     )
     with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
         check_config(copy.deepcopy(config), SCHEMA)

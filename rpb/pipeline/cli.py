@@ -573,8 +573,8 @@ def cmd_report(args: argparse.Namespace) -> None:
     `tables` key)."""
     import importlib
 
-    module, function = REPORT_JOBS[args.report].builder.split(":")
-    _report_job(args, args.report, getattr(importlib.import_module(module), function))
+    job = REPORT_JOBS[args.report]
+    _report_job(args, args.report, getattr(importlib.import_module(job.module), job.builder))
 
 
 def command_name(args: argparse.Namespace) -> str:

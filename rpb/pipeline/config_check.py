@@ -573,7 +573,7 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
             # `rpb pipeline <name>` (underscores spelled as dashes).
             raise ConfigError(
                 f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
-                "job of rpb.report.registry.REPORTS)"
+                "job, declared by a module of rpb/report in its REPORT_ENTRIES)"
             )
         for m in entry.get("models", [entry.get("model")]):
             model(f"tables.{key}.model", m)

@@ -37,6 +37,7 @@ from rpb.report.audit import (
     judged_part,
     measures_text,
 )
+from rpb.report.registry import DATA, Output, ReportJob
 from rpb.report.report_html import write_claims_html
 from rpb.report.stats import (
     Difference,
@@ -66,6 +67,32 @@ from rpb.report.verdicts import (
     combine,
 )
 from rpb.specs import base_index
+
+# The report jobs this module builds (rpb.report.registry reads them from this source).
+REPORT_ENTRIES = (
+    ReportJob(
+        "claims",
+        "build_claims",
+        "claims audit C1-C6 (results/claims.csv)",
+        "Claims",
+        (
+            Output("csv", "claims.csv", DATA, "Data"),
+            Output("md", "claims.md"),
+            Output("html", "claims.html", "claims.rst", "Verdicts"),
+            # One page per table: its claims, their verdicts and the premises they depend on,
+            # shown in that table's category.
+            Output(
+                "by_table",
+                "claims_by_table",
+                "claims_by_table.rst",
+                "Claims on this table",
+                ("table{n}_claims.html",),
+                category="Table {n}",
+            ),
+        ),
+        (("part",), ("estimate", "ci_low", "ci_high")),
+    ),
+)
 
 STATEMENTS = {
     "C1": "On family A, math post-training with RPB beats re-applied LBL and unanchored "

@@ -22,10 +22,51 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rpb.report.registry import DATA, TABLE, Output, ReportJob, table_outputs
 from rpb.report.render import write_csv, write_table
 from rpb.report.run_records import DRIFT, RETENTION, runs_text, training_history
 from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
 from rpb.specs import METHOD_SPECS
+
+# The report jobs this module builds (rpb.report.registry reads them from this source).
+REPORT_ENTRIES = (
+    ReportJob(
+        "sweep",
+        "build_sweep",
+        "softness sweep: accuracy and retention against strength",
+        "Sweep",
+        table_outputs(
+            "sweep",
+            Output("runs", "sweep_runs.csv"),
+            Output("matched", "sweep_table4_matched.csv", DATA, "Data"),
+            Output("matched_md", "sweep_table4_matched.md"),
+            Output("matched_html", "sweep_table4_matched.html", TABLE, "Table"),
+            Output("figure", "figures/sweep.png", "sweep_figure.rst", "Figures"),
+            heatmaps=False,
+        ),
+    ),
+    ReportJob(
+        "drift",
+        "build_drift",
+        "training-time routing drift curves",
+        "Training drift",
+        (Output("csv", "drift.csv"), Output("figure", "figures/drift.png", "drift.rst")),
+        planned=True,
+    ),
+    ReportJob(
+        "readings",
+        "build_readings",
+        "which RPB reading anchors (the default's rule)",
+        "RPB readings",
+        table_outputs(
+            "rpb_readings",
+            Output("runs", "rpb_readings_runs.csv"),
+            Output("figure", "figures/rpb_readings.png", "readings_figure.rst", "Figures"),
+            heatmaps=False,
+        ),
+        planned=True,
+    ),
+)
 
 # --- softness sweep ----------------------------------------------------------------------------
 

@@ -1,7 +1,16 @@
 """The report wing's registry: every report job (a table, the claims, the sweep, ...), with its
 builder, its outputs as the Snakemake report shows them, and the columns its MLflow run logs as
-headline metrics. Plain data, light to import: the Snakefile, the CLI, the config check and the
-tracking read it without importing a builder.
+headline metrics. Each job is declared by the module that builds it, in a module-level tuple
+`REPORT_ENTRIES` of `ReportJob`s; a new table is one module of `rpb/report/` with its entry, and
+nothing else names it.
+
+The Snakefile, the CLI, the config check and the tracking read the entries at every parse, so the
+registry reads them out of the modules' source (`declared_reports`) instead of importing the
+builders (pandas, scipy, matplotlib: seconds per parse, and per job where a cluster parses the
+Snakefile for each one). An entry is therefore written with the names of this module alone
+(`DECLARATION_NAMES`: `ReportJob`, `Output`, `table_outputs`, the captions, `TABLE1_HEADLINE`);
+anything else is refused with its file and line. Importing the module evaluates the same
+expression, and tests/test_registry.py checks that both readings agree.
 
 Who reads what:
 
@@ -16,7 +25,9 @@ Who reads what:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import ast
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 # Captions in workflow/report/ (the Snakemake report's text beside each item).
 DATA, TABLE, COACTIVATION = "data.rst", "table.rst", "coactivation.rst"
@@ -44,13 +55,14 @@ class Output:
 @dataclass(frozen=True)
 class ReportJob:
     key: str
-    builder: str | None  # "module:function"; None: a job of its own (table 1)
+    builder: str | None  # its function in the declaring module; None: a job of its own (table 1)
     help: str
     category: str | None = None  # the Snakemake report's category of its items
     outputs: tuple[Output, ...] = ()
     # The columns naming a row, and the columns logged as its headline metrics.
     headline: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
     planned: bool = False  # tables.smk makes its whole rule from this entry
+    module: str = ""  # the module that declares it (filled in by `declared_reports`)
 
     @property
     def command(self) -> str:
@@ -82,169 +94,89 @@ def table_outputs(stem: str, *extra: Output, heatmaps: bool = True) -> tuple[Out
     return outputs
 
 
-_TABLE1_HEADLINE = (
+# Table 1's and table 2's rows: the columns naming a row, and those logged as its metrics.
+TABLE1_HEADLINE = (
     ("method",),
     ("in_domain", "in_domain_ci_low", "in_domain_ci_high", "in_domain_p", "in_domain_p_ci_low",
      "in_domain_p_ci_high", "ood_mean", "ood_mean_p"),
 )  # fmt: skip
 
+# What a module's `REPORT_ENTRIES` may name.
+DECLARATION_NAMES = {
+    "ReportJob": ReportJob,
+    "Output": Output,
+    "table_outputs": table_outputs,
+    "DATA": DATA,
+    "TABLE": TABLE,
+    "COACTIVATION": COACTIVATION,
+    "TABLE1_HEADLINE": TABLE1_HEADLINE,
+}
+ENTRIES_NAME = "REPORT_ENTRIES"
 
-def _registry(*jobs: ReportJob) -> dict[str, ReportJob]:
-    return {job.key: job for job in jobs}
+
+class RegistryError(ValueError):
+    """A module's report entries cannot be read (one line, naming its file and line)."""
 
 
-REPORTS: dict[str, ReportJob] = _registry(
-    ReportJob(
-        "table1",
-        None,
-        "table 1: each method's accuracy and structure retention (family A)",
-        headline=_TABLE1_HEADLINE,
-    ),
-    ReportJob(
-        "table2",
-        "rpb.report.tables:build_table2",
-        "table 2: table 1's rows for the family-B model",
-        "Table 2",
-        table_outputs("table2"),
-        _TABLE1_HEADLINE,
-        planned=True,
-    ),
-    ReportJob(
-        "table3",
-        "rpb.report.tables:build_table3",
-        "table 3: method vs reference on the independent corpus",
-        "Table 3",
-        table_outputs("table3", heatmaps=False),
-        (
-            ("metric", "method", "reference"),
-            (
-                "diff",
-                "diff_ci_low",
-                "diff_ci_high",
-                "p_value",
-                "diff_p",
-                "diff_p_ci_low",
-                "diff_p_ci_high",
-                "p_value_p",
-            ),
-        ),
-        planned=True,
-    ),
-    ReportJob(
-        "table4",
-        "rpb.report.tables:build_table4",
-        "table 4: anchors and RPB, ranks and ordering consistency",
-        "Table 4",
-        table_outputs(
-            "table4",
-            Output("summary", "table4_summary.csv"),
-            Output("consistency", "table4_consistency.csv", DATA, "Data"),
-            Output("pairs", "table4_pairs.csv", DATA, "Data"),
-        ),
-        (("method", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
-        planned=True,
-    ),
-    ReportJob(
-        "table5",
-        "rpb.report.tables:build_table5",
-        "table 5: structure retention vs accuracy, hard routing",
-        "Table 5",
-        table_outputs(
-            "table5",
-            Output("correlation", "table5_correlation.csv", DATA, "Data"),
-            Output("hard", "table5_hard.csv", DATA, "Data"),
-            Output("base", "table5_base.csv", DATA, "Data"),
-            Output("runs", "table5_runs.csv"),
-            Output(
-                "retention_in", "figures/retention_vs_in_domain.png", "retention.rst", "Figures"
-            ),
-            Output(
-                "retention_ood", "figures/retention_vs_ood_mean.png", "retention.rst", "Figures"
-            ),
-        ),
-        (
-            ("method",),
-            (
-                "community_nmi",
-                "coact_cosine",
-                "topk_overlap_with_base",
-                "in_domain",
-                "in_domain_ci_low",
-                "in_domain_ci_high",
-                "ood_mean",
-            ),
-        ),
-        planned=True,
-    ),
-    ReportJob(
-        "sweep",
-        "rpb.report.exploratory:build_sweep",
-        "softness sweep: accuracy and retention against strength",
-        "Sweep",
-        table_outputs(
-            "sweep",
-            Output("runs", "sweep_runs.csv"),
-            Output("matched", "sweep_table4_matched.csv", DATA, "Data"),
-            Output("matched_md", "sweep_table4_matched.md"),
-            Output("matched_html", "sweep_table4_matched.html", TABLE, "Table"),
-            Output("figure", "figures/sweep.png", "sweep_figure.rst", "Figures"),
-            heatmaps=False,
-        ),
-    ),
-    ReportJob(
-        "drift",
-        "rpb.report.exploratory:build_drift",
-        "training-time routing drift curves",
-        "Training drift",
-        (Output("csv", "drift.csv"), Output("figure", "figures/drift.png", "drift.rst")),
-        planned=True,
-    ),
-    ReportJob(
-        "readings",
-        "rpb.report.exploratory:build_readings",
-        "which RPB reading anchors (the default's rule)",
-        "RPB readings",
-        table_outputs(
-            "rpb_readings",
-            Output("runs", "rpb_readings_runs.csv"),
-            Output("figure", "figures/rpb_readings.png", "readings_figure.rst", "Figures"),
-            heatmaps=False,
-        ),
-        planned=True,
-    ),
-    ReportJob(
-        "claims",
-        "rpb.report.claims:build_claims",
-        "claims audit C1-C6 (results/claims.csv)",
-        "Claims",
-        (
-            Output("csv", "claims.csv", DATA, "Data"),
-            Output("md", "claims.md"),
-            Output("html", "claims.html", "claims.rst", "Verdicts"),
-            # One page per table: its claims, their verdicts and the premises they depend on,
-            # shown in that table's category.
-            Output(
-                "by_table",
-                "claims_by_table",
-                "claims_by_table.rst",
-                "Claims on this table",
-                ("table{n}_claims.html",),
-                category="Table {n}",
-            ),
-        ),
-        (("part",), ("estimate", "ci_low", "ci_high")),
-    ),
-    ReportJob(
-        "router_swap_table",
-        "rpb.report.router_swap_table:build_router_swap_table",
-        "router-swap decomposition of a method's change by part (routers, experts, trunk)",
-    ),
-    ReportJob(
-        "diagnostic_table1",
-        "rpb.report.tables:build_table1",
-        "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
-        headline=_TABLE1_HEADLINE,
-    ),
-)
+def _entries_node(tree: ast.Module) -> ast.expr | None:
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == ENTRIES_NAME for t in node.targets
+        ):
+            return node.value
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and node.target.id == ENTRIES_NAME
+        ):
+            return node.value
+    return None
+
+
+def read_entries(path: Path, module: str) -> tuple[ReportJob, ...]:
+    """The report jobs a module's source declares in `REPORT_ENTRIES` (none without one), each
+    with `module` set; evaluated with `DECLARATION_NAMES` alone, without importing the module."""
+    source = path.read_text(encoding="utf-8")
+    if ENTRIES_NAME not in source:
+        return ()
+    node = _entries_node(ast.parse(source, filename=str(path)))
+    if node is None:
+        return ()
+    where = f"{path}:{node.lineno}"
+    for name in ast.walk(node):
+        if isinstance(name, ast.Name) and name.id not in DECLARATION_NAMES:
+            raise RegistryError(
+                f"{path}:{name.lineno}: {ENTRIES_NAME} names '{name.id}'; an entry may use only "
+                f"{', '.join(DECLARATION_NAMES)} and literals (the registry reads it unimported)"
+            )
+    try:
+        jobs = eval(
+            compile(ast.Expression(node), str(path), "eval"),
+            {"__builtins__": {}, **DECLARATION_NAMES},
+        )
+    except Exception as err:  # a wrong argument, say: name the entry's place, not a traceback
+        raise RegistryError(f"{where}: {ENTRIES_NAME} cannot be read: {err}") from None
+    if not isinstance(jobs, tuple) or not all(isinstance(j, ReportJob) for j in jobs):
+        raise RegistryError(f"{where}: {ENTRIES_NAME} must be a tuple of ReportJob")
+    return tuple(replace(job, module=module) for job in jobs)
+
+
+def declared_reports(
+    folder: Path = Path(__file__).parent, package: str = __package__
+) -> dict[str, ReportJob]:
+    """Every report job declared by a module of `folder` (the report wing), by key, in the
+    order of the modules' names and then of their declarations."""
+    reports: dict[str, ReportJob] = {}
+    for path in sorted(folder.glob("*.py")):
+        for job in read_entries(path, f"{package}.{path.stem}"):
+            if job.key in reports:
+                raise RegistryError(
+                    f"{path}: report job '{job.key}' is also declared by {reports[job.key].module}"
+                )
+            reports[job.key] = job
+    return reports
+
+
+REPORTS: dict[str, ReportJob] = declared_reports()
 # The report jobs of `rpb pipeline`: every entry with a builder.
 REPORT_JOBS: dict[str, ReportJob] = {k: job for k, job in REPORTS.items() if job.builder}

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
+from rpb.report.registry import ReportJob
 from rpb.report.run_records import in_domain_tasks, named_runs, read_json, runs_text
 from rpb.router_swap import (
     PARTS,
@@ -27,6 +28,15 @@ from rpb.router_swap import (
     effect_name,
     factors,
     subsets,
+)
+
+# The report jobs this module builds (rpb.report.registry reads them from this source).
+REPORT_ENTRIES = (
+    ReportJob(
+        "router_swap_table",
+        "build_router_swap_table",
+        "router-swap decomposition of a method's change by part (routers, experts, trunk)",
+    ),
 )
 
 # Rounding tolerance of the check that the effects add up to the total (they do by construction).

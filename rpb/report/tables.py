@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rpb.report.registry import DATA, TABLE1_HEADLINE, Output, ReportJob, table_outputs
 from rpb.report.render import table_figures, write_table
 from rpb.report.run_records import (
     ACCURACY,
@@ -73,6 +74,98 @@ from rpb.report.stats import (
     within_cluster_spearman,
 )
 from rpb.specs import eval_path
+
+# The report jobs this module builds (rpb.report.registry reads them from this source).
+REPORT_ENTRIES = (
+    ReportJob(
+        "table1",
+        None,
+        "table 1: each method's accuracy and structure retention (family A)",
+        headline=TABLE1_HEADLINE,
+    ),
+    ReportJob(
+        "table2",
+        "build_table2",
+        "table 2: table 1's rows for the family-B model",
+        "Table 2",
+        table_outputs("table2"),
+        TABLE1_HEADLINE,
+        planned=True,
+    ),
+    ReportJob(
+        "table3",
+        "build_table3",
+        "table 3: method vs reference on the independent corpus",
+        "Table 3",
+        table_outputs("table3", heatmaps=False),
+        (
+            ("metric", "method", "reference"),
+            (
+                "diff",
+                "diff_ci_low",
+                "diff_ci_high",
+                "p_value",
+                "diff_p",
+                "diff_p_ci_low",
+                "diff_p_ci_high",
+                "p_value_p",
+            ),
+        ),
+        planned=True,
+    ),
+    ReportJob(
+        "table4",
+        "build_table4",
+        "table 4: anchors and RPB, ranks and ordering consistency",
+        "Table 4",
+        table_outputs(
+            "table4",
+            Output("summary", "table4_summary.csv"),
+            Output("consistency", "table4_consistency.csv", DATA, "Data"),
+            Output("pairs", "table4_pairs.csv", DATA, "Data"),
+        ),
+        (("method", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
+        planned=True,
+    ),
+    ReportJob(
+        "table5",
+        "build_table5",
+        "table 5: structure retention vs accuracy, hard routing",
+        "Table 5",
+        table_outputs(
+            "table5",
+            Output("correlation", "table5_correlation.csv", DATA, "Data"),
+            Output("hard", "table5_hard.csv", DATA, "Data"),
+            Output("base", "table5_base.csv", DATA, "Data"),
+            Output("runs", "table5_runs.csv"),
+            Output(
+                "retention_in", "figures/retention_vs_in_domain.png", "retention.rst", "Figures"
+            ),
+            Output(
+                "retention_ood", "figures/retention_vs_ood_mean.png", "retention.rst", "Figures"
+            ),
+        ),
+        (
+            ("method",),
+            (
+                "community_nmi",
+                "coact_cosine",
+                "topk_overlap_with_base",
+                "in_domain",
+                "in_domain_ci_low",
+                "in_domain_ci_high",
+                "ood_mean",
+            ),
+        ),
+        planned=True,
+    ),
+    ReportJob(
+        "diagnostic_table1",
+        "build_table1",
+        "table 1's rows in the diagnostic regime (posttrain.trainable; results/diagnostic)",
+        headline=TABLE1_HEADLINE,
+    ),
+)
 
 # Moonlight-16B-A3B math post-training, in-domain accuracy (%), as the paper's abstract reports.
 PAPER_TABLE1 = {"rpb": 45.77, "lbl": 31.91, "none": 29.44}

@@ -60,8 +60,8 @@ rule testbed_report:
         " {params.track} > {log} 2>&1"
 
 
-# Tables 2-5, the drift curves and the RPB readings: one rule each, made from its entry in the
-# report registry (rpb.report.registry.REPORTS, `planned`): inputs and spec from the planner,
+# Tables 2-5, the drift curves, the RPB readings and any other table whose module declares a
+# `planned` report job (rpb.report.registry.REPORTS): one rule each, inputs and spec from the planner,
 # outputs (and how the Snakemake report shows them) from the entry. Each reads the runs it compares
 # and writes its CSV (the table), Markdown, side tables and figures; docs/claims.md says what each
 # measures.
