@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from rpb.pipeline.config_check import check_config
-from rpb.pipeline.plan import MethodConfig, PipelineConfig, Plan, options_class, plain
+from rpb.pipeline.plan import Execution, MethodConfig, PipelineConfig, Plan, options_class, plain
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -53,6 +53,25 @@ def test_the_parsed_config_is_frozen_and_typed(plan: Plan) -> None:
     assert config.seeds == (0, 1, 2)
     assert config.models["tinyA_base1"].replicate_of == "tinyA"  # added by the config check
     assert config.evaluation.tasks == [*config.evaluation.in_domain, *config.evaluation.ood]
+
+
+def test_how_jobs_run_is_parsed_with_the_schemas_defaults(plan: Plan) -> None:
+    """The execution keys (threads, launcher, one process per run, job server, tracking), read
+    once for common.smk, with the schema's defaults where a config leaves them out."""
+    assert plan.config.execution == Execution(
+        threads_per_job=1, one_process_per_run=True, job_server=True, experiment="rpb"
+    )
+    paper = PipelineConfig.parse(
+        _checked(
+            "config.yaml",
+            "paper.yaml",
+            threads_per_job=4,
+            tracking={"uri": "http://mlflow:5000", "experiment": "moe"},
+        )
+    ).execution
+    assert paper.threads_per_job == 4 and not paper.one_process_per_run
+    assert paper.train_launcher.startswith("accelerate launch")
+    assert (paper.tracking_uri, paper.experiment) == ("http://mlflow:5000", "moe")
 
 
 def test_method_options_are_the_familys_dataclass_and_jobs_get_what_the_entry_set(

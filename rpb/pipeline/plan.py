@@ -142,6 +142,32 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class Execution:
+    """How the jobs run, not what they compute: torch threads per job, the training launcher,
+    one process per post-training run, the job server, and where MLflow records (a tracking URI
+    of the config; `MLFLOW_TRACKING_URI` wins over it) under which experiment."""
+
+    threads_per_job: int = 1
+    train_launcher: str = "rpb"
+    one_process_per_run: bool = False
+    job_server: bool = False
+    tracking_uri: str | None = None
+    experiment: str = "rpb"
+
+    @classmethod
+    def parse(cls, config: Mapping[str, Any]) -> Execution:
+        tracking = config.get("tracking") or {}
+        return cls(
+            threads_per_job=config.get("threads_per_job", 1),
+            train_launcher=config.get("train_launcher", "rpb"),
+            one_process_per_run=bool(config.get("one_process_per_run", False)),
+            job_server=bool(config.get("job_server", False)),
+            tracking_uri=tracking.get("uri"),
+            experiment=tracking.get("experiment", "rpb"),
+        )
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     """The whole config, read once. Sections of many shapes (tables, claims, sweep, diagnostics)
     stay read-only mappings, checked by the schema and config_check."""
@@ -162,6 +188,7 @@ class PipelineConfig:
     sweep: Mapping[str, Any] | None
     diagnostics: Mapping[str, Any]
     calibration: Mapping[str, Any]
+    execution: Execution = Execution()
 
     @property
     def raw_models(self) -> Mapping[str, Mapping[str, Any]]:
@@ -213,6 +240,7 @@ class PipelineConfig:
             sweep=frozen(config["sweep"]) if config.get("sweep") is not None else None,
             diagnostics=frozen(config.get("diagnostics") or {}),
             calibration=frozen(config.get("calibration") or {}),
+            execution=Execution.parse(config),
         )
 
 

@@ -89,17 +89,18 @@ def check_integrity():
 
 # Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
 # change of threads_per_job changes how fast a job runs, not what it computes, so it reruns nothing.
-THREADS = config.get("threads_per_job", 1)
+EXECUTION = PLAN.config.execution
+THREADS = EXECUTION.threads_per_job
 TRACKING_URI = (
     os.environ.get("MLFLOW_TRACKING_URI")
-    or config.get("tracking", {}).get("uri")
+    or EXECUTION.tracking_uri
     or f"sqlite:///{os.path.abspath(RESULTS)}/mlflow.db"
 )
 # Jobs find the store in their environment, not on their command line: params are Snakemake's
 # rerun trigger, and the store's path changes with the checkout's (or MLFLOW_TRACKING_URI), not the
 # results. Cluster jobs inherit the variable (sbatch exports the environment) or re-derive it here.
 os.environ.update(MLFLOW_TRACKING_URI=TRACKING_URI)
-EXPERIMENT = config.get("tracking", {}).get("experiment", "rpb")
+EXPERIMENT = EXECUTION.experiment
 # Touched once by tracking_init; `ancient()` wherever it is an input, so a re-created store never
 # makes the finished jobs look out of date.
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
@@ -110,19 +111,19 @@ TRACKING_INVOCATION = os.path.abspath(f"{RESULTS}/.mlflow_invocation.json")
 os.environ.update(RPB_MLFLOW_INVOCATION=TRACKING_INVOCATION)
 # Paper scale adds tiktoken (Moonlight's tokenizer) and lm-eval's math extra: envs/paper.yaml.
 CONDA_ENV = (
-    "../../envs/paper.yaml" if config["scale"] == "paper" else "../../envs/rpb.yaml"
+    "../../envs/paper.yaml" if PLAN.config.scale == "paper" else "../../envs/rpb.yaml"
 )
 # The training command; at paper scale "accelerate launch --config_file ... -m rpb.cli".
-TRAIN_LAUNCHER = config.get("train_launcher", "rpb")
+TRAIN_LAUNCHER = EXECUTION.train_launcher
 PRETRAINED_MODELS = PLAN.pretrained_models
 HUB_MODELS = PLAN.hub_models
 # Every job command names its experiment; the store comes from MLFLOW_TRACKING_URI (above).
 TRACK = f"--experiment {shlex.quote(EXPERIMENT)}"
 # Train, evaluate and analyse a post-training run in one job (rule posttrain_run, train.smk).
-ONE_PROCESS_PER_RUN = config.get("one_process_per_run", False)
+ONE_PROCESS_PER_RUN = EXECUTION.one_process_per_run
 # Jobs hand their command to a fork server that imported the libraries once
 # (rpb.pipeline.jobserver); the value only names the server, one per results folder.
-if config.get("job_server", False):
+if EXECUTION.job_server:
     os.environ.update(RPB_JOB_SERVER=os.path.abspath(RESULTS))
 # Where each job's run time lands (Snakemake's `benchmark:`): s, max RSS, CPU time per job.
 BENCHMARKS = f"{RESULTS}/benchmarks"
@@ -278,7 +279,7 @@ def table1_claims_option():
 def report_targets():
     """Everything `all` builds beyond table 1: each configured table, the claims, the sweep."""
     # The testbed report describes the tiny bases the pipeline pretrains; none at paper scale.
-    targets = [f"{RESULTS}/testbed.md"] if config["scale"] != "paper" else []
+    targets = [f"{RESULTS}/testbed.md"] if PLAN.config.scale != "paper" else []
     # Each configured table: the CSV of the rule named like its key (tables.smk), in the
     # order the rules are defined.
     targets += [
