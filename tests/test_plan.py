@@ -49,8 +49,22 @@ def test_the_parsed_config_is_frozen_and_typed(plan: Plan) -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.seeds = (9,)  # type: ignore[misc]
     with pytest.raises(TypeError):
-        config.tables["table2"]["methods"] = ["x"]  # type: ignore[index]
+        config.tables["table2"].entry["methods"] = ["x"]  # type: ignore[index]
+    with pytest.raises(TypeError):
+        config.tables["table9"] = config.tables["table2"]  # type: ignore[index]
     assert config.seeds == (0, 1, 2)
+    # Every section is typed: a table's runs, the claims' pair, the sweep's curves, diagnostics.
+    table3 = config.tables["table3"]
+    assert (table3.models, table3.corpus, table3.corpora) == (
+        ("tinyA", "tinyB"),
+        "math2",
+        ("math2",),
+    )
+    assert config.tables["readings"].lower == "none" and "seeds" not in config.tables
+    assert (config.claims.method, config.claims.reference) == ("rpb", "lbl")
+    assert config.sweep.curves[0].labels[0] == "none"
+    assert config.diagnostics.router_swap.parts == ("routers", "routed_experts", "trunk")
+    assert config.diagnostics.regime.trainable == "routed_experts_and_routers"
     assert config.models["tinyA_base1"].replicate_of == "tinyA"  # added by the config check
     assert config.evaluation.tasks == [*config.evaluation.in_domain, *config.evaluation.ood]
 
@@ -119,7 +133,7 @@ def test_table4_reads_the_base_on_its_first_corpus_only(plan: Plan) -> None:
     paths = plan.table_inputs("table4")
     assert "R/eval/tinyA/math/base/base1/seed0.json" in paths
     assert not any("/math2/base/" in p for p in paths)
-    methods = plan.config.tables["table4"]["methods"]
+    methods = plan.config.tables["table4"].methods
     runs = 2 * len(methods) * 2 * 3 + 2  # corpora x methods x bases x seeds, + each base once
     assert len(paths) == 2 * runs  # an eval and an analysis output each
 
@@ -166,7 +180,7 @@ def test_specs_are_plain_json_values(plan: Plan) -> None:
 
     spec = plan.claims_spec()
     assert json.loads(json.dumps(spec)) == spec  # no read-only mapping or tuple left in it
-    assert plain(plan.config.tables["table2"]) == {
+    assert plain(plan.config.tables["table2"].entry) == {
         "model": "tinyB",
         "corpus": "math",
         "methods": ["none", "lbl", "rpb"],

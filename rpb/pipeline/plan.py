@@ -142,6 +142,150 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
+class TableConfig:
+    """One `tables.<name>` entry. A table of the plain shape reads `methods` on one `model` and
+    `corpus`; table 3 reads several `models`, table 4 several `corpora`, table 5 also the
+    `correlate` labels, the readings also `lower` and `upper`; an exploratory table may run its own
+    `seeds`. `entry` is the entry as the config check left it: its job's spec starts from it."""
+
+    name: str
+    entry: Mapping[str, Any]
+    model: str | None
+    models: tuple[str, ...]
+    corpus: str | None
+    corpora: tuple[str, ...]
+    methods: tuple[str, ...]
+    correlate: tuple[str, ...] = ()
+    lower: str | None = None
+    upper: str | None = None
+    seeds: tuple[int, ...] | None = None
+
+    @classmethod
+    def parse(cls, name: str, entry: Mapping[str, Any]) -> TableConfig:
+        model, corpus = entry.get("model"), entry.get("corpus")
+        seeds = entry.get("seeds")
+        return cls(
+            name=name,
+            entry=frozen(entry),
+            model=model,
+            models=tuple(entry.get("models") or [model]),
+            corpus=corpus,
+            corpora=tuple(entry.get("corpora") or [corpus]),
+            methods=tuple(entry.get("methods") or ()),
+            correlate=tuple(entry.get("correlate") or ()),
+            lower=entry.get("lower"),
+            upper=entry.get("upper"),
+            seeds=tuple(seeds) if seeds else None,
+        )
+
+
+@dataclass(frozen=True)
+class ClaimsConfig:
+    """The `claims` section: the method and reference the claims compare, the controls (placebo,
+    permuted prior), the margins and the statistics (docs/claims.md). `entry` (every key, the
+    schema's defaults filled in) is the start of the claims job's spec."""
+
+    entry: Mapping[str, Any]
+    method: str
+    reference: str
+    placebo: str | None
+    permuted: str | None
+    confidence: float
+    n_resamples: int
+    power: float
+
+    @classmethod
+    def parse(cls, entry: Mapping[str, Any]) -> ClaimsConfig:
+        return cls(
+            entry=frozen(entry),
+            method=entry["method"],
+            reference=entry["reference"],
+            placebo=entry.get("placebo"),
+            permuted=entry.get("permuted"),
+            confidence=entry["confidence"],
+            n_resamples=entry["n_resamples"],
+            power=entry["power"],
+        )
+
+
+@dataclass(frozen=True)
+class SweepCurve:
+    name: str
+    labels: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """The softness sweep: its curves of method labels on one model, corpus and seeds."""
+
+    model: str
+    corpus: str
+    seeds: tuple[int, ...]
+    curves: tuple[SweepCurve, ...]
+
+    @classmethod
+    def parse(cls, entry: Mapping[str, Any]) -> SweepConfig:
+        curves = tuple(SweepCurve(c["name"], tuple(c["labels"])) for c in entry["curves"])
+        return cls(entry["model"], entry["corpus"], tuple(entry["seeds"]), curves)
+
+
+@dataclass(frozen=True)
+class RouterSwapDiagnostic:
+    """`diagnostics.router_swap`: which parts of `method`'s runs are swapped back to the base's."""
+
+    models: tuple[str, ...]
+    corpus: str
+    method: str
+    parts: tuple[str, ...]
+    seeds: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class RegimeDiagnostic:
+    """`diagnostics.regime`: table 1's methods post-trained with `trainable` instead."""
+
+    model: str
+    corpus: str
+    methods: tuple[str, ...]
+    trainable: Any  # a preset name or a list of parameter patterns, as posttrain.trainable
+    seeds: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class Diagnostics:
+    router_swap: RouterSwapDiagnostic | None = None
+    regime: RegimeDiagnostic | None = None
+
+    @classmethod
+    def parse(cls, section: Mapping[str, Any]) -> Diagnostics:
+        swap, regime = section.get("router_swap"), section.get("regime")
+
+        def seeds(entry: Mapping[str, Any]) -> tuple[int, ...] | None:
+            return tuple(entry["seeds"]) if entry.get("seeds") else None
+
+        return cls(
+            router_swap=None
+            if swap is None
+            else RouterSwapDiagnostic(
+                tuple(swap["models"]),
+                swap["corpus"],
+                swap["method"],
+                tuple(swap["parts"]),
+                seeds(swap),
+            ),
+            regime=None
+            if regime is None
+            else RegimeDiagnostic(
+                regime["model"],
+                regime["corpus"],
+                tuple(regime["methods"]),
+                frozen(regime["trainable"]),
+                seeds(regime),
+            ),
+        )
+
+
+@dataclass(frozen=True)
 class Execution:
     """How the jobs run, not what they compute: torch threads per job, the training launcher,
     one process per post-training run, the job server, and where MLflow records (a tracking URI
@@ -169,8 +313,9 @@ class Execution:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """The whole config, read once. Sections of many shapes (tables, claims, sweep, diagnostics)
-    stay read-only mappings, checked by the schema and config_check."""
+    """The whole config, read once, after the schema and rpb.pipeline.config_check validated it
+    and filled in its defaults. `posttrain` (the training job's spec, passed on as is) and
+    `calibration` stay read-only mappings."""
 
     results: str
     scale: str
@@ -183,10 +328,11 @@ class PipelineConfig:
     posttrain: Mapping[str, Any]
     probe_tasks: tuple[str, ...]
     probe_limit: int
-    tables: Mapping[str, Any]
-    claims: Mapping[str, Any] | None
-    sweep: Mapping[str, Any] | None
-    diagnostics: Mapping[str, Any]
+    tables: Mapping[str, TableConfig]
+    table_seeds: tuple[int, ...] | None  # `tables.seeds`: tables 2-5's and the controls' seeds
+    claims: ClaimsConfig | None
+    sweep: SweepConfig | None
+    diagnostics: Diagnostics
     calibration: Mapping[str, Any]
     execution: Execution = Execution()
 
@@ -210,6 +356,8 @@ class PipelineConfig:
         data = config["data"]
         analysis = config.get("analysis", {})
         t1 = config["table1"]
+        tables = config.get("tables") or {}
+        claims, sweep = config.get("claims"), config.get("sweep")
         return cls(
             results=config.get("results_dir", "results"),
             scale=config["scale"],
@@ -235,10 +383,17 @@ class PipelineConfig:
             posttrain=frozen(config["posttrain"]),
             probe_tasks=tuple(analysis.get("probe_tasks", evaluation.tasks)),
             probe_limit=analysis.get("probe_limit", 200),
-            tables=frozen(config.get("tables") or {}),
-            claims=frozen(config["claims"]) if config.get("claims") is not None else None,
-            sweep=frozen(config["sweep"]) if config.get("sweep") is not None else None,
-            diagnostics=frozen(config.get("diagnostics") or {}),
+            tables=MappingProxyType(
+                {
+                    name: TableConfig.parse(name, entry)
+                    for name, entry in tables.items()
+                    if name != "seeds"
+                }
+            ),
+            table_seeds=tuple(tables["seeds"]) if tables.get("seeds") else None,
+            claims=ClaimsConfig.parse(claims) if claims is not None else None,
+            sweep=SweepConfig.parse(sweep) if sweep is not None else None,
+            diagnostics=Diagnostics.parse(config.get("diagnostics") or {}),
             calibration=frozen(config.get("calibration") or {}),
             execution=Execution.parse(config),
         )
@@ -393,8 +548,12 @@ class Plan:
             "corpus_tasks": plain(config.evaluation.corpus_tasks),
             "scale": config.scale,
         }
-        if config.claims is not None:
-            spec |= {k: plain(config.claims[k]) for k in ("confidence", "n_resamples", "power")}
+        if (claims := config.claims) is not None:
+            spec |= {
+                "confidence": claims.confidence,
+                "n_resamples": claims.n_resamples,
+                "power": claims.power,
+            }
         return spec
 
     # --- table 1 and the testbed -------------------------------------------------------------
@@ -441,84 +600,82 @@ class Plan:
     def table_seeds(self, name: str) -> list[int]:
         """The seeds per base of table `name`: its own `seeds` (exploratory tables only), else
         `tables.seeds`, else the top-level seeds."""
-        own = self.config.tables.get(name, {}).get("seeds") if name in EXPLORATORY_TABLES else None
+        table = self.config.tables.get(name)
+        own = table.seeds if table is not None and name in EXPLORATORY_TABLES else None
         return list(own or self.confirmatory_seeds)
 
     @property
     def confirmatory_seeds(self) -> list[int]:
         """The seeds per base of tables 2-5 and the controls: `tables.seeds`, else the top-level."""
-        return list(self.config.tables.get("seeds") or self.config.seeds)
+        return list(self.config.table_seeds or self.config.seeds)
 
     def table_inputs(self, name: str) -> list[str]:
         """Every run table `name` reads (a table of the plain shape, `model`, `corpus` and
         `methods`, reads those methods' runs)."""
-        t = self.config.tables.get(name, {})
+        t = self.config.tables[name]
         seeds = self.table_seeds(name)
         outputs = self.run_outputs
+        methods = list(t.methods)
         if name == "table2":
-            return outputs(t["model"], t["corpus"], t["methods"], seeds, True)
+            return outputs(t.model, t.corpus, methods, seeds, True)
         if name == "table3":
-            pair = [self.config.claims["method"], self.config.claims["reference"]]
-            return [p for m in t["models"] for p in outputs(m, t["corpus"], pair, seeds)]
+            pair = [self.config.claims.method, self.config.claims.reference]
+            return [p for m in t.models for p in outputs(m, t.corpus, pair, seeds)]
         if name == "table4":
             return [
-                p
-                for c in t["corpora"]
-                for p in outputs(t["model"], c, t["methods"], seeds, c == t["corpora"][0])
+                p for c in t.corpora for p in outputs(t.model, c, methods, seeds, c == t.corpora[0])
             ]
         if name == "table5":
-            labels = list(dict.fromkeys(t["methods"] + t["correlate"]))
-            return outputs(t["model"], t["corpus"], labels, seeds, True)
+            labels = list(dict.fromkeys(methods + list(t.correlate)))
+            return outputs(t.model, t.corpus, labels, seeds, True)
         if name == "readings":
-            return outputs(t["model"], t["corpus"], [t["lower"], *t["methods"], t["upper"]], seeds)
+            return outputs(t.model, t.corpus, [t.lower, *methods, t.upper], seeds)
         if name == "drift":
-            fields = {"model": t["model"], "corpus": t["corpus"]}
+            fields = {"model": t.model, "corpus": t.corpus}
             return [
                 self.path("train_history", **fields, method=m, run=r)
-                for m in t["methods"]
-                for r in self.runs(t["model"], seeds)
+                for m in methods
+                for r in self.runs(t.model, seeds)
             ]
-        return outputs(t["model"], t["corpus"], t["methods"], seeds)
+        return outputs(t.model, t.corpus, methods, seeds)
 
     def table_spec(self, name: str) -> dict[str, Any]:
         """The JSON spec a table job gets: the table's config entry, seeds and statistics."""
         config = self.config
-        t = plain(config.tables[name])
-        models = t.get("models") or [t["model"]]
+        t = config.tables[name]
         # Runs pooled over each model's bases; config_check gives every pretrained model as many.
-        spec = self.common_spec() | t | {"seeds": self.runs(models[0], self.table_seeds(name))}
+        seeds = self.runs(t.models[0], self.table_seeds(name))
+        spec = self.common_spec() | plain(t.entry) | {"seeds": seeds}
         if name == "table2":
-            spec["family"] = config.models[t["model"]].family
+            spec["family"] = config.models[t.model].family
         if name == "table3":
-            spec |= {"method": config.claims["method"], "reference": config.claims["reference"]}
-            spec["families"] = {m: config.models[m].family for m in t["models"]}
+            spec |= {"method": config.claims.method, "reference": config.claims.reference}
+            spec["families"] = {m: config.models[m].family for m in t.models}
         if name == "table5":
-            spec["kinds"] = {m: config.methods[m].kind for m in t["methods"]}
+            spec["kinds"] = {m: config.methods[m].kind for m in t.methods}
         return spec
 
     def _sweep_labels(self) -> list[str]:
-        return list(dict.fromkeys(lb for c in self.config.sweep["curves"] for lb in c["labels"]))
+        return list(dict.fromkeys(lb for c in self.config.sweep.curves for lb in c.labels))
 
     def sweep_inputs(self) -> list[str]:
         sweep = self.config.sweep
-        return self.run_outputs(
-            sweep["model"], sweep["corpus"], self._sweep_labels(), sweep["seeds"]
-        )
+        return self.run_outputs(sweep.model, sweep.corpus, self._sweep_labels(), list(sweep.seeds))
 
     def sweep_spec(self) -> dict[str, Any]:
         sweep = self.config.sweep
         return self.common_spec() | {
-            "model": sweep["model"],
-            "corpus": sweep["corpus"],
+            "model": sweep.model,
+            "corpus": sweep.corpus,
             # Pooled over bases, as sweep_inputs.
-            "seeds": self.runs(sweep["model"], sweep["seeds"]),
-            "curves": {c["name"]: list(c["labels"]) for c in sweep["curves"]},
+            "seeds": self.runs(sweep.model, sweep.seeds),
+            "curves": {c.name: list(c.labels) for c in sweep.curves},
             "methods": {lb: self.method_entry(lb) for lb in sorted(self._sweep_labels())},
         }
 
     def claims_spec(self) -> dict[str, Any]:
         config, t1 = self.config, self.config.table1
-        spec = self.common_spec() | plain(config.claims)
+        spec = self.common_spec() | plain(config.claims.entry)
         spec["table1"] = {"model": t1.model, "corpus": t1.corpus, "methods": list(t1.methods)}
         spec["table1"]["seeds"] = self.runs(t1.model, config.seeds)
         for name in ("table2", "table3", "table4", "table5"):
@@ -537,7 +694,7 @@ class Plan:
         claims = self.config.claims
         if claims is None:
             return []
-        labels = [claims[k] for k in ("placebo", "permuted") if claims.get(k)]
+        labels = [label for label in (claims.placebo, claims.permuted) if label]
         t1 = self.config.table1
         return self.run_outputs(t1.model, t1.corpus, labels, self.confirmatory_seeds)
 
@@ -551,9 +708,9 @@ class Plan:
         paths += self.controls_inputs()
         readings = self.config.tables.get("readings")
         if readings is not None and self.config.claims is not None:
-            labels = [readings["lower"], self.config.claims["method"], readings["upper"]]
+            labels = [readings.lower, self.config.claims.method, readings.upper]
             seeds = self.table_seeds("readings")
-            paths += self.run_outputs(readings["model"], readings["corpus"], labels, seeds)
+            paths += self.run_outputs(readings.model, readings.corpus, labels, seeds)
         if self.config.scale != "paper":
             paths.append(f"{self.results}/testbed.json")
         return sorted(set(paths))
@@ -569,11 +726,11 @@ class Plan:
         return [
             f"{self.results}/{out}"
             for name, out in DIAGNOSTIC_OUTPUTS.items()
-            if name in diagnostics
+            if getattr(diagnostics, name) is not None
         ]
 
     def diagnostic_seeds(self, section: str) -> list[int]:
-        return list(self.config.diagnostics[section].get("seeds") or self.config.seeds)
+        return list(getattr(self.config.diagnostics, section).seeds or self.config.seeds)
 
     @property
     def swap_root(self) -> str:
@@ -584,11 +741,11 @@ class Plan:
         return f"{self.results}/{DIAGNOSTIC_TREE}"
 
     def router_swap_spec(self) -> dict[str, Any]:
-        swap = self.config.diagnostics["router_swap"]
+        swap = self.config.diagnostics.router_swap
         return self.common_spec() | {
-            "models": list(swap["models"]),
-            "corpus": swap["corpus"],
-            "method": swap["method"],
+            "models": list(swap.models),
+            "corpus": swap.corpus,
+            "method": swap.method,
             "seeds": self.diagnostic_seeds("router_swap"),
             "in_domain": list(self.config.evaluation.in_domain),
             "swap_tree": SWAP_TREE,
@@ -607,29 +764,28 @@ class Plan:
 
     def diagnostic_table1_inputs(self) -> list[str]:
         """The diagnostic tree's evaluation and analysis outputs, laid out as table 1's."""
-        regime = self.config.diagnostics["regime"]
+        regime = self.config.diagnostics.regime
         seeds = self.diagnostic_seeds("regime")
         return self.run_outputs(
-            regime["model"], regime["corpus"], regime["methods"], seeds, True, self.diagnostic_root
+            regime.model, regime.corpus, list(regime.methods), seeds, True, self.diagnostic_root
         )
 
     def diagnostic_spec(self, run: Any) -> dict[str, Any]:
         return self.posttrain_spec(run) | {
-            "trainable": self.config.diagnostics["regime"]["trainable"]
+            "trainable": plain(self.config.diagnostics.regime.trainable)
         }
 
     def diagnostic_table1_spec(self) -> dict[str, Any]:
-        config, regime = self.config, self.config.diagnostics["regime"]
-        model = regime["model"]
+        config, regime = self.config, self.config.diagnostics.regime
         return {
             "title": (
-                f"Diagnostic table 1 (posttrain.trainable: {regime['trainable']}; the paper's "
+                f"Diagnostic table 1 (posttrain.trainable: {regime.trainable}; the paper's "
                 "numbers are for full post-training, not this regime)"
             ),
-            "model": model,
-            "family": config.models[model].family,
-            "corpus": regime["corpus"],
-            "methods": list(regime["methods"]),
+            "model": regime.model,
+            "family": config.models[regime.model].family,
+            "corpus": regime.corpus,
+            "methods": list(regime.methods),
             "seeds": self.diagnostic_seeds("regime"),
             "in_domain": list(config.evaluation.in_domain),
             "ood": list(config.evaluation.ood),

@@ -77,7 +77,7 @@ rule router_swap_table:
         lambda wc: part_swap.table_inputs(
             RESULTS,
             PLAN.router_swap_spec()
-            | {"parts": list(DIAGNOSTICS["router_swap"]["parts"])},
+            | {"parts": list(DIAGNOSTICS.router_swap.parts)},
         ),
     output:
         csv=f"{RESULTS}/router_swap.csv",
@@ -91,7 +91,7 @@ rule router_swap_table:
         track=TRACK,
         spec=lambda wc: as_json(
             PLAN.router_swap_spec()
-            | {"parts": list(DIAGNOSTICS["router_swap"]["parts"])}
+            | {"parts": list(DIAGNOSTICS.router_swap.parts)}
         ),
         results=parent_dir(0),
     shell:
