@@ -51,6 +51,7 @@ __all__ = [
     "integrity_message",
     "parse_invocation",
     "partial_folder",
+    "rebuild_target",
     "record_artifact",
     "record_folder",
     "release_results_lock",
@@ -442,6 +443,26 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
             if what:
                 problems.append(Problem(str(path), what))
     return sorted(problems, key=lambda problem: problem.path)
+
+
+def rebuild_target(path: str, results: str, declared: Callable[[str], bool]) -> str:
+    """The workflow output whose job rewrites the damaged `path` under `results`: `path` itself,
+    the folder output it lies in (a model folder), or, for a file no rule declares
+    (table1.meta.json), the declared output beside it whose name shares the longest prefix with it
+    (table1.md). `declared` says whether a rule produces a path."""
+    candidate = path
+    while candidate.startswith(results) and candidate != results:
+        if declared(candidate):
+            return candidate
+        candidate = os.path.dirname(candidate)
+    folder, name = os.path.split(path)
+    siblings = [os.path.join(folder, s) for s in sorted(os.listdir(folder))]
+    siblings = [s for s in siblings if s != path and declared(s)]
+    if not siblings:
+        return path
+    # The names' common prefix, character by character: table1.meta.json is table1.md's job's.
+    shared = [len(os.path.commonprefix([os.path.basename(s), name])) for s in siblings]  # noqa: RUF071
+    return siblings[shared.index(max(shared))]
 
 
 def integrity_message(

@@ -28,6 +28,7 @@ from rpb.artifacts import (
     check_results,
     failure_line,
     integrity_message,
+    rebuild_target,
     record_artifact,
     write_text,
 )
@@ -197,6 +198,29 @@ def test_unrecorded_files_get_a_format_check(tmp_path: Path) -> None:
         ),
     }
     assert found["priors/m/base0/math.safetensors"].endswith(": truncated")
+
+
+def test_rebuild_target_is_the_declared_output_that_rewrites_a_damaged_file(
+    tmp_path: Path,
+) -> None:
+    """A declared file is its own target; a file inside a declared folder (a model's weights)
+    is that folder; an undeclared side file is the declared output beside it sharing the
+    longest prefix of its name; with none beside it, the file itself."""
+    results = str(tmp_path / "results")
+    model = f"{results}/models/tinyA/base0/model"
+    os.makedirs(model)
+    os.makedirs(f"{results}/logs")
+    for name in ("table1.md", "table1.csv", "table2.md", "table1.meta.json", "logs/table1.log"):
+        Path(results, name).write_text("")
+    declared = {model, f"{results}/table1.md", f"{results}/table1.csv", f"{results}/table2.md"}
+
+    def target(path: str) -> str:
+        return rebuild_target(path, results, declared.__contains__)
+
+    assert target(f"{results}/table1.csv") == f"{results}/table1.csv"
+    assert target(f"{model}/model.safetensors") == model
+    assert target(f"{results}/table1.meta.json") == f"{results}/table1.md"
+    assert target(f"{results}/logs/table1.log") == f"{results}/logs/table1.log"
 
 
 def test_integrity_message_is_one_line_with_a_rebuild_command() -> None:

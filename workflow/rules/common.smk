@@ -13,6 +13,7 @@ from rpb.artifacts import (
     hold_results_lock,
     integrity_message,
     parse_invocation,
+    rebuild_target,
 )
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
@@ -50,27 +51,9 @@ if CHECKS_RESULTS:
 os.environ.update({RESULTS_ENV: os.path.abspath(RESULTS)})
 
 
-def rebuild_target(path):
-    """The workflow output whose job rewrites the damaged `path`: `path` itself, the folder
-    output it lies in (a model folder), or, for a file no rule declares (table1.meta.json), the
-    declared output beside it whose name shares the longest prefix with it (table1.md).
-    """
-
-    def declared(candidate):
-        return any(rule.is_producer(candidate) for rule in workflow.rules)
-
-    candidate = path
-    while candidate.startswith(RESULTS) and candidate != RESULTS:
-        if declared(candidate):
-            return candidate
-        candidate = os.path.dirname(candidate)
-    folder, name = os.path.split(path)
-    siblings = [os.path.join(folder, s) for s in sorted(os.listdir(folder))]
-    siblings = [s for s in siblings if s != path and declared(s)]
-    if not siblings:
-        return path
-    shared = [len(os.path.commonprefix([os.path.basename(s), name])) for s in siblings]
-    return siblings[shared.index(max(shared))]
+def declared_output(path):
+    """Whether a rule of this workflow produces `path`."""
+    return any(rule.is_producer(path) for rule in workflow.rules)
 
 
 def check_integrity():
@@ -84,7 +67,8 @@ def check_integrity():
     problems = check_results(RESULTS, update=not INVOCATION.read_only)
     if problems:
         command = ["snakemake", "--cores", INVOCATION.cores, *INVOCATION.options]
-        sys.exit(integrity_message(problems, rebuild_target, command))
+        target = lambda path: rebuild_target(path, RESULTS, declared_output)
+        sys.exit(integrity_message(problems, target, command))
 
 
 # Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
