@@ -1,9 +1,13 @@
 """Synthetic pipeline outputs for the table, claims and run-record tests: eval and analysis
-JSONs and co-activation counts laid out as the pipeline writes them (rpb.specs.PATHS)."""
+JSONs and co-activation counts laid out as the pipeline writes them (rpb.specs.PATHS); and the
+router-swap factorial's planted scores with their Shapley values by definition, shared by the
+decomposition's tests and the router-swap table's (tests/test_router_swap.py,
+tests/test_router_swap_table.py)."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +16,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from rpb.router_swap import PARTS
 from rpb.specs import results_path
 
 
@@ -169,3 +174,52 @@ def write_world(
                 for seed in [0] if label == "base" else seeds:
                     extra = (routing or {}).get(label)
                     write_run(root, model, corpus, label, seed, levels, routing=extra, **kwargs)
+
+
+# --- the router-swap factorial, on planted scores ----------------------------------------------
+
+
+def shapley_by_orders(v: dict[frozenset, float], names: list[str]) -> dict[str, float]:
+    """Each factor's marginal contribution averaged over the k! orders of putting them in (the
+    definition, independent of rpb.router_swap's formula)."""
+    out = dict.fromkeys(names, 0.0)
+    orders = list(itertools.permutations(names))
+    for order in orders:
+        have: frozenset = frozenset()
+        for f in order:
+            out[f] += (v[have | {f}] - v[have]) / len(orders)
+            have = have | {f}
+    return out
+
+
+def planted_values(base: float, effects: dict[tuple[str, ...], float]) -> dict[frozenset, float]:
+    """v(S) = base + the planted effects of every non-empty U in S: the effects are v's by
+    construction."""
+    return {
+        frozenset(s): base + sum(e for u, e in effects.items() if set(u) <= set(s))
+        for r in range(len(PARTS) + 1)
+        for s in itertools.combinations(PARTS, r)
+    }
+
+
+R, E, T = PARTS
+# Per metric: the base's score and the planted effects (exact match in steps of 12.5 points, the
+# resolution of 8 items; p(target) as a fraction).
+PLANTED = {
+    "exact_match": (
+        100.0,
+        {(R,): -12.5, (E,): -25.0, (T,): -12.5, (R, E): 12.5, (R, T): 0, (E, T): 0, (R, E, T): 0},
+    ),
+    "p_target": (
+        0.8,
+        {
+            (R,): -0.05,
+            (E,): -0.2,
+            (T,): -0.1,
+            (R, E): 0.03,
+            (R, T): 0.0,
+            (E, T): 0.02,
+            (R, E, T): -0.01,
+        },
+    ),
+}
