@@ -40,9 +40,10 @@ check-config: install
 test: install
 	pytest
 
-# The unit tests alone: no pipeline run (tests marked slow share one smoke run of it), one worker
-# per core, tests dealt to workers one by one (`--dist load`). On 2 cores, 1217-1222 tests: 104-142 s
-# of pytest over eight runs (a module per worker, `--dist loadfile`: 120-133 s over three).
+# The unit tier: no pipeline run (tests marked slow share one smoke run of it) and no Snakemake
+# (tests marked workflow), one worker per core, tests dealt to workers one by one (`--dist load`).
+# On 2 cores, 1269 tests: 137-157 s of pytest over four runs (AMD EPYC, 2026-12-04; 100-113 s on
+# the machine of 2026-12-03; `--dist worksteal` was no faster).
 test-fast: install
 	pytest -m "not slow and not workflow" -n auto --dist load
 
