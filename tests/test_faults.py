@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import smoke_pipeline
+from conftest import new_store
 
 from rpb.architectures import random_model
 from rpb.pipeline.analysis import extract_prior_from_corpus
@@ -74,12 +75,13 @@ def _env() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One tracking store for the module (creating one costs seconds); tests use own experiments."""
+def store(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> Iterator[str]:
+    """One tracking store for the module (a copy of the session's empty one: creating one costs
+    seconds); tests use own experiments."""
     import mlflow
 
     previous = mlflow.get_tracking_uri()
-    uri = f"sqlite:///{tmp_path_factory.mktemp('faults_store') / 'mlflow.db'}"
+    uri = new_store(empty_store, tmp_path_factory.mktemp("faults_store") / "mlflow.db")
     init_store(uri, "faults")
     yield uri
     mlflow.set_tracking_uri(previous)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import new_store
 
 from rpb.pipeline import tracking
 
@@ -52,13 +53,14 @@ KINDS: list[tuple[dict[str, Any], str, dict[str, str]]] = [
 
 
 @pytest.fixture
-def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+def uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, empty_store: Path) -> str:
+    """A fresh store per test (a copy of the session's empty one: creating one costs seconds)."""
     import mlflow
 
     previous = mlflow.get_tracking_uri()
     monkeypatch.delenv(tracking.INVOCATION_ENV, raising=False)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    yield f"sqlite:///{tmp_path / 'mlflow.db'}"
+    yield new_store(empty_store, tmp_path / "mlflow.db")
     mlflow.set_tracking_uri(previous)
 
 
