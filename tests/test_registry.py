@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import re
 import textwrap
 from dataclasses import replace
 from pathlib import Path
@@ -82,6 +83,13 @@ def test_an_entry_naming_what_the_registry_does_not_lend_is_refused_with_its_lin
     with pytest.raises(RegistryError) as err:
         declared_reports(tmp_path, "pkg")
     assert str(err.value).startswith(f"{tmp_path / 'bad.py'}:5: REPORT_ENTRIES names 'HELP'")
+
+
+def test_an_entry_reaching_through_an_attribute_is_refused(tmp_path: Path) -> None:
+    _module(tmp_path, "a", 'REPORT_ENTRIES = (ReportJob("t", "".__class__.__name__, "t"),)\n')
+    message = "a.py:1: REPORT_ENTRIES names '''.__class__.__name__'; an entry may use only"
+    with pytest.raises(RegistryError, match=re.escape(message)):
+        declared_reports(tmp_path, "pkg")
 
 
 def test_an_entry_with_a_wrong_argument_or_a_taken_key_is_refused(tmp_path: Path) -> None:

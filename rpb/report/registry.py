@@ -143,13 +143,19 @@ def read_entries(path: Path, module: str) -> tuple[ReportJob, ...]:
     if node is None:
         return ()
     where = f"{path}:{node.lineno}"
-    for name in ast.walk(node):
-        if isinstance(name, ast.Name) and name.id not in DECLARATION_NAMES:
-            raise RegistryError(
-                f"{path}:{name.lineno}: {ENTRIES_NAME} names '{name.id}'; an entry may use only "
-                f"{', '.join(DECLARATION_NAMES)} and literals (the registry reads it unimported)"
-            )
+    for part in ast.walk(node):
+        if isinstance(part, ast.Attribute):
+            named = f"'{ast.unparse(part)}'"
+        elif isinstance(part, ast.Name) and part.id not in DECLARATION_NAMES:
+            named = f"'{part.id}'"
+        else:
+            continue
+        raise RegistryError(
+            f"{path}:{part.lineno}: {ENTRIES_NAME} names {named}; an entry may use only "
+            f"{', '.join(DECLARATION_NAMES)} and literals (the registry reads it unimported)"
+        )
     try:
+        # Safe to evaluate: checked above to be calls of the registry's names on literals.
         jobs = eval(
             compile(ast.Expression(node), str(path), "eval"),
             {"__builtins__": {}, **DECLARATION_NAMES},
