@@ -41,11 +41,11 @@ test: install
 	pytest
 
 # The unit tier: no pipeline run (tests marked slow share one smoke run of it) and no Snakemake
-# (tests marked workflow), one worker per core, tests dealt to workers one by one (`--dist load`).
-# On 2 cores, 1269 tests: 137-157 s of pytest over four runs (AMD EPYC, 2026-12-04; 100-113 s on
-# the machine of 2026-12-03; `--dist worksteal` was no faster).
+# (tests marked workflow), one worker per core, a test module per worker (`--dist loadfile`: each
+# module's fixtures are built once). On 2 cores (AMD EPYC, 2026-12-04, 1270 tests): 121-122 s of
+# pytest over two runs; tests dealt one by one (`--dist load`) 123-136 s over four.
 test-fast: install
-	pytest -m "not slow and not workflow" -n auto --dist load
+	pytest -m "not slow and not workflow" -n auto --dist loadfile
 
 # Cost of one tiny run against the reference commit, and the router methods' step overhead
 # (docs/performance.md); minutes each.
