@@ -73,7 +73,12 @@ def test_how_jobs_run_is_parsed_with_the_schemas_defaults(plan: Plan) -> None:
     """The execution keys (threads, launcher, one process per run, job server, tracking), read
     once for common.smk, with the schema's defaults where a config leaves them out."""
     assert plan.config.execution == Execution(
-        threads_per_job=1, one_process_per_run=True, job_server=True, experiment="rpb"
+        threads_per_job=1,
+        train_launcher="rpb",
+        one_process_per_run=True,
+        job_server=True,
+        tracking_uri=None,
+        experiment="rpb",
     )
     paper = PipelineConfig.parse(
         _checked(

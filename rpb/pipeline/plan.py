@@ -141,6 +141,11 @@ class DataConfig:
     corpora: Mapping[str, Any]
 
 
+def _own_seeds(entry: Mapping[str, Any]) -> tuple[int, ...] | None:
+    """A section's own `seeds` (None: the top-level seeds)."""
+    return tuple(entry["seeds"]) if entry.get("seeds") else None
+
+
 @dataclass(frozen=True)
 class TableConfig:
     """One `tables.<name>` entry. A table of the plain shape reads `methods` on one `model` and
@@ -148,7 +153,6 @@ class TableConfig:
     `correlate` labels, the readings also `lower` and `upper`; an exploratory table may run its own
     `seeds`. `entry` is the entry as the config check left it: its job's spec starts from it."""
 
-    name: str
     entry: Mapping[str, Any]
     model: str | None
     models: tuple[str, ...]
@@ -161,11 +165,9 @@ class TableConfig:
     seeds: tuple[int, ...] | None = None
 
     @classmethod
-    def parse(cls, name: str, entry: Mapping[str, Any]) -> TableConfig:
+    def parse(cls, entry: Mapping[str, Any]) -> TableConfig:
         model, corpus = entry.get("model"), entry.get("corpus")
-        seeds = entry.get("seeds")
         return cls(
-            name=name,
             entry=frozen(entry),
             model=model,
             models=tuple(entry.get("models") or [model]),
@@ -175,7 +177,7 @@ class TableConfig:
             correlate=tuple(entry.get("correlate") or ()),
             lower=entry.get("lower"),
             upper=entry.get("upper"),
-            seeds=tuple(seeds) if seeds else None,
+            seeds=_own_seeds(entry),
         )
 
 
@@ -239,6 +241,10 @@ class RouterSwapDiagnostic:
     parts: tuple[str, ...]
     seeds: tuple[int, ...] | None
 
+    @classmethod
+    def parse(cls, e: Mapping[str, Any]) -> RouterSwapDiagnostic:
+        return cls(tuple(e["models"]), e["corpus"], e["method"], tuple(e["parts"]), _own_seeds(e))
+
 
 @dataclass(frozen=True)
 class RegimeDiagnostic:
@@ -250,38 +256,23 @@ class RegimeDiagnostic:
     trainable: Any  # a preset name or a list of parameter patterns, as posttrain.trainable
     seeds: tuple[int, ...] | None
 
+    @classmethod
+    def parse(cls, e: Mapping[str, Any]) -> RegimeDiagnostic:
+        trainable = frozen(e["trainable"])
+        return cls(e["model"], e["corpus"], tuple(e["methods"]), trainable, _own_seeds(e))
+
 
 @dataclass(frozen=True)
 class Diagnostics:
-    router_swap: RouterSwapDiagnostic | None = None
-    regime: RegimeDiagnostic | None = None
+    router_swap: RouterSwapDiagnostic | None
+    regime: RegimeDiagnostic | None
 
     @classmethod
     def parse(cls, section: Mapping[str, Any]) -> Diagnostics:
         swap, regime = section.get("router_swap"), section.get("regime")
-
-        def seeds(entry: Mapping[str, Any]) -> tuple[int, ...] | None:
-            return tuple(entry["seeds"]) if entry.get("seeds") else None
-
         return cls(
-            router_swap=None
-            if swap is None
-            else RouterSwapDiagnostic(
-                tuple(swap["models"]),
-                swap["corpus"],
-                swap["method"],
-                tuple(swap["parts"]),
-                seeds(swap),
-            ),
-            regime=None
-            if regime is None
-            else RegimeDiagnostic(
-                regime["model"],
-                regime["corpus"],
-                tuple(regime["methods"]),
-                frozen(regime["trainable"]),
-                seeds(regime),
-            ),
+            RouterSwapDiagnostic.parse(swap) if swap is not None else None,
+            RegimeDiagnostic.parse(regime) if regime is not None else None,
         )
 
 
@@ -291,21 +282,22 @@ class Execution:
     one process per post-training run, the job server, and where MLflow records (a tracking URI
     of the config; `MLFLOW_TRACKING_URI` wins over it) under which experiment."""
 
-    threads_per_job: int = 1
-    train_launcher: str = "rpb"
-    one_process_per_run: bool = False
-    job_server: bool = False
-    tracking_uri: str | None = None
-    experiment: str = "rpb"
+    threads_per_job: int
+    train_launcher: str
+    one_process_per_run: bool
+    job_server: bool
+    tracking_uri: str | None
+    experiment: str
 
     @classmethod
     def parse(cls, config: Mapping[str, Any]) -> Execution:
+        """From a checked config: the schema filled in every default but the tracking section's."""
         tracking = config.get("tracking") or {}
         return cls(
-            threads_per_job=config.get("threads_per_job", 1),
-            train_launcher=config.get("train_launcher", "rpb"),
-            one_process_per_run=bool(config.get("one_process_per_run", False)),
-            job_server=bool(config.get("job_server", False)),
+            threads_per_job=config["threads_per_job"],
+            train_launcher=config["train_launcher"],
+            one_process_per_run=config["one_process_per_run"],
+            job_server=config["job_server"],
             tracking_uri=tracking.get("uri"),
             experiment=tracking.get("experiment", "rpb"),
         )
@@ -334,7 +326,7 @@ class PipelineConfig:
     sweep: SweepConfig | None
     diagnostics: Diagnostics
     calibration: Mapping[str, Any]
-    execution: Execution = Execution()
+    execution: Execution
 
     @property
     def raw_models(self) -> Mapping[str, Mapping[str, Any]]:
@@ -385,7 +377,7 @@ class PipelineConfig:
             probe_limit=analysis.get("probe_limit", 200),
             tables=MappingProxyType(
                 {
-                    name: TableConfig.parse(name, entry)
+                    name: TableConfig.parse(entry)
                     for name, entry in tables.items()
                     if name != "seeds"
                 }
