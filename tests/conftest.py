@@ -5,23 +5,46 @@ from __future__ import annotations
 
 import copy
 import functools
+import gc
 import itertools
 import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import pytest
-import torch
-from transformers import PreTrainedModel
 
-from rpb.architectures import random_model
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
 
-torch.set_num_threads(1)  # the dev machines are 2 shared cores
+
+def _runs_tests(config: pytest.Config) -> bool:
+    """False in pytest-xdist's controller (`make test-fast`), which only hands out tests."""
+    return not getattr(config.option, "numprocesses", None) or hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _runs_tests(config):
+        return  # spares the controller torch's import (5 s before any worker could start)
+    import torch
+
+    torch.set_num_threads(1)  # the dev machines are 2 shared cores
+    # The tests keep many tiny models and tensors alive: at Python's default thresholds
+    # (700, 10, 10) the cyclic collector took a fifth of a worker's time scanning them
+    # (2026-12-04, 39 s of about 200 in `make test-fast`).
+    gc.set_threshold(10_000, 20, 50)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if _runs_tests(session.config):
+        gc.freeze()  # what the test modules imported lives to the end: no collection rescans it
+
 
 # Test id -> (model_type, config overrides). The grouped DeepSeek-V3 exercises group-limited
 # selection (4 groups of 2 experts, best 2 groups) on top of a random correction bias.
@@ -38,6 +61,8 @@ SOFTMAX_ARCHS = ["qwen3_moe", "qwen2_moe", "olmoe", "mixtral"]
 
 @functools.cache
 def _cached_model(arch: str) -> PreTrainedModel:
+    from rpb.architectures import random_model
+
     model_type, overrides = ARCHS[arch]
     return random_model(model_type, seed=0, **overrides)
 
@@ -51,6 +76,8 @@ def make_batch(
     batch: int = 2, seq: int = 8, pad: int = 3, seed: int = 0
 ) -> dict[str, torch.Tensor]:
     """Random input_ids with a right-padded last row (`pad` masked tokens) and LM labels."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(3, 64, (batch, seq), generator=g)
     mask = torch.ones(batch, seq, dtype=torch.long)
@@ -112,6 +139,8 @@ def skip_table_figures(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def perturb_routers(model: PreTrainedModel, scale: float = 0.5, seed: int = 1) -> None:
     """Move every router weight away from the base (as fine-tuning would)."""
+    import torch
+
     from rpb.routing import find_routers
 
     g = torch.Generator().manual_seed(seed)

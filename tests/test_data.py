@@ -139,8 +139,8 @@ def test_facts_are_consistent_and_eval_probes_training_facts(default_dir: Path) 
 
 def test_held_out_eval_sets_are_disjoint_from_all_training(default_dir: Path) -> None:
     train = [default_dir / f for f in TRAIN_FILES]
-    for task in HELD_OUT_TASKS:
-        assert check_disjoint(train, default_dir / f"eval/{task}.jsonl") == 200
+    held_out_sets = [default_dir / f"eval/{task}.jsonl" for task in HELD_OUT_TASKS]
+    assert check_disjoint(train, held_out_sets) == 200 * len(HELD_OUT_TASKS)
     # Arithmetic: held-out unordered operand pairs never occur in any training line or format.
     eval_pairs = {}
     for task in ARITH:
@@ -171,6 +171,10 @@ def test_check_disjoint_names_planted_overlap(smoke_dir: Path, tmp_path: Path) -
     post = smoke_dir / "post/math.jsonl"
     with pytest.raises(ValueError, match=rf"eval/reverse\.jsonl:7: .*{leaky}:{n_lines + 1}$"):
         check_disjoint([post, leaky], smoke_dir / "eval/reverse.jsonl")
+    # Among several eval files, the leak is named in its own file.
+    several = [smoke_dir / f"eval/{task}.jsonl" for task in ("sort", "reverse", "grammar")]
+    with pytest.raises(ValueError, match=rf"eval/reverse\.jsonl:7: .*{leaky}:{n_lines + 1}$"):
+        check_disjoint([post, leaky], several)
 
 
 def test_check_disjoint_matches_whole_symbols_only(tmp_path: Path) -> None:

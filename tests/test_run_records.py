@@ -116,6 +116,22 @@ def test_a_missing_output_names_the_file_and_who_needs_it(tmp_path: Path) -> Non
         read_json(path, "the router-swap table")
 
 
+def test_a_rewritten_output_is_read_again(tmp_path: Path) -> None:
+    """read_json parses each file once; a file rewritten in place (same size) or replaced by a
+    rename is read anew, never from the earlier parse."""
+    path = tmp_path / "eval.json"
+    path.write_text('{"score": 1}')
+    assert read_json(path) == {"score": 1}
+    assert read_json(path) is read_json(path)  # parsed once
+    with path.open("r+") as fh:
+        fh.write('{"score": 2}')
+    assert read_json(path) == {"score": 2}
+    replacement = tmp_path / "new.json"
+    replacement.write_text('{"score": 3}')
+    replacement.replace(path)
+    assert read_json(path) == {"score": 3}
+
+
 def test_training_history(tmp_path: Path) -> None:
     path = tmp_path / results_path("train_history", model="m", corpus="math", method="none", run=0)
     write_json(path, {"history": [{"step": 2, "task_loss": 1.5}]})

@@ -722,21 +722,28 @@ def load_jsonl(path: Path, required_keys: Sequence[str]) -> list[dict[str, Any]]
     return records
 
 
-def check_disjoint(train_paths: Iterable[Path], eval_path: Path) -> int:
+def check_disjoint(train_paths: Iterable[Path], eval_paths: Path | Iterable[Path]) -> int:
     """Raise ValueError naming the eval line whose prompt starts any training text.
 
-    Training files hold ``text`` or ``prompt``+``completion`` lines. Returns the number of eval
-    items checked.
+    Training files hold ``text`` or ``prompt``+``completion`` lines; they are read once for all
+    of `eval_paths` (one eval file or several). Returns the number of eval items checked.
     """
-    eval_records = load_jsonl(eval_path, ("prompt", "target"))
+    eval_paths = [eval_paths] if isinstance(eval_paths, (str, Path)) else list(eval_paths)
+    prompts: dict[str, tuple[str, int]] = {}
+    n_items = 0
+    for eval_path in eval_paths:
+        eval_records = load_jsonl(Path(eval_path), ("prompt", "target"))
+        for prompt, where in _eval_prompts(str(eval_path), eval_records).items():
+            prompts.setdefault(prompt, where)
+        n_items += len(eval_records)
 
     def train_texts() -> Iterable[tuple[str, int, str]]:
         for train_path in train_paths:
             for i, rec in enumerate(_load_train(Path(train_path)), start=1):
                 yield str(train_path), i, _record_text(rec)
 
-    _find_overlap(train_texts(), _eval_prompts(str(eval_path), eval_records))
-    return len(eval_records)
+    _find_overlap(train_texts(), prompts)
+    return n_items
 
 
 def _load_train(path: Path) -> list[dict[str, Any]]:

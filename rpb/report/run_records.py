@@ -10,6 +10,7 @@ task is an error naming the file.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -89,10 +90,20 @@ def runs_text(runs: Sequence[int]) -> str:
 
 
 def read_json(path: Path, what: str = "the table") -> dict[str, Any]:
-    """One JSON output; a missing file is a FileNotFoundError naming it and `what` needs it."""
+    """One JSON output; a missing file is a FileNotFoundError naming it and `what` needs it.
+
+    Each content is parsed once (the claims audit reads every evaluation output dozens of
+    times): the result is shared, so callers only read it."""
     if not path.is_file():
         raise FileNotFoundError(f"missing input for {what}: {path}")
-    return json.loads(path.read_text())
+    return _parsed_json(path.read_bytes())
+
+
+# Keyed by the bytes themselves, not by path and time: a file rewritten within the clock's tick
+# keeps its mtime. 64 covers an audit's working set at tiny scale (paper-scale files are MBs).
+@functools.lru_cache(maxsize=64)
+def _parsed_json(data: bytes) -> Any:
+    return json.loads(data)
 
 
 def exact_match_items(eval_result: dict[str, Any], task: str, path: Path) -> np.ndarray:
