@@ -42,8 +42,8 @@ test: install
 
 # The unit tier: no pipeline run (tests marked slow share one smoke run of it) and no Snakemake
 # (tests marked workflow), one worker per core, a test module per worker (`--dist loadfile`: each
-# module's fixtures are built once). On 2 cores (AMD EPYC, 2026-12-04, 1270 tests): 121-133 s of
-# pytest over three runs; tests dealt one by one (`--dist load`) 123-136 s over four.
+# module's fixtures are built once). On 2 cores (AMD EPYC, 2026-12-04, commit a06460b, 1271 tests):
+# 90-97 s of pytest over three runs (121-136 s before d188cdf; docs/performance.md, "The unit tier").
 test-fast: install
 	pytest -m "not slow and not workflow" -n auto --dist loadfile
 
