@@ -19,6 +19,7 @@ import pytest
 from result_worlds import OOD_ALL, PAPER_WORLD, write_world
 
 from rpb.report.claims import PART_COLUMNS, build_claims, compare_claims
+from rpb.report.run_records import read_json
 from rpb.report.stats import run_interval
 from rpb.report.verdicts import (
     INCONCLUSIVE,
@@ -108,6 +109,10 @@ def _audit(results: Path, spec: dict, out_csv: Path) -> pd.DataFrame:
     build_claims(results, spec, out_csv)
     table = pd.read_csv(out_csv, keep_default_na=False)
     assert list(table.columns) == PART_COLUMNS
+    # read_json hands every caller the same parse of a file: no part of the audit may change it.
+    for path in results.glob("eval/**/*.json"):
+        parsed = json.dumps(read_json(path), sort_keys=True)
+        assert parsed == json.dumps(json.loads(path.read_bytes()), sort_keys=True), path
     return table
 
 
