@@ -3,29 +3,56 @@
 
 VENV ?= .venv
 PYTHON ?= python3
-TORCH_SPEC ?= torch==2.13.0
 CORES ?= all
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.rpb-installed
+LOCK := requirements/lock.txt
+# Where pip finds torch's CPU wheel when no copy lies on disk (the lock pins torch==2.13.0+cpu):
+# make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install table1 smoke check-config test test-fast bench lint format clean-results ui
+.PHONY: install lock bases compare-table1 table1 smoke check-config test test-fast bench lint format clean-results ui
 
-$(STAMP): pyproject.toml
+# Exact versions with their hashes from the lock file (every dependency, torch's CPU build among
+# them), then this project itself without resolving anything again.
+$(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK) \
+		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $@
 
 install: $(STAMP)
 
+# Regenerate the lock file from pyproject.toml's ranges and requirements/constraints.txt: after a
+# change of either, or to take newer releases (then run make test, and compare table 1 with
+# docs/reproducibility.md's: new versions may change its bits).
+lock: install
+	$(PY) -m piptools compile --quiet --extra dev --generate-hashes --strip-extras \
+		--unsafe-package rpb --no-emit-index-url --no-emit-find-links \
+		-c requirements/constraints.txt -o $(LOCK) pyproject.toml
+
 table1: install
 	snakemake --cores $(CORES) results/table1.csv
+
+# Pretrain every committed base here (bases/manifest.json) on the pinned numeric path, and say
+# per base whether this machine gives the committed bytes (docs/reproducibility.md).
+BASES_RESULTS ?= results/bases
+bases: install
+	snakemake --cores $(CORES) --config bases=pretrain results_dir=$(BASES_RESULTS) -- \
+		$$($(PY) -m rpb.pipeline.bases targets $(BASES_RESULTS))
+	$(PY) -m rpb.pipeline.bases compare $(BASES_RESULTS)
+
+# Every output of `make table1` against the digests recorded on another machine.
+compare-table1: install
+	$(PY) bench/compare_results.py --against bench/results/reproducibility/table1.json results
 
 smoke: install
 	rpb check-config config/smoke.yaml

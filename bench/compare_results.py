@@ -3,6 +3,8 @@ not change behaviour (issue 33): same files, and every table, claim, figure and 
 
     python bench/compare_results.py BEFORE/results/smoke AFTER/results/smoke
     python bench/compare_results.py --relayout config/smoke.yaml BEFORE/results/smoke AFTER/...
+    python bench/compare_results.py --record RECORD.json results   # digests of every output
+    python bench/compare_results.py --against RECORD.json results  # a folder against them
 
 Compared: every CSV, Markdown, HTML, PNG, PDF, JSON and safetensors file outside MLflow's store,
 the logs, the benchmarks and the integrity records. Byte for byte, except what records when and
@@ -22,6 +24,7 @@ HTML and figures name runs in their text and labels: they are listed as renamed,
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -32,7 +35,9 @@ KINDS = {".csv", ".md", ".html", ".png", ".pdf", ".json", ".safetensors"}
 SKIPPED = re.compile(
     r"(^|/)(mlflow[^/]*|mlartifacts|logs|benchmarks|\.integrity|\.snakemake)(/|$)|\.run/"
 )
-VOLATILE_KEYS = {"date", "git_hash", "timing_s", "durations_s"}
+# When and where a run happened: dates, commits, timings, and the CPU numeric path (the CPU's
+# model is recorded with every training: rpb.numerics), which two CPUs must differ in.
+VOLATILE_KEYS = {"date", "git_hash", "timing_s", "durations_s", "numeric_path", "numeric_paths"}
 CHECKOUT = re.compile(r"(?:/[^/\s\"']+)+?/results/(?=[^/]+/)")
 
 
@@ -84,6 +89,49 @@ def _same_normalised(a: Path, b: Path, relative: str, data_a: bytes, data_b: byt
         cut = "## Cost on this machine"
         return data_a.decode().split(cut)[0] == data_b.decode().split(cut)[0]
     return False
+
+
+def digest(root: Path, relative: str) -> str:
+    """A sha256 of one output that two machines agree on when `same` would say they agree: of its
+    bytes, or of its normalised content where `same` normalises (JSON, PDF, testbed.md)."""
+    data = (root / relative).read_bytes()
+    if relative.endswith(".pdf"):
+        data = re.sub(rb"/CreationDate \([^)]*\)", b"", data)
+    elif relative.endswith(".json"):
+        value = _without_volatile(json.loads(data), _checkout(root))
+        data = json.dumps(value, sort_keys=True).encode()
+    elif relative == "testbed.md":
+        data = data.decode().split("## Cost on this machine")[0].encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def record_digests(results: Path, out: Path, about: dict[str, Any]) -> int:
+    """Write every output's digest (and `about`: where and how it was made) to `out`."""
+    record = {**about, "files": {name: digest(results, name) for name in outputs(results)}}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"{out}: {len(record['files'])} outputs of {results}")
+    return 0
+
+
+def check_digests(recorded: Path, results: Path) -> int:
+    """Compare a results folder with recorded digests; one line per file that differs."""
+    record = json.loads(recorded.read_text())
+    expected, present = record["files"], set(outputs(results))
+    status = 0
+    for name in sorted(set(expected) - present):
+        print(f"missing here: {name}")
+        status = 1
+    differ = [n for n in sorted(set(expected) & present) if digest(results, n) != expected[n]]
+    for name in differ:
+        print(f"differs: {name}")
+    extra = len(present - set(expected))
+    print(
+        f"{len(expected)} recorded outputs ({record.get('cpu')}, commit {record.get('commit')}):"
+        f" {len(set(expected) & present) - len(differ)} the same, {len(differ)} differ, "
+        f"{len(set(expected) - present)} missing here; {extra} outputs here not recorded"
+    )
+    return 1 if differ or status else 0
 
 
 class Relaid:
@@ -162,6 +210,17 @@ class Relaid:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--against"] and len(argv) == 3:
+        return check_digests(Path(argv[1]), Path(argv[2]))
+    if argv[:1] == ["--record"] and len(argv) == 3:
+        from rpb.numerics import cpu_model
+        from rpb.pipeline.tracking import git_commit
+
+        about = {"cpu": cpu_model(), "commit": git_commit()}
+        lock = Path(__file__).resolve().parents[1] / "requirements" / "lock.txt"
+        if lock.exists():
+            about["lock_sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
+        return record_digests(Path(argv[2]), Path(argv[1]), about)
     relaid = None
     if argv[:1] == ["--relayout"] and len(argv) > 1:
         relaid, argv = Relaid(argv[1]), argv[2:]

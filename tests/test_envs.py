@@ -41,8 +41,10 @@ for _group in PYPROJECT.get("optional-dependencies", {}).values():
 
 
 def _torch_pin() -> str:
-    match = re.search(r"^TORCH_SPEC \?= torch==(\S+)$", (ROOT / "Makefile").read_text(), re.M)
-    assert match, "Makefile: no `TORCH_SPEC ?= torch==<version>`"
+    """The torch release `make install` installs: the lock file's, less its local `+cpu` tag."""
+    lock = (ROOT / "requirements" / "lock.txt").read_text()
+    match = re.search(r"^torch==([^\s+]+)(\+cpu)? ", lock, re.M)
+    assert match, "requirements/lock.txt: no `torch==<version>` pin"
     return match.group(1)
 
 
@@ -104,3 +106,22 @@ def test_dev_environment_satisfies_env(path: Path):
         except PackageNotFoundError:
             continue  # e.g. tiktoken: paper scale only
         assert req.specifier.contains(installed, prereleases=True), (path.name, name, installed)
+
+
+def test_the_lock_file_satisfies_every_range_of_pyproject() -> None:
+    """`make install` installs the lock file's versions: each must be inside pyproject.toml's
+    range for it, or the lock is stale (`make lock` regenerates it)."""
+    locked = dict(
+        re.findall(
+            r"^([A-Za-z0-9_.-]+)==(\S+) ", (ROOT / "requirements/lock.txt").read_text(), re.M
+        )
+    )
+    locked = {name.lower().replace("_", "-"): version for name, version in locked.items()}
+    for name, req in {**PROJECT, **OPTIONAL}.items():
+        if name == "rpb":
+            continue
+        version = locked.get(name.lower().replace("_", "-"))
+        assert version is not None, f"{name} is not in requirements/lock.txt: run make lock"
+        assert req.specifier.contains(version, prereleases=True), (
+            f"requirements/lock.txt has {name}=={version}, outside pyproject's {req}: make lock"
+        )

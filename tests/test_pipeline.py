@@ -104,6 +104,32 @@ def test_mlflow_has_one_finished_run_per_job(smoke_results: Path) -> None:
 
 
 @pytest.mark.slow
+def test_every_job_ran_on_the_pinned_numeric_path(smoke_results: Path) -> None:
+    """The smoke config pins the CPU numeric path (rpb.numerics): every job's MLflow run records
+    it, and table 1's provenance names one path for all its trainings. Fails if a job ran
+    without the pinning (another capability, MKL mode or thread count)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{smoke_results / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("rpb")
+    runs = client.search_runs([experiment.experiment_id], max_results=1000)
+    jobs = [r for r in runs if r.data.tags.get("stage") != "invocation"]
+    assert jobs
+    for run in jobs:
+        params = run.data.params
+        assert params["numerics.pinned"] == "True", run.info.run_name
+        assert params["numerics.capability"] == "AVX2", run.info.run_name
+        assert params["numerics.mkl_cbwr"] == "COMPATIBLE", run.info.run_name
+        assert params["numerics.onednn"] == "False", run.info.run_name
+        assert params["numerics.threads"] == "1", run.info.run_name
+        assert len(params["numerics.lock_sha256"]) == 64, run.info.run_name
+    meta = json.loads((smoke_results / "table1.meta.json").read_text())
+    (path,) = meta["numeric_paths"]
+    assert path["path"]["pinned"] is True and path["path"]["capability"] == "AVX2"
+    assert path["trainings"] == 4  # the base and none, lbl, rpb on it
+
+
+@pytest.mark.slow
 def test_second_invocation_has_nothing_to_do(smoke_results: Path) -> None:
     proc = smoke_pipeline.run(smoke_results, f"{smoke_results}/table1.csv", "--dry-run")
     assert proc.returncode == 0, proc.stderr

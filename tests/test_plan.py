@@ -74,6 +74,7 @@ def test_how_jobs_run_is_parsed_with_the_schemas_defaults(plan: Plan) -> None:
     once for common.smk, with the schema's defaults where a config leaves them out."""
     assert plan.config.execution == Execution(
         threads_per_job=1,
+        cpu_numerics="pinned",
         train_launcher="rpb",
         one_process_per_run=True,
         job_server=True,
@@ -89,6 +90,7 @@ def test_how_jobs_run_is_parsed_with_the_schemas_defaults(plan: Plan) -> None:
         )
     ).execution
     assert paper.threads_per_job == 4 and not paper.one_process_per_run
+    assert paper.cpu_numerics == "free"  # GPUs: no CPU pinning
     assert paper.train_launcher.startswith("accelerate launch")
     assert (paper.tracking_uri, paper.experiment) == ("http://mlflow:5000", "moe")
 

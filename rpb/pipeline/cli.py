@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rpb.numerics import PIN_ENV
 from rpb.report.registry import REPORT_JOBS
 from rpb.specs import TRAINABLE, run_fields, run_name
 
@@ -155,6 +156,8 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         "architecture": args.architecture,
         "train": args.spec,
         "lbl_coef": args.lbl_coef,
+        # Where the base comes from: the committed fixed base (rpb.pipeline.bases) or pretrained.
+        "base_source": f"fixed:{args.fixed_base}" if args.fixed_base else "pretrained",
     }
     parents = _lineage(corpora=args.corpus.parent)
     with tracked_run(
@@ -166,6 +169,21 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         run_dir=args.out,
         **_track_kwargs(args),
     ):
+        if args.fixed_base:
+            from rpb.pipeline.bases import install
+
+            entry = install(
+                _fixed_bases_root(), args.fixed_base, args.out, args.corpus, args.tokenizer
+            )
+            mlflow.log_artifact(str(args.out / "train_history.json"))
+            log_datasets([args.corpus], "training")
+            log.info(
+                "fixed base %s installed (pretrained on %s, %s; sha256 checked)",
+                args.fixed_base,
+                entry["numeric_path"].get("cpu"),
+                entry["numeric_path"].get("capability"),
+            )
+            return
         summary = pretrain(
             model_type=args.model_type,
             architecture=args.architecture,
@@ -179,6 +197,20 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
         mlflow.log_artifact(str(args.out / "train_history.json"))
         log_datasets([args.corpus], "training")
         log.info("pretraining done: %s", summary["final"])
+        if args.compare_base:
+            from rpb.pipeline.bases import compare
+
+            same, line = compare(_fixed_bases_root(), args.compare_base, args.out)
+            mlflow.set_tag("rpb.fixed_base_bytes", "same" if same else "different")
+            log.info(line)
+            print(line, flush=True)
+
+
+def _fixed_bases_root() -> Path:
+    """The committed bases' folder: the workflow's (RPB_FIXED_BASES), else ./bases."""
+    from rpb.pipeline.bases import FIXED_BASES
+
+    return Path(os.environ.get("RPB_FIXED_BASES", FIXED_BASES))
 
 
 def cmd_prior(args: argparse.Namespace) -> None:
@@ -790,6 +822,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, required=True)
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    source = p.add_mutually_exclusive_group()
+    source.add_argument(
+        "--fixed-base", help="install this committed base (bases/<NAME>) instead of pretraining"
+    )
+    source.add_argument(
+        "--compare-base", help="pretrain, then say whether the bytes equal bases/<NAME>'s"
+    )
     _add_base_of(p)
     _add_compute(p, threads=True)
 
@@ -905,6 +944,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _offline()
+    if os.environ.get(PIN_ENV) == "pinned":
+        # The pipeline pins every job's CPU numeric path (rpb.numerics); a job that would compute
+        # with other kernels stops before it computes anything.
+        from rpb.numerics import NumericPathError, apply_pinned
+
+        try:
+            apply_pinned()
+        except NumericPathError as err:
+            print(f"{command_name(args)}: error: {err}", file=sys.stderr)
+            return 2
     try:
         args.func(args)
     except ModuleNotFoundError as err:

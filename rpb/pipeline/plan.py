@@ -15,9 +15,11 @@ import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rpb.pipeline.bases import base_identity, find_fixed_base
 from rpb.specs import METHOD_SPECS, base_of_run, bases_of, results_path, run_fields, run_id, run_ids
 
 # Tables whose runs are exploratory (labelled so in their outputs) may run fewer seeds than the
@@ -278,11 +280,13 @@ class Diagnostics:
 
 @dataclass(frozen=True)
 class Execution:
-    """How the jobs run, not what they compute: torch threads per job, the training launcher,
+    """How the jobs run: torch threads per job, the CPU numeric path (`cpu_numerics`: pinned
+    jobs compute the same bits on every x86-64 CPU, rpb.numerics), the training launcher,
     one process per post-training run, the job server, and where MLflow records (a tracking URI
     of the config; `MLFLOW_TRACKING_URI` wins over it) under which experiment."""
 
     threads_per_job: int
+    cpu_numerics: str
     train_launcher: str
     one_process_per_run: bool
     job_server: bool
@@ -295,6 +299,7 @@ class Execution:
         tracking = config.get("tracking") or {}
         return cls(
             threads_per_job=config["threads_per_job"],
+            cpu_numerics=config["cpu_numerics"],
             train_launcher=config["train_launcher"],
             one_process_per_run=config["one_process_per_run"],
             job_server=config["job_server"],
@@ -318,6 +323,7 @@ class PipelineConfig:
     table1: Table1
     data: DataConfig
     posttrain: Mapping[str, Any]
+    bases: str
     probe_tasks: tuple[str, ...]
     probe_limit: int
     tables: Mapping[str, TableConfig]
@@ -373,6 +379,7 @@ class PipelineConfig:
                 frozen(data.get("corpora") or {}),
             ),
             posttrain=frozen(config["posttrain"]),
+            bases=config["bases"],
             probe_tasks=tuple(analysis.get("probe_tasks", evaluation.tasks)),
             probe_limit=analysis.get("probe_limit", 200),
             tables=MappingProxyType(
@@ -523,6 +530,32 @@ class Plan:
     def posttrain_spec(self, run: Any) -> dict[str, Any]:
         """The TrainSpec of a post-training job; its threads come from `--threads`."""
         return plain(self.config.posttrain) | {"seed": int(run)}
+
+    def base_identity(self, model: str) -> dict[str, Any]:
+        """What decides the bytes of config entry `model`'s pretrained base (rpb.pipeline.bases)."""
+        entry, data = self.config.models[model].entry, self.config.data
+        return base_identity(
+            entry["model_type"],
+            plain(entry["architecture"]),
+            self.pretrain_spec(model),
+            entry["pretrain"]["lbl_coef"],
+            {
+                "seed": data.seed,
+                "preset": data.preset,
+                "level": data.level,
+                "holdout": data.holdout,
+            },
+        )
+
+    def fixed_base(self, model: str, root: str, any_source: bool = False) -> str | None:
+        """The committed base (`<model>/base<b>` under `root`) of config entry `model`'s identity:
+        the base it starts from with config `bases: fixed` (else None: pretrain), or with
+        `any_source` the one a base pretrained here is compared with."""
+        if (self.config.bases != "fixed" and not any_source) or self.config.data.corpora:
+            return None
+        if self.config.models[model].source != "pretrain":
+            return None
+        return find_fixed_base(Path(root), self.base_identity(model))
 
     def pretrain_spec(self, model: str) -> dict[str, Any]:
         spec = plain(self.config.models[model].entry["pretrain"])

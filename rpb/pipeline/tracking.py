@@ -502,6 +502,7 @@ def tracked_run(
         with _sigterm_raises():
             # MLflow caps a param value at 6000 chars; long lists are still useful truncated.
             mlflow.log_params({k: str(v)[:6000] for k, v in flat.items()})
+            mlflow.log_params(numeric_path_params())
             yield run
     except JobTerminated:
         _end_unfinished(run.info.run_id, "KILLED", "SIGTERM")
@@ -518,6 +519,14 @@ def tracked_run(
                 json.dumps({"run_id": run.info.run_id, "name": name}) + "\n",
             )
         mlflow.end_run(status="FINISHED")
+
+
+def numeric_path_params() -> dict[str, str]:
+    """The job's CPU numeric path (rpb.numerics) as `numerics.*` params: which CPU, kernels,
+    MKL mode, threads, library versions and lock file computed the run's numbers."""
+    from rpb.numerics import numeric_path
+
+    return {f"numerics.{key}": str(value) for key, value in numeric_path().items()}
 
 
 def _reason(err: BaseException) -> str:

@@ -39,6 +39,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from rpb.architectures import build_config
 from rpb.eval_routing import save_eval_routing
 from rpb.methods import RouterMethod, make_method
+from rpb.numerics import numeric_path
 from rpb.pipeline.data import (
     DOMAIN_TOKENS,
     PRETRAIN_DOMAINS,
@@ -431,7 +432,11 @@ def pretrain(
     history = run_training(
         model, tokenizer, dataset, method, spec, out_dir, save_to=out_dir / "model"
     )
-    summary = {"final": history[-1] if history else {}, "spec": asdict(spec)}
+    summary = {
+        "final": history[-1] if history else {},
+        "spec": asdict(spec),
+        "numeric_path": numeric_path(),
+    }
     if is_main_process():
         _write_json(out_dir / "train_history.json", {"history": history, **summary})
         remove_checkpoints(out_dir / "checkpoints")
@@ -499,6 +504,7 @@ def posttrain(
         "final": history[-1] if history else {},
         "spec": asdict(spec),
         "method": asdict(method),
+        "numeric_path": numeric_path(),
     }
     if is_main_process():
         _write_json(out_dir / "train_history.json", {"history": history, **summary})

@@ -25,6 +25,7 @@ from rpb.specs import (
     analysis_path,
     base_index,
     eval_path,
+    results_path,
     run_fields,
     run_ids,
     run_name,
@@ -43,6 +44,7 @@ __all__ = [
     "in_domain_tasks",
     "metric_tasks",
     "named_runs",
+    "numeric_paths",
     "read_json",
     "run_record",
     "run_score",
@@ -218,6 +220,30 @@ def training_history(
     if not history:
         raise ValueError(f"{path}: no 'history' entries")
     return history
+
+
+def numeric_paths(results: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The distinct CPU numeric paths (rpb.numerics) that trained a table's runs and their
+    pretrained bases, read from their `train_history.json` (one written before paths were
+    recorded counts as "unrecorded"; a hub base has none), each with how many trainings used it:
+    one entry when the table is of one path."""
+    histories: list[Path] = []
+    for run in spec["seeds"]:
+        base = run_fields(run)["base"]
+        model = Path(results) / results_path("base_model", model=spec["model"], base=base)
+        if (model.parent / "train_history.json").exists():
+            histories.append(model.parent / "train_history.json")
+        for label in spec["methods"]:
+            histories.append(
+                run_path("train_history", results, spec["model"], spec["corpus"], label, run)
+            )
+    found: dict[str, dict[str, Any]] = {}
+    for path in dict.fromkeys(histories):
+        record = read_json(path).get("numeric_path") or "unrecorded"
+        key = json.dumps(record, sort_keys=True)
+        entry = found.setdefault(key, {"path": record, "trainings": 0})
+        entry["trainings"] += 1
+    return list(found.values())
 
 
 def _load_counts(path: Path, key: str = "counts") -> np.ndarray:

@@ -53,6 +53,7 @@ from rpb.report.run_records import (
     exact_match_items,
     in_domain_tasks,
     metric_tasks,
+    numeric_paths,
     read_json,
     run_record,
     run_score,
@@ -478,6 +479,8 @@ def build_method_table(
         "seeds": spec["seeds"],
         "measures": measures(spec),
         "verdicts": list(verdicts),
+        # Which CPU numeric path trained the runs (rpb.numerics): one entry for a pinned table.
+        "numeric_paths": numeric_paths(results, spec),
         "note": (
             "".join(f"{line} " for line in verdicts)
             + f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "

@@ -5,6 +5,7 @@ import json
 import os
 import shlex
 import sys
+from pathlib import Path
 
 from rpb.artifacts import (
     RESULTS_ENV,
@@ -14,7 +15,10 @@ from rpb.artifacts import (
     integrity_message,
     parse_invocation,
     rebuild_target,
+    sha256_of,
 )
+from rpb.numerics import LOCK_ENV, PIN_ENV, pinned_environment
+from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
 from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
@@ -75,6 +79,16 @@ def check_integrity():
 # change of threads_per_job changes how fast a job runs, not what it computes, so it reruns nothing.
 EXECUTION = PLAN.config.execution
 THREADS = EXECUTION.threads_per_job
+# The CPU numeric path of every job (rpb.numerics): ATen and MKL read it from the environment
+# when a process starts, so it is set here, before any job (or the job server) starts.
+if EXECUTION.cpu_numerics == "pinned":
+    os.environ.update(pinned_environment())
+else:
+    os.environ.pop(PIN_ENV, None)
+# Which locked environment computed the numbers: recorded with every run (rpb.numerics).
+LOCK_FILE = os.path.join(workflow.basedir, "requirements", "lock.txt")
+if os.path.exists(LOCK_FILE):
+    os.environ.update({LOCK_ENV: sha256_of(LOCK_FILE)})
 TRACKING_URI = (
     os.environ.get("MLFLOW_TRACKING_URI")
     or EXECUTION.tracking_uri
@@ -183,6 +197,34 @@ def base_of_flags(wildcards):
 def base_name(wildcards):
     """The config entry of a job's base (`tinyA` base 1: `tinyA_base1`)."""
     return PLAN.base_model(wildcards.model, wildcards.base)
+
+
+# The committed bases (rpb.pipeline.bases); jobs find the folder in their environment, so a moved
+# checkout reruns nothing.
+FIXED_BASES = os.path.join(workflow.basedir, FIXED_BASES_DIR)
+os.environ.update(RPB_FIXED_BASES=FIXED_BASES)
+
+
+def fixed_base_of(wildcards):
+    """The committed base a pretraining job installs or compares with (`tinyA/base0`), or None."""
+    return PLAN.fixed_base(base_name(wildcards), FIXED_BASES, any_source=True)
+
+
+def fixed_base_flag(wildcards):
+    """`--fixed-base NAME` (bases: fixed), `--compare-base NAME` (bases: pretrain) or nothing."""
+    name = fixed_base_of(wildcards)
+    if name is None:
+        return ""
+    verb = "fixed-base" if PLAN.config.bases == "fixed" else "compare-base"
+    return f"--{verb} {name}"
+
+
+def fixed_base_files(wildcards):
+    """The committed files a job installs: a change of them reruns it."""
+    name = fixed_base_of(wildcards)
+    if name is None or PLAN.config.bases != "fixed":
+        return []
+    return sorted(str(p) for p in Path(FIXED_BASES, name).rglob("*") if p.is_file())
 
 
 def run_base_dir(wc):

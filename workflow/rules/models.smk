@@ -6,6 +6,7 @@ rule pretrain_base:
         ancient(TRACKING_READY),
         manifest=f"{RESULTS}/data/manifest.json",
         tokenizer=f"{RESULTS}/data/tokenizer",
+        fixed=fixed_base_files,
     output:
         model=directory(BASE_MODEL),
         history=f"{os.path.dirname(BASE_MODEL)}/train_history.json",
@@ -34,11 +35,13 @@ rule pretrain_base:
         lbl=lambda wc: PLAN.config.models[wc.model].entry["pretrain"]["lbl_coef"],
         experts=experts_flag,
         base_of=base_of_flags,
+        fixed=fixed_base_flag,
     shell:
         "rpb pipeline pretrain --name {params.name} --model-type {params.model_type}"
         " --architecture {params.architecture} --spec {params.spec} --lbl-coef {params.lbl}"
         " --tokenizer {input.tokenizer} --corpus {params.corpus} --out {params.out}"
-        " --threads {threads} {params.experts} {params.base_of} {params.track} > {log} 2>&1"
+        " --threads {threads} {params.experts} {params.base_of} {params.fixed} {params.track}"
+        " > {log} 2>&1"
 
 
 rule extract_prior:
