@@ -14,8 +14,9 @@ mouse clicks. From the rendered DOM it asserts that
 
 1. the experiment opens in the model-training view and its description names the project;
 2. each invocation is one row whose expander shows the job runs nested under it;
-3. grouping the chart view by `method` (the README's three clicks) gives one group per method of
-   table 1, and the compare page of table 1's eval and analysis runs lists its params and metrics;
+3. grouping the chart view by `method` (docs/results.md's three clicks) gives one group per
+   method of table 1, and the compare page of table 1's eval and analysis runs lists its params
+   and metrics;
 4. report.html lists table 1 and its figure, and shows both when opened.
 
 Screenshots go to a new temporary folder (its path is printed), or to `--screenshots DIR` when

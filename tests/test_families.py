@@ -1,7 +1,8 @@
 """Every MoE family rpb.families describes, on a tiny random model of its own config class
 (tests/family_models.py): zero-bias equivalence, the step-0 invariant of every method, anchor
 terms, hard routing, the prior, refusals of unsupported routers in one line, and the registry's
-families in the README and the schema. The self-check's own refusals: tests/test_router_check.py."""
+families in docs/families.md and the schema. The self-check's own refusals:
+tests/test_router_check.py."""
 
 from __future__ import annotations
 
