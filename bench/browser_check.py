@@ -3,7 +3,8 @@ real (headless) Chromium. Not part of the test suite: it needs a browser and a s
 
     snakemake --cores 1 --configfile config/smoke.yaml --config results_dir=/tmp/rpb_smoke \\
         -- /tmp/rpb_smoke/table1.csv
-    python bench/browser_check.py --results /tmp/rpb_smoke      # screenshots to docs/img/
+    python bench/browser_check.py --results /tmp/rpb_smoke      # screenshots to a temporary folder
+    python bench/browser_check.py --results /tmp/rpb_smoke --screenshots docs/img   # the docs'
 
 It builds `<results>/report.html` (`snakemake --report`, table 1's target), starts `mlflow server`
 on 127.0.0.1 against `<results>/mlflow.db`, and drives a fresh Chromium profile (Debian's
@@ -13,12 +14,14 @@ mouse clicks. From the rendered DOM it asserts that
 
 1. the experiment opens in the model-training view and its description names the project;
 2. each invocation is one row whose expander shows the job runs nested under it;
-3. grouping the chart view by `method` (the README's three clicks) gives one group per method of
-   table 1, and the compare page of table 1's eval and analysis runs lists its params and metrics;
+3. grouping the chart view by `method` (docs/results.md's three clicks) gives one group per
+   method of table 1, and the compare page of table 1's eval and analysis runs lists its params
+   and metrics;
 4. report.html lists table 1 and its figure, and shows both when opened.
 
-Screenshots go to `--out` (docs/img/). The server is stopped with SIGINT (SIGTERM orphans its
-workers). Exit status: 0 passed or skipped, 1 a check failed.
+Screenshots go to a new temporary folder (its path is printed), or to `--screenshots DIR` when
+given (`docs/img` refreshes the documentation's). The server is stopped with SIGINT (SIGTERM
+orphans its workers). Exit status: 0 passed or skipped, 1 a check failed.
 """
 
 from __future__ import annotations
@@ -534,7 +537,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, required=True, help="a smoke results folder")
     parser.add_argument("--configfile", default="config/smoke.yaml", help="its config file")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img", help="screenshots")
+    parser.add_argument(
+        "--screenshots",
+        "--out",
+        dest="out",
+        type=Path,
+        metavar="DIR",
+        help="where screenshots go (default: a new temporary folder; docs/img: the docs' own)",
+    )
     parser.add_argument(
         "--no-report",
         action="store_true",
@@ -544,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.results / "mlflow.db").is_file() or not (args.results / "table1.csv").is_file():
         parser.error(f"{args.results} has no mlflow.db and table1.csv: run the smoke table 1")
     binary = find_chromium()
+    if binary is not None:
+        if args.out is None:
+            args.out = Path(tempfile.mkdtemp(prefix="rpb_browser_check_"))
+        args.out.mkdir(parents=True, exist_ok=True)
+        print(f"screenshots: {args.out}")
     if binary is None:
         print("SKIPPED: no chromium (apt package `chromium`) and it cannot be installed here")
         return 0

@@ -4,9 +4,9 @@ A `Family` entry is everything rpb needs to support a family: its router class (
 modelling module is imported until a model uses it), what that router computes (a `RouterSpec`,
 checked against the router's own forward before rpb routes with it, rpb.router_check) or why rpb
 refuses it, and a tiny config of its own config class, on which the tests run every method
-(rpb.architectures builds it). Adding a family is adding an entry to `FAMILIES`; the README's family
-table, the model types the pipeline accepts and the config check's expert-count field all come
-from here. Pure data: importing it imports neither torch nor transformers.
+(rpb.architectures builds it). Adding a family is adding an entry to `FAMILIES`; the family table
+of docs/families.md, the model types the pipeline accepts and the config check's expert-count
+field all come from here. Pure data: importing it imports neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -530,7 +530,7 @@ def routed_model_types() -> list[str]:
 
 
 def families_markdown() -> str:
-    """The README's "Supported MoE families" table, generated from `FAMILIES`."""
+    """docs/families.md's "Supported MoE families" table, generated from `FAMILIES`."""
     rows = [
         "| `model_type` | router class | rpb kind | routing |",
         "|---|---|---|---|",
@@ -546,8 +546,9 @@ def families_markdown() -> str:
     return "\n".join([*rows, "", *refused]) + "\n"
 
 
-def update_readme(path: str = "README.md") -> bool:
-    """Rewrite the generated family table between the README's markers; True if it changed."""
+def update_readme(path: str = "docs/families.md") -> bool:
+    """Rewrite the generated family table between the markers of docs/families.md (the manual's
+    families page); True if it changed."""
     from pathlib import Path
 
     readme = Path(path)
@@ -560,5 +561,5 @@ def update_readme(path: str = "README.md") -> bool:
     return new != text
 
 
-if __name__ == "__main__":  # python -m rpb.families: refresh the README's family table
-    print("README.md updated" if update_readme() else "README.md already up to date")
+if __name__ == "__main__":  # python -m rpb.families: refresh docs/families.md's family table
+    print("docs/families.md updated" if update_readme() else "docs/families.md already up to date")

@@ -95,7 +95,7 @@ def _setting(value: object) -> str:
 
 
 def describe(spec: RouterSpec) -> str:
-    """One line saying what a described router computes (for the README's family table)."""
+    """One line saying what a described router computes (for docs/families.md's family table)."""
     score = spec.score
     if spec.correction_bias is not None:
         path = spec.correction_bias

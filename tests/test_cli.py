@@ -267,6 +267,26 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
     ]
 
 
+
+@pytest.mark.parametrize("command", ["finetune", "prior"])
+def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch, command) -> None:
+    """`rpb finetune/prior --mlflow` on the light install needs MLflow alone: `rpb[mlflow]`."""
+    from types import SimpleNamespace
+
+    import rpb.pipeline.cli as cli
+
+    def missing(args) -> None:
+        raise ModuleNotFoundError("No module named 'mlflow'", name="mlflow")
+
+    parsed = SimpleNamespace(command=command, verbose=False, func=missing)
+    monkeypatch.setattr(cli, "build_parser", lambda: SimpleNamespace(parse_args=lambda a: parsed))
+    assert cli.main([]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"rpb {command}: error: needs mlflow, which the mlflow extra installs: "
+        "pip install 'rpb[mlflow]'"
+    ]
+
 # --- the command line's shape --------------------------------------------------------------------
 
 # rpb.pipeline.user_cli, the config check and the results folder's move to base<b>/seed<s> paths.

@@ -280,8 +280,8 @@ def test_unknown_level_and_too_many_held_out_pairs_are_refused(tmp_path: Path) -
 def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
     smoke_dir: Path, tmp_path: Path
 ) -> None:
-    """Rule 2's data-limited task (docs/testbed.md): fewer post-training pairs, same stream, same
-    dev and eval sets, same pretraining corpus."""
+    """Rule 2's data-limited task (docs/records/regime_walk.md): fewer post-training pairs, same
+    stream, same dev and eval sets, same pretraining corpus."""
     cut = data.preset_sizes("smoke", 50)
     assert (
         cut["math"] == cut["math2"] == 50 and cut["pretrain"] == SIZE_PRESETS["smoke"]["pretrain"]
@@ -305,9 +305,9 @@ def test_a_cut_post_training_set_is_a_prefix_with_the_same_held_out_items(
 def test_a_holdout_removes_its_region_from_post_training_only(
     smoke_dir: Path, tmp_path: Path, holdout: str
 ) -> None:
-    """Rule 3's tasks (docs/testbed.md): no post-training pair of math or math2 lies in the held-out
-    region, while dev, eval and pretraining files are byte-identical to the task without it, so
-    some dev items lie in the region (the task's hard items by construction)."""
+    """Rule 3's tasks (docs/records/regime_walk.md): no post-training pair of math or math2 lies
+    in the held-out region, while dev, eval and pretraining files are byte-identical to the task
+    without it, so some dev items lie in the region (the task's hard items by construction)."""
     manifest = write_corpora(tmp_path, seed=3, sizes=SIZE_PRESETS["smoke"], holdout=holdout)
     assert manifest["post_holdout"] == holdout
     full, held = _files(smoke_dir), _files(tmp_path)

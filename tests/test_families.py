@@ -1,7 +1,8 @@
 """Every MoE family rpb.families describes, on a tiny random model of its own config class
 (tests/family_models.py): zero-bias equivalence, the step-0 invariant of every method, anchor
 terms, hard routing, the prior, refusals of unsupported routers in one line, and the registry's
-families in the README and the schema. The self-check's own refusals: tests/test_router_check.py."""
+families in docs/families.md and the schema. The self-check's own refusals:
+tests/test_router_check.py."""
 
 from __future__ import annotations
 
@@ -247,8 +248,8 @@ def test_more_logit_columns_than_experts_is_refused():
         find_routers(model)
 
 
-def test_readme_lists_the_registry_families():
-    readme = (ROOT / "README.md").read_text()
+def test_families_page_lists_the_registry_families():
+    readme = (ROOT / "docs" / "families.md").read_text()
     section = readme.split("<!-- families:start -->\n", 1)[1].split("<!-- families:end -->", 1)[0]
     assert section == families_markdown(), "refresh it with: python -m rpb.families"
     assert all(f"`{t}`" in section for t in routed_model_types())

@@ -25,6 +25,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+BUILD_REQUIRES = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
 
 # The library: what `pip install rpb` is for, every module at the top of the package (the
 # pipeline's and the report's are in rpb/pipeline/ and rpb/report/; rpb.cli and __main__ are the
@@ -189,7 +190,7 @@ def _core_closure() -> dict[str, str]:
     """name -> version installed here of every distribution the core dependencies need,
     transitively (markers evaluated for this interpreter), plus setuptools to build rpb."""
     todo = [(Requirement(r), "") for r in PYPROJECT["dependencies"]]
-    todo += [(Requirement(r), "") for r in ("setuptools>=68",)]
+    todo += [(Requirement(r), "") for r in BUILD_REQUIRES]
     found: dict[str, str] = {}
     seen: set[tuple[str, str]] = set()
     while todo:

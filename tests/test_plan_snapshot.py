@@ -2,7 +2,7 @@
 lists the same jobs as the committed snapshot in tests/data/plan_snapshot/<case>.json.
 
 Guards the planning logic (rpb.pipeline.plan and workflow/rules/common.smk, issue 33): the rewrite
-must leave every job list unchanged. Each case is one (configfile, target) pair that the README or
+must leave every job list unchanged. Each case is one (configfile, target) pair that the docs or
 the Makefile tell users to build (CASES below), dry-run against an empty, fresh results folder
 (`--config results_dir=<tmp>`), so the answer never depends on what was built, on timestamps or on
 absolute paths. A job is recorded as its rule, its wildcards, the sorted sets of its output and
@@ -70,9 +70,9 @@ class Case:
         return f"snakemake -n{config} -- {self.target}"
 
 
-# The targets the README and the Makefile name, under each shipped config: `all` (the default
-# target), `make table1`, the README's two one-stage examples, `make smoke` and the smoke `all`,
-# and the paper-scale table 1 (README) and `all` (docs/paper_scale.md).
+# The targets docs/pipeline.md and the Makefile name, under each shipped config: `all` (the
+# default target), `make table1`, the two one-stage examples, `make smoke` and the smoke `all`,
+# and the paper-scale table 1 (docs/pipeline.md) and `all` (docs/paper_scale.md).
 # The unit tier keeps one dry run per config (its table 1); the whole-DAG cases run in the full
 # suite (`make test`, CI), where a planning change shows before it lands.
 CASES = [

@@ -1,6 +1,7 @@
-"""The testbed-v2 premise screen (docs/testbed.md, "Testbed v2"): walk the grid of learning rate x
-steps x difficulty level with `none` alone, post-training the MoE layers (`trainable: moe`), and
-find per family the cheapest point where the paper's premise holds (gates L, F, D, R).
+"""The testbed-v2 premise screen (docs/records/premise_screen.md, "Testbed v2"): walk the grid of
+learning rate x steps x difficulty level with `none` alone, post-training the MoE layers
+(`trainable: moe`), and find per family the cheapest point where the paper's premise holds
+(gates L, F, D, R).
 
 Needs the pipeline's bases and corpora (from the project root):
 
@@ -46,7 +47,7 @@ SEEDS_BASE1 = (500, 501, 502, 503, 504)
 FAMILIES = {"A": ("tinyA", "tinyA_p1"), "B": ("tinyB", "tinyB_p1")}
 PROBE_LIMIT = 200  # the analysis probe: the first 200 items of each OOD task
 MARGIN = 5.0  # the claims' margin, points of p(target)
-# The gates (docs/testbed.md): fixed before any run.
+# The gates (docs/records/premise_screen.md): fixed before any run.
 L_RANGE = (0.50, 0.95)
 F_RANGE = (0.70, 0.95)
 D_MAX = 0.90
@@ -157,7 +158,8 @@ def ruled_out(point: Point, gates: Gates) -> dict[Point, str]:
 def seed_count(
     runs_by_base: Sequence[Sequence[dict[str, Any]]], ood_loss_points: float, r_share: float
 ) -> dict[str, Any]:
-    """Seeds per base from power (docs/testbed.md, "The seed count") and the headroom check."""
+    """Seeds per base from power (docs/records/premise_screen.md, "The seed count") and the
+    headroom check."""
 
     def pooled_sd(values_by_base: list[np.ndarray]) -> float:
         num = sum(((v - v.mean()) ** 2).sum() for v in values_by_base)
@@ -376,7 +378,8 @@ def run_record(
 
 
 class Walk:
-    """One family's walk over the grid (docs/testbed.md); its history is the screen's record."""
+    """One family's walk over the grid (docs/records/premise_screen.md); its history is the
+    screen's record."""
 
     def __init__(self, family: str, results: Path, work: Path, pool: ProcessPoolExecutor):
         self.family, self.results, self.work, self.pool = family, results, work, pool

@@ -1,5 +1,5 @@
-"""The premise screen's rules (docs/testbed.md, "Testbed v2") on synthetic records with known
-answers: the gates, the pruning of the walk and the seed count."""
+"""The premise screen's rules (docs/records/premise_screen.md, "Testbed v2") on synthetic records
+with known answers: the gates, the pruning of the walk and the seed count."""
 
 from __future__ import annotations
 

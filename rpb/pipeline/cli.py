@@ -960,9 +960,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A core-only install (`pip install rpb`) has the library, not the pipeline's packages.
         if (err.name or "").split(".")[0] not in PIPELINE_PACKAGES:
             raise
+        # `rpb finetune/prior --mlflow` needs MLflow alone, which its own extra installs.
+        user_mlflow = args.command in ("finetune", "prior") and err.name.split(".")[0] == "mlflow"
+        extra = "mlflow" if user_mlflow else "pipeline"
         print(
-            f"{command_name(args)}: error: needs {err.name}, which the pipeline extra installs: "
-            "pip install 'rpb[pipeline]'",
+            f"{command_name(args)}: error: needs {err.name}, which the {extra} extra installs: "
+            f"pip install 'rpb[{extra}]'",
             file=sys.stderr,
         )
         return 2

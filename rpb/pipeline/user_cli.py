@@ -633,7 +633,7 @@ def add_mlflow(p: argparse.ArgumentParser, *, uri: bool = True) -> None:
         "--mlflow",
         action="store_true",
         help="log the run to MLflow (store: --tracking-uri, else $MLFLOW_TRACKING_URI, else "
-        "./mlflow.db; needs pip install 'rpb[pipeline]')",
+        "./mlflow.db; needs pip install 'rpb[mlflow]')",
     )
     if uri:
         p.add_argument(
