@@ -16,7 +16,7 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install lock bases compare-table1 table1 smoke check-config test test-fast bench lint format clean-results ui
+.PHONY: install lock bases compare-table1 table1 all report smoke check-config test test-fast bench lint format clean-results ui
 
 # Exact versions with their hashes from the lock file (every dependency, torch's CPU build among
 # them), then this project itself without resolving anything again.
@@ -39,8 +39,25 @@ lock: install
 		--unsafe-package rpb --no-emit-index-url --no-emit-find-links \
 		-c requirements/constraints.txt -o $(LOCK) pyproject.toml
 
+# The results folder and config of the last `make table1`, `make all` or `make smoke`: `make ui`
+# and `make report` open that run's store and tables.
+LAST_RUN := .rpb-last-run
+define ran
+	@echo "$(1) $(2)" > $(LAST_RUN)
+	@echo ""
+	@echo "Done: table 1 is $(1)/table1.csv (caption and verdicts: $(1)/table1.md)."
+	@echo "  make report   builds $(1)/report.html (tables, captions, figures) and prints its path"
+	@echo "  make ui       opens MLflow's UI on this run's store, $(1)/mlflow.db"
+endef
+
 table1: install
 	snakemake --cores $(CORES) results/table1.csv
+	$(call ran,results,config/config.yaml)
+
+# Every table, the claims audit, figures and diagnostics (hours on 2 cores).
+all: install
+	snakemake --cores $(CORES) all
+	$(call ran,results,config/config.yaml)
 
 # Pretrain every committed base here (bases/manifest.json) on the pinned numeric path, and say
 # per base whether this machine gives the committed bytes (docs/reproducibility.md).
@@ -57,6 +74,7 @@ compare-table1: install
 smoke: install
 	rpb check-config config/smoke.yaml
 	snakemake --cores $(CORES) --configfile config/smoke.yaml -- results/smoke/table1.csv
+	$(call ran,results/smoke,config/smoke.yaml)
 
 # Snakemake reads a --configfile before any workflow code runs, and its message for a YAML syntax
 # error names neither the file nor the line; this names both: make check-config CONFIGS=my.yaml
@@ -95,10 +113,18 @@ format: install
 # the runs table: MLflow 3.17 opens an experiment in its GenAI view unless a link says otherwise,
 # and after this one the browser keeps the Model training view (docs/tracking.md).
 UI_PORT ?= 5000
-UI_STORE ?= results/mlflow.db
+LAST_RESULTS = $(word 1,$(shell cat $(LAST_RUN) 2>/dev/null || echo results config/config.yaml))
+LAST_CONFIG = $(word 2,$(shell cat $(LAST_RUN) 2>/dev/null || echo results config/config.yaml))
+UI_STORE ?= $(LAST_RESULTS)/mlflow.db
 ui: install
-	@echo "MLflow UI: http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning"
+	@test -f $(UI_STORE) || { echo "no MLflow store at $(UI_STORE): run make table1 or make smoke first"; exit 1; }
+	@echo "MLflow UI on $(UI_STORE): http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning"
 	mlflow ui --backend-store-uri sqlite:///$(UI_STORE) --host 127.0.0.1 --port $(UI_PORT)
+
+# Snakemake's report of the last run's table 1 (one HTML file; `all`'s report: make report-all).
+report: install
+	snakemake --configfile $(LAST_CONFIG) --report $(LAST_RESULTS)/report.html -- $(LAST_RESULTS)/table1.csv
+	@echo "report: $(LAST_RESULTS)/report.html"
 
 clean-results:
 	rm -rf results

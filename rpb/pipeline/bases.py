@@ -211,19 +211,61 @@ def record(
     return entry
 
 
+def record_results(results: Path, configfiles: list[str]) -> list[str]:
+    """Record every base pretrained under `results` by the config of `configfiles` (merged over
+    config/config.yaml) as a fixed base; returns their names."""
+    import yaml
+
+    from rpb.pipeline.config_check import check_config
+    from rpb.pipeline.plan import PipelineConfig, Plan
+
+    workflow = Path(__file__).resolve().parents[2]
+    config: dict[str, Any] = {}
+    for name in ["config/config.yaml", *configfiles]:
+        _merge(config, yaml.safe_load((workflow / name).read_text()))
+    check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml")
+    plan = Plan(PipelineConfig.parse(config))
+    data = Path(results) / "data"
+    names = []
+    for model in plan.original_pretrained:
+        for base in plan.bases(model):
+            name = f"{model}/base{base}"
+            folder = Path(results) / "models" / name
+            if not (folder / "model").is_dir():
+                continue
+            identity = plan.base_identity(plan.base_model(model, base))
+            record(workflow / FIXED_BASES, name, folder, identity, data / "pretrain.jsonl",
+                   data / "tokenizer")  # fmt: skip
+            names.append(name)
+    return names
+
+
+def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rpb.pipeline.bases targets|compare RESULTS`: the model folders of every fixed
-    base under RESULTS (Snakemake targets), or one line per base pretrained there saying whether
-    it has the committed bytes (exit 1 if any differs or is missing). `make bases` runs both."""
+    """`python -m rpb.pipeline.bases targets|compare|record RESULTS [CONFIGFILE ...]`: the model
+    folders of every fixed base under RESULTS (Snakemake targets); one line per base pretrained
+    there saying whether it has the committed bytes (exit 1 if any differs or is missing; `make
+    bases` runs both); or record the bases pretrained there as the fixed ones."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] not in ("targets", "compare"):
+    if len(args) < 2 or args[0] not in ("targets", "compare", "record"):
         print(main.__doc__.split(":")[0].strip("`"), file=sys.stderr)
         return 2
     root = Path(__file__).resolve().parents[2] / FIXED_BASES
-    names = sorted(read_manifest(root)["bases"])
     results = Path(args[1])
+    if args[0] == "record":
+        for name in record_results(results, args[2:]):
+            print(f"recorded {root / name} from {results / 'models' / name}")
+        return 0
+    names = sorted(read_manifest(root)["bases"])
     if args[0] == "targets":
         print(" ".join(str(results / "models" / name / "model") for name in names))
         return 0
