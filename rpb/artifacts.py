@@ -10,9 +10,11 @@ user can meet reading or writing them (docs/reliability.md, sections 8-11).
   sha256 and mtime. One small file per artifact: jobs running side by side never share one.
 - **The check** (`check_results`, Snakefile at parse time, before Snakemake builds its DAG and
   decides what to rerun): a recorded file must keep its size, and its sha256 when its mtime
-  changed; files without a record (written by code that does not use these helpers yet) get a
-  format check: JSON parses, a safetensors file is as long as its header says, a `model` folder
-  has its config and every weights file.
+  changed. A damaged record is named itself. Files without a valid record (written by code that
+  does not use these helpers, or before it did) get a format check by suffix: JSON and JSON lines
+  parse, a CSV/TSV has a header and as many fields in every row, a safetensors file is as long as
+  its header says, a PNG ends with its IEND chunk, an HTML page is closed, Markdown is UTF-8 and
+  not empty; a `model` folder has its config and every weights file.
 
 torch-free and cheap to import: the Snakefile imports it at every parse.
 """
@@ -20,9 +22,11 @@ torch-free and cheap to import: the Snakefile imports it at every parse.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import fcntl
 import hashlib
+import io
 import json
 import os
 import re
@@ -292,6 +296,9 @@ class Problem:
 
     path: str
     what: str
+    # For a damaged integrity record: the file it records. Deleting the record recovers (the file
+    # then gets its format check), so no job is forced to rebuild the file.
+    record_of: str | None = None
 
 
 def json_problem(path: Path) -> str | None:
@@ -303,6 +310,97 @@ def json_problem(path: Path) -> str | None:
         return f"not valid JSON ({err.msg} at {where}): truncated or damaged"
     except UnicodeDecodeError as err:
         return f"not valid JSON (not UTF-8 at byte {err.start}): damaged"
+    return None
+
+
+def _text_problem(path: Path, kind: str) -> tuple[str | None, str]:
+    """(why `path` is not a complete text file of `kind`, or None; its text). Every writer of a
+    results file writes UTF-8 and at least one byte."""
+    data = path.read_bytes()
+    if not data:
+        return f"empty {kind} file (0 bytes): truncated or damaged", ""
+    try:
+        return None, data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"not a UTF-8 {kind} file (invalid byte at offset {err.start}): damaged", ""
+
+
+def csv_problem(path: Path, delimiter: str = ",") -> str | None:
+    """Why `path` is not a complete table (CSV, or TSV with `delimiter` tab): a header, every row
+    as many fields as the header, the last row ended by a newline (pandas and csv write one), or
+    None."""
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    what, text = _text_problem(path, kind)
+    if what:
+        return what
+    if not text.endswith("\n"):
+        return f"{kind} whose last line has no line end: truncated"
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True))
+    except csv.Error as err:
+        return f"not valid {kind} ({err}): truncated or damaged"
+    rows = [row for row in rows if row]
+    if not rows:
+        return f"{kind} without a header row: truncated or damaged"
+    for number, row in enumerate(rows[1:], start=2):
+        if len(row) != len(rows[0]):
+            return (
+                f"{kind} row {number} has {len(row)} fields, its header {len(rows[0])}: "
+                "truncated or damaged"
+            )
+    return None
+
+
+def jsonl_problem(path: Path) -> str | None:
+    """Why `path` is not a complete JSON-lines file (every line a JSON document, the last one
+    ended by a newline), or None."""
+    what, text = _text_problem(path, "JSON-lines")
+    if what:
+        return what
+    if not text.endswith("\n"):
+        return "JSON-lines file whose last line has no line end: truncated"
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"line {number} is not valid JSON ({err.msg}): truncated or damaged"
+    return None
+
+
+def html_problem(path: Path) -> str | None:
+    """Why `path` is not a complete HTML page (a page that opens `<html` must close it), or
+    None."""
+    what, text = _text_problem(path, "HTML")
+    if what:
+        return what
+    if "<html" in text[:1024].lower() and "</html>" not in text[-1024:].lower():
+        return "HTML page without its closing </html>: truncated"
+    return None
+
+
+def markdown_problem(path: Path) -> str | None:
+    """Why `path` is not a readable Markdown file (empty or not UTF-8), or None."""
+    return _text_problem(path, "Markdown")[0]
+
+
+# A PNG opens with its signature and ends with its IEND chunk (length 0, type, CRC).
+_PNG_START = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def png_problem(path: Path) -> str | None:
+    """Why `path` is not a complete PNG image (its signature, then its IEND chunk at the end), or
+    None. Reads 8 bytes at each end."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        start = f.read(len(_PNG_START))
+        f.seek(max(size - len(_PNG_END), 0))
+        end = f.read()
+    if start != _PNG_START:
+        return f"{size} bytes, not a PNG image (no PNG signature): damaged"
+    if end != _PNG_END:
+        return f"{size} bytes, a PNG image without its end (IEND chunk): truncated"
     return None
 
 
@@ -353,6 +451,27 @@ def model_dir_problem(folder: Path) -> str | None:
     return None
 
 
+# The format check of a file without a valid record, by suffix: every format the pipeline writes
+# under the results folder (`rpb.specs.PATHS`, the report's pages and figures).
+FORMAT_CHECKS: dict[str, Callable[[Path], str | None]] = {
+    ".json": json_problem,
+    ".jsonl": jsonl_problem,
+    ".safetensors": safetensors_problem,
+    ".csv": csv_problem,
+    ".tsv": lambda path: csv_problem(path, "\t"),
+    ".md": markdown_problem,
+    ".html": html_problem,
+    ".png": png_problem,
+}
+
+
+def format_problem(path: Path) -> str | None:
+    """Why `path` is not a complete file of the format its suffix names, or None (also for a
+    suffix without a check)."""
+    check = FORMAT_CHECKS.get(path.suffix)
+    return check(path) if check else None
+
+
 def _model_folder_of(base: Path, path: Path) -> Path | None:
     """The `model` folder under `base` that `path` lies in, or None."""
     for folder in path.parents:
@@ -368,17 +487,28 @@ def _skipped(name: str) -> bool:
     return name in SKIP_DIRS or name.endswith(".work") or name.startswith(".")
 
 
-def _check_record(root: Path, relative: str, record: Path, update: bool) -> str | None:
-    target = root / relative
+def _read_record(record: Path) -> tuple[dict[str, Any], int, str, int] | str:
+    """(entry, size, sha256, mtime) of an integrity record, or why it is damaged."""
     try:
-        entry = json.loads(record.read_text())
+        entry = json.loads(record.read_bytes())
         size, sha, mtime = int(entry["size"]), str(entry["sha256"]), int(entry["mtime_ns"])
-    except (OSError, ValueError, KeyError, TypeError):
-        # A record is ours, never an output; a damaged one is dropped and the file gets the
-        # format check instead.
-        if update:
-            record.unlink(missing_ok=True)
-        return None
+    except json.JSONDecodeError as err:
+        return f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 at byte {err.start}"
+    except KeyError as err:
+        return f"no {err.args[0]!r}"
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        return _one_line(str(err)) or type(err).__name__
+    return entry, size, sha, mtime
+
+
+def _check_record(
+    root: Path, relative: str, found: tuple[dict[str, Any], int, str, int], update: bool
+) -> str | None:
+    target = root / relative
+    record = record_path(root, relative)
+    entry, size, sha, mtime = found
     stat = target.stat()
     if stat.st_size != size:
         return f"{stat.st_size} bytes, {size} when it was written: truncated or changed since"
@@ -419,8 +549,18 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
             if update and not target.exists():
                 record.unlink(missing_ok=True)
             continue
+        found = _read_record(record)
+        if isinstance(found, str):
+            # The file can no longer be verified: the record is named (never dropped unseen), and
+            # the file gets the format check below like an unrecorded one.
+            what = (
+                f"damaged integrity record of {target} ({found}); delete the record to accept "
+                "the file after its format check"
+            )
+            problems.append(Problem(str(record), what, record_of=str(target)))
+            continue
         recorded.add(relative)
-        what = _check_record(base, relative, record, update)
+        what = _check_record(base, relative, found, update)
         if what:
             problems.append(Problem(str(target), what))
     for folder, dirs, files in os.walk(base):
@@ -434,15 +574,14 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
             path = here / name
             if path.relative_to(base).as_posix() in recorded or name.startswith("."):
                 continue
-            if name.endswith(".json"):
-                what = json_problem(path)
-            elif name.endswith(".safetensors"):
-                what = safetensors_problem(path)
-            else:
-                continue
+            try:
+                what = format_problem(path)
+            except OSError as err:  # unreadable: named like any damage
+                what = f"unreadable ({err.strerror})"
             if what:
                 problems.append(Problem(str(path), what))
-    return sorted(problems, key=lambda problem: problem.path)
+    # Damaged outputs first: a damaged record is named after the damage it may hide.
+    return sorted(problems, key=lambda problem: (problem.record_of is not None, problem.path))
 
 
 def rebuild_target(path: str, results: str, declared: Callable[[str], bool]) -> str:
@@ -477,9 +616,11 @@ def integrity_message(
     # The damaged files go (or the check stops the rebuild too); `--force` reruns the jobs of
     # the targets even though their declared outputs are there.
     removed = list(dict.fromkeys(p.path for p in problems))
-    targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems))
+    # A damaged record alone forces no job: once it is gone its file gets the format check.
+    targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems if not p.record_of))
     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join([*command, '--force', '--', *targets])}"
+    rerun = [*command, "--force", "--", *targets] if targets else list(command)
+    rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join(rerun)}"
     return f"integrity error: {first.path}: {first.what}{more}; rebuild: {rebuild}"
 
 
