@@ -625,6 +625,80 @@ def test_rpb_check_config_names_the_file_and_line_of_each_bad_config(
     ]
 
 
+def test_a_config_that_would_run_code_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 47: `__use_yte__` made Snakemake's loader run a config's expressions as code (a
+    shell command under `snakemake -n`) and `rpb check-config` passed it; `!!python/name:` tags
+    were built before the schema refused them. Both are refused, naming the file and line."""
+    from snakemake.common.configfile import load_configfile
+
+    from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
+
+    marker = tmp_path / "ran"
+    yte = tmp_path / "yte.yaml"
+    yte.write_text(
+        f"seeds: [0]\n__use_yte__: true\nposttrain:\n  steps: "
+        f"?__import__('pathlib').Path('{marker}').touch() or 3\n"
+    )
+    tag = tmp_path / "tag.yaml"
+    tag.write_text("seeds: [0]\nposttrain:\n  steps: !!python/name:os.system\n")
+    with pytest.raises(ConfigError) as raised:
+        check_yaml_syntax(yte)
+    assert str(raised.value) == (
+        f"{yte}:2: __use_yte__ is refused: it makes Snakemake run the file's expressions as "
+        "Python code (YTE templates) while it reads the config, even in a dry run; write the "
+        "values themselves"
+    )
+    assert not marker.exists()
+    with pytest.raises(ConfigError, match=rf"^{tag}:3:10: YAML tag !!python/name:os.system is "):
+        check_yaml_syntax(tag)
+    assert main(["check-config", str(yte), str(tag)]) == 2
+    assert [line.split(": ")[3] for line in capsys.readouterr().err.splitlines()] == [
+        "__use_yte__ is refused",
+        "YAML tag !!python/name:os.system is refused",
+    ]
+    load_configfile(str(yte))  # what the check stands between: Snakemake's loader runs it
+    assert marker.exists()
+    json_tabs = tmp_path / "tabs.json"  # JSON is read as JSON first: tabs are fine there
+    json_tabs.write_text('{\n\t"seeds": [0]\n}\n')
+    check_yaml_syntax(json_tabs)
+
+
+@pytest.mark.workflow
+def test_a_templated_configfile_stops_the_workflow_in_one_line(tmp_path: Path) -> None:
+    """Snakemake evaluates a --configfile's YTE template while it reads its command line, before
+    any workflow code (so `rpb check-config` is the check that comes first); the Snakefile then
+    stops the invocation instead of running with a config computed by code."""
+    yte = tmp_path / "yte.yaml"
+    yte.write_text("seeds: [0]\n__use_yte__: true\nposttrain:\n  steps: ?1 + 2\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(yte)],
+        cwd=smoke_pipeline.ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"config error: {yte}:2: __use_yte__ is refused: it makes Snakemake run the file's "
+        "expressions as Python code (YTE templates) while it reads the config, even in a dry "
+        "run; write the values themselves"
+    ]
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """Issue 47: invalid UTF-8 in a config gave 34 lines; now the file, its line and the byte."""
+    from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
+
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("seeds: [0]\nexperiment: r\u00e9sum\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as raised:
+        check_yaml_syntax(bad)
+    assert str(raised.value) == (
+        f"{bad}:2: not UTF-8 (byte 0xe9 at offset 24): save the config as UTF-8"
+    )
+
+
 @pytest.mark.workflow
 def test_snakemake_reads_a_configfile_before_any_workflow_code(tmp_path: Path) -> None:
     """Why `--configfile` needs `rpb check-config`: Snakemake parses the file while it reads its
