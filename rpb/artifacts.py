@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import io
 import json
+import math
 import os
 import re
 import shlex
@@ -302,14 +303,27 @@ class Problem:
 
 
 def json_problem(path: Path) -> str | None:
-    """Why `path` is not a complete JSON document, or None."""
+    """Why `path` is not a complete JSON document, or None. An evaluation output (`tasks` with
+    per-item scores) must hold finite scores: the tables refuse a NaN, after Snakemake has
+    deleted their outputs."""
     try:
-        json.loads(path.read_bytes())
+        document = json.loads(path.read_bytes())
     except json.JSONDecodeError as err:
         where = f"line {err.lineno} column {err.colno}"
         return f"not valid JSON ({err.msg} at {where}): truncated or damaged"
     except UnicodeDecodeError as err:
         return f"not valid JSON (not UTF-8 at byte {err.start}): damaged"
+    tasks = document.get("tasks") if isinstance(document, dict) else None
+    for task, entry in tasks.items() if isinstance(tasks, dict) else ():
+        for key in ("items", "p_target"):
+            values = entry.get(key) if isinstance(entry, dict) else None
+            if isinstance(values, list):
+                bad = sum(1 for v in values if isinstance(v, float) and not math.isfinite(v))
+                if bad:
+                    return (
+                        f"task {task}: {bad} of {len(values)} {key} scores are not finite (NaN "
+                        "or inf): damaged, or its evaluation failed"
+                    )
     return None
 
 

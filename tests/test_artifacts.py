@@ -274,6 +274,25 @@ def test_every_output_format_gets_a_content_check(tmp_path: Path) -> None:
     assert found["good.png"].endswith("a PNG image without its end (IEND chunk): truncated")
 
 
+def test_an_unrecorded_eval_output_with_a_nan_score_is_named(tmp_path: Path) -> None:
+    """Issue 47: an eval JSON written before integrity records, with a NaN score, passed the
+    check; table1 then failed after Snakemake had deleted its outputs. Now the check names it,
+    before any job runs. Other NaNs (lm-eval's statistics) are left alone."""
+    results = tmp_path / "results"
+    (results / "eval").mkdir(parents=True)
+    scores = {"rpb_math": {"items": [1, 0], "stderr": float("nan")}}
+    (results / "eval" / "good.json").write_text(json.dumps({"tasks": scores}))
+    scores |= {"rpb_math_ll": {"items": [-0.5, -1.0], "p_target": [0.2, float("nan")]}}
+    (results / "eval" / "nan.json").write_text(json.dumps({"tasks": scores}))
+    assert [(Path(p.path).name, p.what) for p in check_results(results)] == [
+        (
+            "nan.json",
+            "task rpb_math_ll: 1 of 2 p_target scores are not finite (NaN or inf): damaged, or "
+            "its evaluation failed",
+        )
+    ]
+
+
 def test_rebuild_target_is_the_declared_output_that_rewrites_a_damaged_file(
     tmp_path: Path,
 ) -> None:
