@@ -60,6 +60,7 @@ __all__ = [
     "record_artifact",
     "record_folder",
     "release_results_lock",
+    "remove_artifact",
     "save_figure",
     "save_safetensors",
     "write_text",
@@ -278,6 +279,19 @@ def record_artifact(path: str | os.PathLike[str], root: Path | None = None) -> P
     with atomic_path(target, record=False) as tmp:
         tmp.write_text(json.dumps(entry, sort_keys=True) + "\n")
     return target
+
+
+def remove_artifact(path: str | os.PathLike[str]) -> bool:
+    """Delete the file `path` and its integrity record, if there; returns whether it was there."""
+    path = Path(path)
+    found = _results_root(path)
+    if found is not None:
+        record_path(*found).unlink(missing_ok=True)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
 
 
 def record_folder(folder: str | os.PathLike[str]) -> list[Path]:
