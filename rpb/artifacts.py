@@ -823,6 +823,54 @@ def _candidates(err: BaseException) -> Iterator[Path]:
                     yield Path(text)
 
 
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """`err` and the exceptions it was raised from or while handling."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+
+
+def _written_path(err: BaseException) -> Path | None:
+    """The file the innermost failing frame was writing: its first path-like local (a str or
+    PathLike with a '/', or an open file's name) that is not a folder. Unlike `_candidates` it
+    need not exist: a writer cut short may have left nothing, or its folder was cleaned up."""
+    for link in _chain(err):
+        frames = [frame for frame, _ in traceback.walk_tb(link.__traceback__)]
+        for frame in reversed(frames):
+            for value in list(frame.f_locals.values()):
+                try:
+                    name = getattr(value, "name", value) if hasattr(value, "write") else value
+                    text = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None
+                except Exception:
+                    continue
+                if not isinstance(text, str) or "/" not in text or "\n" in text:
+                    continue
+                if len(text) < 4096 and not os.path.isdir(text):
+                    return Path(text)
+    return None
+
+
+# A write cut short (a full disk, a quota) that reaches us without an errno: torch's zip writer
+# says 'basic_ios::clear' then 'unexpected pos' (or 'PytorchStreamWriter failed writing file');
+# safetensors' Rust writer names the OS error in its text.
+TORCH_WRITE_FAILED = ("unexpected pos", "PytorchStreamWriter failed writing file", "basic_ios::")
+RUST_NO_SPACE = ("os error 28", "os error 122", "StorageFull")
+
+
+def _cut_write(err: BaseException) -> str | None:
+    """What a torch or safetensors write cut short said (one clause), or None for other errors."""
+    for link in _chain(err):
+        text = _one_line(str(link))
+        if isinstance(link, RuntimeError) and any(m in text for m in TORCH_WRITE_FAILED):
+            said = re.sub(r"^\[enforce fail at [^]]*\]\s*\.?\s*", "", text)
+            return f"write failed (torch: {said}), most likely no space left on device"
+        if type(link).__name__ == "SafetensorError" and any(m in text for m in RUST_NO_SPACE):
+            return "No space left on device"
+    return None
+
+
 def _json_file(err: json.JSONDecodeError) -> Path | None:
     for path in _candidates(err):
         with contextlib.suppress(OSError, UnicodeDecodeError):
@@ -853,13 +901,17 @@ def failure_line(err: BaseException, out: str | os.PathLike[str] | None = None) 
             f"{name}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno}): "
             f"truncated or damaged; {REBUILD}"
         )
+    cut = _cut_write(err)
+    if cut is not None:  # before the SafetensorError case: a write, not a damaged input
+        where = _written_path(err) or out
+        err = OSError(errno.ENOSPC, cut, None if where is None else str(where))
     if type(err).__name__ == "SafetensorError":
         damaged = [p for p in _candidates(err) if p.suffix == ".safetensors"]
         bad = next((p for p in damaged if safetensors_problem(p)), None)
         name = str(bad) if bad else "a safetensors input (run with -v to see which)"
         return f"{name}: {_one_line(str(err))}: truncated or damaged; {REBUILD}"
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = err.filename or out
+        where = err.filename or _written_path(err) or out
         if where is None:
             return f"{err.strerror}: free disk space, then rerun (no partial output was kept)"
         return (

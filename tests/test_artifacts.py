@@ -384,6 +384,24 @@ def test_failure_lines_of_os_errors(tmp_path: Path) -> None:
     assert failure_line(RuntimeError("a bug")) is None  # keeps its traceback
 
 
+def test_a_safetensors_write_on_a_full_disk_is_not_called_damage(tmp_path: Path) -> None:
+    """Issue 47 (item 4): safetensors' Rust writer reports ENOSPC as a SafetensorError (its text,
+    as on a 64 kB tmpfs). Before: `truncated or damaged; delete it and rerun`, naming no file."""
+    from safetensors import SafetensorError
+
+    def save_file(filename: str) -> None:  # the frame of safetensors.torch.save_file
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    target = tmp_path / "checkpoint-3" / "model.safetensors"
+    with pytest.raises(SafetensorError) as raised:
+        save_file(str(target))
+    line = failure_line(raised.value)
+    assert line is not None and line.startswith(f"{target}: No space left on device ("), line
+    assert "damaged" not in line
+
+
 # --- rpb pipeline table1 on a full disk -----------------------------------------------------------
 
 

@@ -96,6 +96,9 @@ def test_jobs_nest_under_their_invocation(store: dict[str, Any]) -> None:
         pass
     tracking.end_invocation(record, "FAILED")
     assert second != first and client.get_run(second).info.status == "FAILED"
+    # Issue 47 (item 4): a failed invocation says why, as its failed jobs' runs do.
+    reason = client.get_run(second).data.tags[tracking.END_REASON_TAG]
+    assert reason == "Snakemake failed before or between jobs (see the Snakemake log)"
     with tracking.tracked_run(stage="eval", model="m", method="lbl", seed=0, tracking_uri=uri):
         pass
     by_name = {r.info.run_name: r for r in client.search_runs([experiment_id])}

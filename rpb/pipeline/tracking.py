@@ -535,8 +535,10 @@ def _end_unfinished(run_id: str, status: str, reason: str) -> None:
     (`end_stale_runs`)."""
     import mlflow
 
+    tagged = False
     with contextlib.suppress(Exception):  # the reason is a courtesy; the status is what counts
         mlflow.set_tag(END_REASON_TAG, reason)
+        tagged = True
     try:
         mlflow.end_run(status=status)  # pops the run first: it is never left active
     except Exception as again:
@@ -545,6 +547,12 @@ def _end_unfinished(run_id: str, status: str, reason: str) -> None:
             run_id,
             tracking_failure(again) or f"{type(again).__name__}: {again}".splitlines()[0],
         )
+        return
+    if not tagged:
+        # The store answered the end after failing the tag (a lock released while the tag
+        # waited): tag the ended run now, so a FAILED run always says why.
+        with contextlib.suppress(Exception):
+            mlflow.MlflowClient().set_tag(run_id, END_REASON_TAG, reason)
 
 
 # --- the invocation's parent run ----------------------------------------------------------------
@@ -711,6 +719,13 @@ def end_invocation(record: Path, status: str = "FINISHED") -> str | None:
             counts[child.info.status] = counts.get(child.info.status, 0) + 1
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs"
         client.set_tag(run_id, "rpb.jobs", summary)
+        if status != "FINISHED":  # a failed invocation says why, as a failed job's run does
+            failed = [c.info.run_name for c in children if c.info.status == "FAILED"]
+            shown = ", ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if failed[5:] else "")
+            reason = (
+                f"failed jobs: {shown}" if failed else "Snakemake failed before or between jobs"
+            )
+            client.set_tag(run_id, END_REASON_TAG, f"{reason} (see the Snakemake log)")
         client.set_terminated(run_id, status=status)
     except Exception as err:
         # The jobs are done either way; the record stays, so the next invocation ends the run.
