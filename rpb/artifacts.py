@@ -130,6 +130,9 @@ def atomic_path(path: str | os.PathLike[str], *, record: bool = True) -> Iterato
             tmp.unlink()
         if isinstance(err, OSError) and err.errno is not None and err.filename in (None, str(tmp)):
             raise OSError(err.errno, err.strerror, str(path)) from err
+        cut = _cut_write(err)  # torch's or safetensors' full disk, which carries no errno
+        if cut is not None:
+            raise OSError(errno.ENOSPC, cut, str(path)) from err
         raise
     _fsync_dir(path.parent)
     if record:
@@ -848,7 +851,9 @@ def _written_path(err: BaseException) -> Path | None:
                 if not isinstance(text, str) or "/" not in text or "\n" in text:
                     continue
                 if len(text) < 4096 and not os.path.isdir(text):
-                    return Path(text)
+                    # An atomic writer's temporary file stands for its target (`_tmp_for`).
+                    tmp = re.fullmatch(r"\.(.+)\.\d+\.tmp", os.path.basename(text))
+                    return Path(text).with_name(tmp.group(1)) if tmp else Path(text)
     return None
 
 

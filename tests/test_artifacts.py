@@ -566,3 +566,18 @@ def test_a_full_disk_while_writing_a_model_folder_leaves_none(disk: Path) -> Non
     assert raised.value.filename == str(model)  # the write names no file: the folder it went to
     assert list(model.parent.iterdir()) == []
     assert failure_line(raised.value).startswith(f"{model}: No space left on device (")
+
+
+def test_a_cut_torch_write_inside_an_atomic_writer_names_the_target(tmp_path: Path) -> None:
+    """Issue 47 (item 4): torch's full disk (no errno) inside `atomic_path` names the file being
+    written, not its hidden temporary file, and leaves neither."""
+    from rpb.artifacts import atomic_path
+
+    target = tmp_path / "prior.safetensors"
+    with pytest.raises(OSError) as raised, atomic_path(target, record=False) as tmp:
+        tmp.write_bytes(b"PK")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    line = failure_line(raised.value)
+    assert line is not None and line.startswith(f"{target}: write failed (torch: unexpected pos")
+    assert list(tmp_path.iterdir()) == []
