@@ -51,14 +51,17 @@ __all__ = [
     "atomic_folder",
     "atomic_path",
     "check_results",
+    "clear_stale_snakemake_locks",
     "failure_line",
     "hold_results_lock",
+    "incomplete_outputs",
     "integrity_message",
     "parse_invocation",
     "partial_folder",
     "rebuild_target",
     "record_artifact",
     "record_folder",
+    "recover_after_kill",
     "release_results_lock",
     "remove_artifact",
     "save_figure",
@@ -691,6 +694,7 @@ class Invocation:
     # The options a rebuild command repeats: Snakefile, working directory, config files, --config.
     options: list[str]
     cores: str
+    rerun_incomplete: bool = False
 
 
 def parse_invocation(argv: Sequence[str]) -> Invocation:
@@ -719,6 +723,7 @@ def parse_invocation(argv: Sequence[str]) -> Invocation:
         lint=args.lint is not None and args.lint is not False,
         options=options,
         cores=str(args.cores or 1),
+        rerun_incomplete=bool(getattr(args, "rerun_incomplete", False)),
     )
 
 
@@ -784,6 +789,95 @@ def hold_results_lock(
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     _HELD[str(path.resolve())] = fd
     return path
+
+
+# Snakemake's own state in its working directory (its default `file` persistence backend).
+SNAKEMAKE_DIR = ".snakemake"
+
+
+def _under(path: str, folder: str) -> bool:
+    full = os.path.abspath(path)
+    return full == folder or full.startswith(folder + os.sep)
+
+
+def clear_stale_snakemake_locks(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
+) -> list[Path]:
+    """Delete Snakemake's lock files (`.snakemake/locks/<n>.{input,output}.lock`) that lock a
+    file under `results`; returns them. Call it only while holding the results lock: any
+    invocation on `results` holds that lock while it runs (its lock files are written after it
+    took ours and deleted before it exits), so a lock file naming our files belongs to a dead
+    one, one SIGKILLed before it could delete it. Left there, it stopped every next run with
+    `LockException` until `snakemake --unlock`, which removes every invocation's locks in the
+    working directory, live ones too."""
+    folder = os.path.abspath(results)
+    removed = []
+    for lock in sorted((Path(workdir) / SNAKEMAKE_DIR / "locks").glob("*.lock")):
+        try:
+            names = lock.read_text().splitlines()
+        except OSError:
+            continue
+        if any(_under(name.strip(), folder) for name in names if name.strip()):
+            with contextlib.suppress(FileNotFoundError):
+                lock.unlink()
+            removed.append(lock)
+    return removed
+
+
+def incomplete_outputs(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
+) -> list[str]:
+    """The files under `results` that Snakemake marks incomplete (a job started, never ended:
+    `.snakemake/incomplete/`, each path base64-encoded, split into `@`-prefixed folders when
+    long) and that exist, sorted."""
+    import base64
+
+    folder = os.path.abspath(results)
+    marks = Path(workdir) / SNAKEMAKE_DIR / "incomplete"
+    found = []
+    for mark in marks.rglob("*") if marks.is_dir() else ():
+        if not mark.is_file() or mark.name == "migration_underway":
+            continue
+        encoded = "".join(part.removeprefix("@") for part in mark.relative_to(marks).parts)
+        try:
+            name = base64.urlsafe_b64decode(encoded).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if _under(name, folder) and os.path.lexists(name):  # as Snakemake: marked and there
+            found.append(name)
+    return sorted(found)
+
+
+def recover_after_kill(
+    results: str | os.PathLike[str], invocation: Invocation, workdir: str | os.PathLike[str] = "."
+) -> tuple[str | None, bool]:
+    """After an invocation on `results` was SIGKILLed: clear its Snakemake lock and say, in one
+    line, the command that recovers; returns (that line or None, whether to stop here). Call it
+    while holding the results lock. Stops when the dead invocation left incomplete outputs and
+    this one lacks `--rerun-incomplete`: Snakemake would stop on them in a dozen lines (and,
+    before its lock was cleared here, `--rerun-incomplete` met `LockException` until `--unlock`)."""
+    cleared = clear_stale_snakemake_locks(results, workdir)
+    if not cleared:
+        return None, False
+    names = ", ".join(str(p) for p in cleared)
+    incomplete = incomplete_outputs(results, workdir)
+    if incomplete and not invocation.rerun_incomplete:
+        command = [
+            "snakemake",
+            "--cores",
+            invocation.cores,
+            *invocation.options,
+            "--rerun-incomplete",
+        ]
+        if invocation.targets:
+            command += ["--", *invocation.targets]
+        more = f" (+{len(incomplete) - 1} more)" if incomplete[1:] else ""
+        return (
+            f"recover: an invocation on {results} was killed; its Snakemake lock ({names}) is "
+            f"removed, and its jobs left {incomplete[0]}{more} incomplete; rerun them with: "
+            f"{shlex.join(command)}"
+        ), True
+    return f"rpb: removed the Snakemake lock of a killed invocation on {results} ({names})", False
 
 
 def _busy(results: str | os.PathLike[str], path: Path) -> str:

@@ -14,6 +14,7 @@ from rpb.artifacts import (
     integrity_message,
     parse_invocation,
     rebuild_target,
+    recover_after_kill,
 )
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
@@ -47,6 +48,13 @@ if CHECKS_RESULTS:
         )
     except ResultsBusy as err:
         sys.exit(f"busy: {err}")
+    # A SIGKILLed invocation's Snakemake lock: cleared, and one line on how to go on.
+    if not INVOCATION.read_only:
+        RECOVERY, STOP = recover_after_kill(RESULTS, INVOCATION)
+        if STOP:
+            sys.exit(RECOVERY)
+        if RECOVERY:
+            print(RECOVERY, file=sys.stderr)
 # Jobs record the integrity of what they write under this folder (rpb.artifacts).
 os.environ.update({RESULTS_ENV: os.path.abspath(RESULTS)})
 
