@@ -803,25 +803,37 @@ def _under(path: str, folder: str) -> bool:
 def clear_stale_snakemake_locks(
     results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
 ) -> list[Path]:
-    """Delete Snakemake's lock files (`.snakemake/locks/<n>.{input,output}.lock`) that lock a
-    file under `results`; returns them. Call it only while holding the results lock: any
-    invocation on `results` holds that lock while it runs (its lock files are written after it
-    took ours and deleted before it exits), so a lock file naming our files belongs to a dead
-    one, one SIGKILLed before it could delete it. Left there, it stopped every next run with
-    `LockException` until `snakemake --unlock`, which removes every invocation's locks in the
-    working directory, live ones too."""
+    """Delete the lock files of a dead Snakemake invocation on `results`; returns them. Call it
+    only while holding the results lock: an invocation on `results` holds that lock while it
+    runs (it writes its Snakemake lock after taking ours and deletes it before exiting), so its
+    Snakemake lock still there means it was SIGKILLed. Left there, it stopped every next run with
+    `LockException` until `snakemake --unlock`, which removes the locks of every invocation in
+    the working directory, live ones too.
+
+    Snakemake's file backend writes `.snakemake/locks/<n>.input.lock` and `<n>.output.lock` (one
+    path a line, `n` the first free number, the same for both unless two invocations start at
+    once). Stale: an output lock naming a file under `results` (an invocation writes only its own
+    folder) and the input lock of the same number. Another folder's invocation keeps its locks,
+    inputs read from here included."""
     folder = os.path.abspath(results)
-    removed = []
-    for lock in sorted((Path(workdir) / SNAKEMAKE_DIR / "locks").glob("*.lock")):
-        try:
-            names = lock.read_text().splitlines()
-        except OSError:
-            continue
-        if any(_under(name.strip(), folder) for name in names if name.strip()):
-            with contextlib.suppress(FileNotFoundError):
-                lock.unlink()
-            removed.append(lock)
-    return removed
+    locks = Path(workdir) / SNAKEMAKE_DIR / "locks"
+    named: dict[Path, list[str]] = {}
+    for lock in sorted(locks.glob("*.lock")):
+        with contextlib.suppress(OSError):
+            named[lock] = [n.strip() for n in lock.read_text().splitlines() if n.strip()]
+    stale = {
+        p
+        for p, names in named.items()
+        if p.name.endswith(".output.lock") and any(_under(n, folder) for n in names)
+    }
+    for lock in named:
+        pair = lock.with_name(lock.name.replace(".input.", ".output."))
+        if lock.name.endswith(".input.lock") and pair in stale:
+            stale.add(lock)
+    for lock in stale:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+    return sorted(stale)
 
 
 def incomplete_outputs(

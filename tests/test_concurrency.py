@@ -319,6 +319,7 @@ def test_a_killed_invocations_snakemake_lock_is_cleared_with_one_line(tmp_path: 
         {
             "0.input.lock": [f"{results}/data/math.jsonl", "config/config.yaml"],
             "0.output.lock": [f"{results}/table1.csv", f"{results}/.mlflow_ready"],
+            "1.input.lock": [f"{results}/data/math.jsonl"],  # the live one reads ours
             "1.output.lock": [f"{other}/table1.csv"],
         },
         [f"{results}/runs/m/rpb/model", deep, f"{other}/runs/x"],
@@ -336,7 +337,7 @@ def test_a_killed_invocations_snakemake_lock_is_cleared_with_one_line(tmp_path: 
         f"rerun them with: snakemake --cores 2 --configfile config/smoke.yaml --rerun-incomplete"
         f" -- {results}/table1.csv"
     )
-    assert sorted(p.name for p in locks.iterdir()) == ["1.output.lock"]  # the live one stays
+    assert sorted(p.name for p in locks.iterdir()) == ["1.input.lock", "1.output.lock"]
     # The command it gives: the lock is gone, so nothing is left to say and Snakemake goes on.
     rerun = parse_invocation([*argv[:-2], "--rerun-incomplete", *argv[-2:]])
     assert recover_after_kill(results, rerun, workdir) == (None, False)
