@@ -9,11 +9,15 @@ from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
 
 min_version("9.0")
 
-# Snakemake's own message for a YAML syntax error names neither the file nor the line.
-try:
-    check_yaml_syntax("config/config.yaml")
-except ConfigError as err:
-    sys.exit(f"config error: {err}")
+# Snakemake's own message for a YAML syntax error names neither the file nor the line, and its
+# loader runs YTE templates and builds Python tags: config/config.yaml is checked before the
+# `configfile:` directive reads it. --configfile files were read with the command line, before any
+# workflow code (`rpb check-config FILE` checks them first); a templated one still stops here.
+for _configfile in ["config/config.yaml", *(workflow.overwrite_configfiles or [])]:
+    try:
+        check_yaml_syntax(_configfile)
+    except ConfigError as err:
+        sys.exit(f"config error: {err}")
 
 
 configfile: "config/config.yaml"

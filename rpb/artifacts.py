@@ -10,9 +10,11 @@ user can meet reading or writing them (docs/reliability.md, sections 8-11).
   sha256 and mtime. One small file per artifact: jobs running side by side never share one.
 - **The check** (`check_results`, Snakefile at parse time, before Snakemake builds its DAG and
   decides what to rerun): a recorded file must keep its size, and its sha256 when its mtime
-  changed; files without a record (written by code that does not use these helpers yet) get a
-  format check: JSON parses, a safetensors file is as long as its header says, a `model` folder
-  has its config and every weights file.
+  changed. A damaged record is named itself. Files without a valid record (written by code that
+  does not use these helpers, or before it did) get a format check by suffix: JSON and JSON lines
+  parse, a CSV/TSV has a header and as many fields in every row, a safetensors file is as long as
+  its header says, a PNG ends with its IEND chunk, an HTML page is closed, Markdown is UTF-8 and
+  not empty; a `model` folder has its config and every weights file.
 
 torch-free and cheap to import: the Snakefile imports it at every parse.
 """
@@ -20,10 +22,13 @@ torch-free and cheap to import: the Snakefile imports it at every parse.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import fcntl
 import hashlib
+import io
 import json
+import math
 import os
 import re
 import shlex
@@ -46,15 +51,19 @@ __all__ = [
     "atomic_folder",
     "atomic_path",
     "check_results",
+    "clear_stale_snakemake_locks",
     "failure_line",
     "hold_results_lock",
+    "incomplete_outputs",
     "integrity_message",
     "parse_invocation",
     "partial_folder",
     "rebuild_target",
     "record_artifact",
     "record_folder",
+    "recover_after_kill",
     "release_results_lock",
+    "remove_artifact",
     "save_figure",
     "save_safetensors",
     "write_text",
@@ -124,6 +133,9 @@ def atomic_path(path: str | os.PathLike[str], *, record: bool = True) -> Iterato
             tmp.unlink()
         if isinstance(err, OSError) and err.errno is not None and err.filename in (None, str(tmp)):
             raise OSError(err.errno, err.strerror, str(path)) from err
+        cut = _cut_write(err)  # torch's or safetensors' full disk, which carries no errno
+        if cut is not None:
+            raise OSError(errno.ENOSPC, cut, str(path)) from err
         raise
     _fsync_dir(path.parent)
     if record:
@@ -275,6 +287,19 @@ def record_artifact(path: str | os.PathLike[str], root: Path | None = None) -> P
     return target
 
 
+def remove_artifact(path: str | os.PathLike[str]) -> bool:
+    """Delete the file `path` and its integrity record, if there; returns whether it was there."""
+    path = Path(path)
+    found = _results_root(path)
+    if found is not None:
+        record_path(*found).unlink(missing_ok=True)
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def record_folder(folder: str | os.PathLike[str]) -> list[Path]:
     """Record every file of a folder written by other code (a model `save_pretrained` wrote, a
     hub download), so its weights are checked like any artifact; returns the records written."""
@@ -292,17 +317,124 @@ class Problem:
 
     path: str
     what: str
+    # For a damaged integrity record: the file it records. Deleting the record recovers (the file
+    # then gets its format check), so no job is forced to rebuild the file.
+    record_of: str | None = None
 
 
 def json_problem(path: Path) -> str | None:
-    """Why `path` is not a complete JSON document, or None."""
+    """Why `path` is not a complete JSON document, or None. An evaluation output (`tasks` with
+    per-item scores) must hold finite scores: the tables refuse a NaN, after Snakemake has
+    deleted their outputs."""
     try:
-        json.loads(path.read_bytes())
+        document = json.loads(path.read_bytes())
     except json.JSONDecodeError as err:
         where = f"line {err.lineno} column {err.colno}"
         return f"not valid JSON ({err.msg} at {where}): truncated or damaged"
     except UnicodeDecodeError as err:
         return f"not valid JSON (not UTF-8 at byte {err.start}): damaged"
+    tasks = document.get("tasks") if isinstance(document, dict) else None
+    for task, entry in tasks.items() if isinstance(tasks, dict) else ():
+        for key in ("items", "p_target"):
+            values = entry.get(key) if isinstance(entry, dict) else None
+            if isinstance(values, list):
+                bad = sum(1 for v in values if isinstance(v, float) and not math.isfinite(v))
+                if bad:
+                    return (
+                        f"task {task}: {bad} of {len(values)} {key} scores are not finite (NaN "
+                        "or inf): damaged, or its evaluation failed"
+                    )
+    return None
+
+
+def _text_problem(path: Path, kind: str) -> tuple[str | None, str]:
+    """(why `path` is not a complete text file of `kind`, or None; its text). Every writer of a
+    results file writes UTF-8 and at least one byte."""
+    data = path.read_bytes()
+    if not data:
+        return f"empty {kind} file (0 bytes): truncated or damaged", ""
+    try:
+        return None, data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"not a UTF-8 {kind} file (invalid byte at offset {err.start}): damaged", ""
+
+
+def csv_problem(path: Path, delimiter: str = ",") -> str | None:
+    """Why `path` is not a complete table (CSV, or TSV with `delimiter` tab): a header, every row
+    as many fields as the header, the last row ended by a newline (pandas and csv write one), or
+    None."""
+    kind = "TSV" if delimiter == "\t" else "CSV"
+    what, text = _text_problem(path, kind)
+    if what:
+        return what
+    if not text.endswith("\n"):
+        return f"{kind} whose last line has no line end: truncated"
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True))
+    except csv.Error as err:
+        return f"not valid {kind} ({err}): truncated or damaged"
+    rows = [row for row in rows if row]
+    if not rows:
+        return f"{kind} without a header row: truncated or damaged"
+    for number, row in enumerate(rows[1:], start=2):
+        if len(row) != len(rows[0]):
+            return (
+                f"{kind} row {number} has {len(row)} fields, its header {len(rows[0])}: "
+                "truncated or damaged"
+            )
+    return None
+
+
+def jsonl_problem(path: Path) -> str | None:
+    """Why `path` is not a complete JSON-lines file (every line a JSON document, the last one
+    ended by a newline), or None."""
+    what, text = _text_problem(path, "JSON-lines")
+    if what:
+        return what
+    if not text.endswith("\n"):
+        return "JSON-lines file whose last line has no line end: truncated"
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as err:
+                return f"line {number} is not valid JSON ({err.msg}): truncated or damaged"
+    return None
+
+
+def html_problem(path: Path) -> str | None:
+    """Why `path` is not a complete HTML page (a page that opens `<html` must close it), or
+    None."""
+    what, text = _text_problem(path, "HTML")
+    if what:
+        return what
+    if "<html" in text[:1024].lower() and "</html>" not in text[-1024:].lower():
+        return "HTML page without its closing </html>: truncated"
+    return None
+
+
+def markdown_problem(path: Path) -> str | None:
+    """Why `path` is not a readable Markdown file (empty or not UTF-8), or None."""
+    return _text_problem(path, "Markdown")[0]
+
+
+# A PNG opens with its signature and ends with its IEND chunk (length 0, type, CRC).
+_PNG_START = b"\x89PNG\r\n\x1a\n"
+_PNG_END = b"\x00\x00\x00\x00IEND\xaeB`\x82"
+
+
+def png_problem(path: Path) -> str | None:
+    """Why `path` is not a complete PNG image (its signature, then its IEND chunk at the end), or
+    None. Reads 8 bytes at each end."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        start = f.read(len(_PNG_START))
+        f.seek(max(size - len(_PNG_END), 0))
+        end = f.read()
+    if start != _PNG_START:
+        return f"{size} bytes, not a PNG image (no PNG signature): damaged"
+    if end != _PNG_END:
+        return f"{size} bytes, a PNG image without its end (IEND chunk): truncated"
     return None
 
 
@@ -353,6 +485,27 @@ def model_dir_problem(folder: Path) -> str | None:
     return None
 
 
+# The format check of a file without a valid record, by suffix: every format the pipeline writes
+# under the results folder (`rpb.specs.PATHS`, the report's pages and figures).
+FORMAT_CHECKS: dict[str, Callable[[Path], str | None]] = {
+    ".json": json_problem,
+    ".jsonl": jsonl_problem,
+    ".safetensors": safetensors_problem,
+    ".csv": csv_problem,
+    ".tsv": lambda path: csv_problem(path, "\t"),
+    ".md": markdown_problem,
+    ".html": html_problem,
+    ".png": png_problem,
+}
+
+
+def format_problem(path: Path) -> str | None:
+    """Why `path` is not a complete file of the format its suffix names, or None (also for a
+    suffix without a check)."""
+    check = FORMAT_CHECKS.get(path.suffix)
+    return check(path) if check else None
+
+
 def _model_folder_of(base: Path, path: Path) -> Path | None:
     """The `model` folder under `base` that `path` lies in, or None."""
     for folder in path.parents:
@@ -368,17 +521,28 @@ def _skipped(name: str) -> bool:
     return name in SKIP_DIRS or name.endswith(".work") or name.startswith(".")
 
 
-def _check_record(root: Path, relative: str, record: Path, update: bool) -> str | None:
-    target = root / relative
+def _read_record(record: Path) -> tuple[dict[str, Any], int, str, int] | str:
+    """(entry, size, sha256, mtime) of an integrity record, or why it is damaged."""
     try:
-        entry = json.loads(record.read_text())
+        entry = json.loads(record.read_bytes())
         size, sha, mtime = int(entry["size"]), str(entry["sha256"]), int(entry["mtime_ns"])
-    except (OSError, ValueError, KeyError, TypeError):
-        # A record is ours, never an output; a damaged one is dropped and the file gets the
-        # format check instead.
-        if update:
-            record.unlink(missing_ok=True)
-        return None
+    except json.JSONDecodeError as err:
+        return f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
+    except UnicodeDecodeError as err:
+        return f"not UTF-8 at byte {err.start}"
+    except KeyError as err:
+        return f"no {err.args[0]!r}"
+    except (OSError, ValueError, TypeError, AttributeError) as err:
+        return _one_line(str(err)) or type(err).__name__
+    return entry, size, sha, mtime
+
+
+def _check_record(
+    root: Path, relative: str, found: tuple[dict[str, Any], int, str, int], update: bool
+) -> str | None:
+    target = root / relative
+    record = record_path(root, relative)
+    entry, size, sha, mtime = found
     stat = target.stat()
     if stat.st_size != size:
         return f"{stat.st_size} bytes, {size} when it was written: truncated or changed since"
@@ -419,8 +583,18 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
             if update and not target.exists():
                 record.unlink(missing_ok=True)
             continue
+        found = _read_record(record)
+        if isinstance(found, str):
+            # The file can no longer be verified: the record is named (never dropped unseen), and
+            # the file gets the format check below like an unrecorded one.
+            what = (
+                f"damaged integrity record of {target} ({found}); delete the record to accept "
+                "the file after its format check"
+            )
+            problems.append(Problem(str(record), what, record_of=str(target)))
+            continue
         recorded.add(relative)
-        what = _check_record(base, relative, record, update)
+        what = _check_record(base, relative, found, update)
         if what:
             problems.append(Problem(str(target), what))
     for folder, dirs, files in os.walk(base):
@@ -434,15 +608,14 @@ def check_results(results: str | os.PathLike[str], *, update: bool = False) -> l
             path = here / name
             if path.relative_to(base).as_posix() in recorded or name.startswith("."):
                 continue
-            if name.endswith(".json"):
-                what = json_problem(path)
-            elif name.endswith(".safetensors"):
-                what = safetensors_problem(path)
-            else:
-                continue
+            try:
+                what = format_problem(path)
+            except OSError as err:  # unreadable: named like any damage
+                what = f"unreadable ({err.strerror})"
             if what:
                 problems.append(Problem(str(path), what))
-    return sorted(problems, key=lambda problem: problem.path)
+    # Damaged outputs first: a damaged record is named after the damage it may hide.
+    return sorted(problems, key=lambda problem: (problem.record_of is not None, problem.path))
 
 
 def rebuild_target(path: str, results: str, declared: Callable[[str], bool]) -> str:
@@ -477,9 +650,11 @@ def integrity_message(
     # The damaged files go (or the check stops the rebuild too); `--force` reruns the jobs of
     # the targets even though their declared outputs are there.
     removed = list(dict.fromkeys(p.path for p in problems))
-    targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems))
+    # A damaged record alone forces no job: once it is gone its file gets the format check.
+    targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems if not p.record_of))
     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join([*command, '--force', '--', *targets])}"
+    rerun = [*command, "--force", "--", *targets] if targets else list(command)
+    rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join(rerun)}"
     return f"integrity error: {first.path}: {first.what}{more}; rebuild: {rebuild}"
 
 
@@ -519,6 +694,7 @@ class Invocation:
     # The options a rebuild command repeats: Snakefile, working directory, config files, --config.
     options: list[str]
     cores: str
+    rerun_incomplete: bool = False
 
 
 def parse_invocation(argv: Sequence[str]) -> Invocation:
@@ -547,6 +723,7 @@ def parse_invocation(argv: Sequence[str]) -> Invocation:
         lint=args.lint is not None and args.lint is not False,
         options=options,
         cores=str(args.cores or 1),
+        rerun_incomplete=bool(getattr(args, "rerun_incomplete", False)),
     )
 
 
@@ -614,6 +791,107 @@ def hold_results_lock(
     return path
 
 
+# Snakemake's own state in its working directory (its default `file` persistence backend).
+SNAKEMAKE_DIR = ".snakemake"
+
+
+def _under(path: str, folder: str) -> bool:
+    full = os.path.abspath(path)
+    return full == folder or full.startswith(folder + os.sep)
+
+
+def clear_stale_snakemake_locks(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
+) -> list[Path]:
+    """Delete the lock files of a dead Snakemake invocation on `results`; returns them. Call it
+    only while holding the results lock: an invocation on `results` holds that lock while it
+    runs (it writes its Snakemake lock after taking ours and deletes it before exiting), so its
+    Snakemake lock still there means it was SIGKILLed. Left there, it stopped every next run with
+    `LockException` until `snakemake --unlock`, which removes the locks of every invocation in
+    the working directory, live ones too.
+
+    Snakemake's file backend writes `.snakemake/locks/<n>.input.lock` and `<n>.output.lock` (one
+    path a line, `n` the first free number, the same for both unless two invocations start at
+    once). Stale: an output lock naming a file under `results` (an invocation writes only its own
+    folder) and the input lock of the same number. Another folder's invocation keeps its locks,
+    inputs read from here included."""
+    folder = os.path.abspath(results)
+    locks = Path(workdir) / SNAKEMAKE_DIR / "locks"
+    named: dict[Path, list[str]] = {}
+    for lock in sorted(locks.glob("*.lock")):
+        with contextlib.suppress(OSError):
+            named[lock] = [n.strip() for n in lock.read_text().splitlines() if n.strip()]
+    stale = {
+        p
+        for p, names in named.items()
+        if p.name.endswith(".output.lock") and any(_under(n, folder) for n in names)
+    }
+    for lock in named:
+        pair = lock.with_name(lock.name.replace(".input.", ".output."))
+        if lock.name.endswith(".input.lock") and pair in stale:
+            stale.add(lock)
+    for lock in stale:
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+    return sorted(stale)
+
+
+def incomplete_outputs(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
+) -> list[str]:
+    """The files under `results` that Snakemake marks incomplete (a job started, never ended:
+    `.snakemake/incomplete/`, each path base64-encoded, split into `@`-prefixed folders when
+    long) and that exist, sorted."""
+    import base64
+
+    folder = os.path.abspath(results)
+    marks = Path(workdir) / SNAKEMAKE_DIR / "incomplete"
+    found = []
+    for mark in marks.rglob("*") if marks.is_dir() else ():
+        if not mark.is_file() or mark.name == "migration_underway":
+            continue
+        encoded = "".join(part.removeprefix("@") for part in mark.relative_to(marks).parts)
+        try:
+            name = base64.urlsafe_b64decode(encoded).decode()
+        except (ValueError, UnicodeDecodeError):
+            continue
+        if _under(name, folder) and os.path.lexists(name):  # as Snakemake: marked and there
+            found.append(name)
+    return sorted(found)
+
+
+def recover_after_kill(
+    results: str | os.PathLike[str], invocation: Invocation, workdir: str | os.PathLike[str] = "."
+) -> tuple[str | None, bool]:
+    """After an invocation on `results` was SIGKILLed: clear its Snakemake lock and say, in one
+    line, the command that recovers; returns (that line or None, whether to stop here). Call it
+    while holding the results lock. Stops when the dead invocation left incomplete outputs and
+    this one lacks `--rerun-incomplete`: Snakemake would stop on them in a dozen lines (and,
+    before its lock was cleared here, `--rerun-incomplete` met `LockException` until `--unlock`)."""
+    cleared = clear_stale_snakemake_locks(results, workdir)
+    if not cleared:
+        return None, False
+    names = ", ".join(str(p) for p in cleared)
+    incomplete = incomplete_outputs(results, workdir)
+    if incomplete and not invocation.rerun_incomplete:
+        command = [
+            "snakemake",
+            "--cores",
+            invocation.cores,
+            *invocation.options,
+            "--rerun-incomplete",
+        ]
+        if invocation.targets:
+            command += ["--", *invocation.targets]
+        more = f" (+{len(incomplete) - 1} more)" if incomplete[1:] else ""
+        return (
+            f"recover: an invocation on {results} was killed; its Snakemake lock ({names}) is "
+            f"removed, and its jobs left {incomplete[0]}{more} incomplete; rerun them with: "
+            f"{shlex.join(command)}"
+        ), True
+    return f"rpb: removed the Snakemake lock of a killed invocation on {results} ({names})", False
+
+
 def _busy(results: str | os.PathLike[str], path: Path) -> str:
     return (
         f"results folder {results} is in use by another invocation ({_holder(path)}); wait for it "
@@ -654,6 +932,56 @@ def _candidates(err: BaseException) -> Iterator[Path]:
                     yield Path(text)
 
 
+def _chain(err: BaseException) -> Iterator[BaseException]:
+    """`err` and the exceptions it was raised from or while handling."""
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__  # type: ignore[assignment]
+
+
+def _written_path(err: BaseException) -> Path | None:
+    """The file the innermost failing frame was writing: its first path-like local (a str or
+    PathLike with a '/', or an open file's name) that is not a folder. Unlike `_candidates` it
+    need not exist: a writer cut short may have left nothing, or its folder was cleaned up."""
+    for link in _chain(err):
+        frames = [frame for frame, _ in traceback.walk_tb(link.__traceback__)]
+        for frame in reversed(frames):
+            for value in list(frame.f_locals.values()):
+                try:
+                    name = getattr(value, "name", value) if hasattr(value, "write") else value
+                    text = os.fspath(name) if isinstance(name, (str, os.PathLike)) else None
+                except Exception:
+                    continue
+                if not isinstance(text, str) or "/" not in text or "\n" in text:
+                    continue
+                if len(text) < 4096 and not os.path.isdir(text):
+                    # An atomic writer's temporary file stands for its target (`_tmp_for`).
+                    tmp = re.fullmatch(r"\.(.+)\.\d+\.tmp", os.path.basename(text))
+                    return Path(text).with_name(tmp.group(1)) if tmp else Path(text)
+    return None
+
+
+# A write cut short (a full disk, a quota) that reaches us without an errno: torch's zip writer
+# says 'basic_ios::clear' then 'unexpected pos' (or 'PytorchStreamWriter failed writing file');
+# safetensors' Rust writer names the OS error in its text.
+TORCH_WRITE_FAILED = ("unexpected pos", "PytorchStreamWriter failed writing file", "basic_ios::")
+RUST_NO_SPACE = ("os error 28", "os error 122", "StorageFull")
+
+
+def _cut_write(err: BaseException) -> str | None:
+    """What a torch or safetensors write cut short said (one clause), or None for other errors."""
+    for link in _chain(err):
+        text = _one_line(str(link))
+        if isinstance(link, RuntimeError) and any(m in text for m in TORCH_WRITE_FAILED):
+            said = re.sub(r"^\[enforce fail at [^]]*\]\s*\.?\s*", "", text)
+            return f"write failed (torch: {said}), most likely no space left on device"
+        if type(link).__name__ == "SafetensorError" and any(m in text for m in RUST_NO_SPACE):
+            return "No space left on device"
+    return None
+
+
 def _json_file(err: json.JSONDecodeError) -> Path | None:
     for path in _candidates(err):
         with contextlib.suppress(OSError, UnicodeDecodeError):
@@ -684,13 +1012,17 @@ def failure_line(err: BaseException, out: str | os.PathLike[str] | None = None) 
             f"{name}: not valid JSON ({err.msg} at line {err.lineno} column {err.colno}): "
             f"truncated or damaged; {REBUILD}"
         )
+    cut = _cut_write(err)
+    if cut is not None:  # before the SafetensorError case: a write, not a damaged input
+        where = _written_path(err) or out
+        err = OSError(errno.ENOSPC, cut, None if where is None else str(where))
     if type(err).__name__ == "SafetensorError":
         damaged = [p for p in _candidates(err) if p.suffix == ".safetensors"]
         bad = next((p for p in damaged if safetensors_problem(p)), None)
         name = str(bad) if bad else "a safetensors input (run with -v to see which)"
         return f"{name}: {_one_line(str(err))}: truncated or damaged; {REBUILD}"
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        where = err.filename or out
+        where = err.filename or _written_path(err) or out
         if where is None:
             return f"{err.strerror}: free disk space, then rerun (no partial output was kept)"
         return (

@@ -152,6 +152,15 @@ class RouterPrior:
             raise ValueError(f"corrupt or unreadable router prior file {path}: {e}") from e
         if _META_KEY not in raw:
             raise ValueError(f"{path} is not an rpb router prior (no '{_META_KEY}' metadata)")
+        # A NaN or inf prior (a diverged base, a damaged file) would train experts that never
+        # get selected again: refused here, before any job uses it.
+        for name, tensor in tensors.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                bad = int((~torch.isfinite(tensor)).sum())
+                raise ValueError(
+                    f"router prior file {path}: {name} holds {bad} non-finite value(s) (NaN or "
+                    f"inf) of {tensor.numel()}: extract the prior again from a healthy model"
+                )
         try:
             meta = json.loads(raw[_META_KEY])
             if meta.pop("format", None) != PRIOR_FORMAT:

@@ -200,6 +200,99 @@ def test_unrecorded_files_get_a_format_check(tmp_path: Path) -> None:
     assert found["priors/m/base0/math.safetensors"].endswith(": truncated")
 
 
+def test_a_damaged_record_is_named_and_its_file_still_gets_the_format_check(results: Path) -> None:
+    """Issue 47: a damaged record used to switch off both checks of its file (a half eval JSON
+    then failed table1 after 12 files were deleted; a 100-byte table1.csv was kept for good)."""
+    table = write_text(results / "table1.csv", "method,acc,ci\n" + "none,0.51,0.02\n" * 20)
+    score = write_text(results / "eval" / "seed0.json", json.dumps({"acc": [0.5] * 40}) + "\n")
+    intact = write_text(results / "table2.csv", "method,acc\nnone,1\n")
+    for path in (table, score, intact):
+        record_artifact(path)
+        record = results / RECORDS / f"{path.relative_to(results)}.json"
+        record.write_text('{"size": 3')  # cut short
+    table.write_bytes(table.read_bytes()[:100])
+    score.write_bytes(score.read_bytes()[: score.stat().st_size // 2])
+    problems = check_results(results, update=True)
+    found = [(Path(p.path).relative_to(results).as_posix(), p.record_of) for p in problems]
+    assert found == [
+        ("eval/seed0.json", None),
+        ("table1.csv", None),
+        (f"{RECORDS}/eval/seed0.json.json", str(score)),
+        (f"{RECORDS}/table1.csv.json", str(table)),
+        (f"{RECORDS}/table2.csv.json", str(intact)),
+    ]
+    assert problems[1].what == "CSV whose last line has no line end: truncated"
+    assert problems[4].what.startswith(f"damaged integrity record of {intact} (not valid JSON")
+    assert (results / RECORDS / "table2.csv.json").exists()  # named, not dropped unseen
+    line = integrity_message(problems[4:], lambda p: p, ["snakemake", "--cores", "1"])
+    assert line.endswith(
+        f"; rebuild: rm -rf {results / RECORDS / 'table2.csv.json'} && snakemake --cores 1"
+    )
+
+
+def test_every_output_format_gets_a_content_check(tmp_path: Path) -> None:
+    """CSV/TSV, JSON lines, PNG, HTML and Markdown without a record: complete files pass, cut or
+    empty ones are named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    results = tmp_path / "results"
+    results.mkdir()
+    frame = pd.DataFrame({"method": ["none", 'a,"b"\nc'], "acc": [0.5, float("nan")]})
+    frame.to_csv(results / "good.csv", index=False)
+    frame.to_csv(results / "good.tsv", index=False, sep="\t")
+    (results / "good.jsonl").write_text('{"prompt": "a"}\n\n{"prompt": "b"}\n')
+    fig = plt.figure(figsize=(1, 1))
+    fig.savefig(results / "good.png")
+    plt.close(fig)
+    (results / "good.html").write_text("<!DOCTYPE html>\n<html>\n<body>x</body>\n</html>\n")
+    (results / "good.md").write_text("| a |\n|---|\n| 1 |")
+    good = {name: (results / name).read_bytes() for name in os.listdir(results)}
+    assert check_results(results) == []
+    bad = results / "bad"
+    bad.mkdir()
+    for name, data in good.items():
+        (bad / name).write_bytes(data[: len(data) * 2 // 3])
+    (bad / "good.md").write_bytes(b"")
+    (bad / "ragged.csv").write_text("a,b\n1,2,3\n")
+    (bad / "header_only.csv").write_text("a,b\n")  # a header alone is a table
+    (bad / "latin1.csv").write_bytes("m\u00e9thode\n1\n".encode("latin-1"))
+    found = {Path(p.path).name: p.what for p in check_results(results)}
+    assert found == {
+        "good.csv": "CSV whose last line has no line end: truncated",
+        "good.tsv": "TSV whose last line has no line end: truncated",
+        "good.jsonl": "JSON-lines file whose last line has no line end: truncated",
+        "good.png": found["good.png"],
+        "good.html": "HTML page without its closing </html>: truncated",
+        "good.md": "empty Markdown file (0 bytes): truncated or damaged",
+        "ragged.csv": "CSV row 2 has 3 fields, its header 2: truncated or damaged",
+        "latin1.csv": "not a UTF-8 CSV file (invalid byte at offset 1): damaged",
+    }
+    assert found["good.png"].endswith("a PNG image without its end (IEND chunk): truncated")
+
+
+def test_an_unrecorded_eval_output_with_a_nan_score_is_named(tmp_path: Path) -> None:
+    """Issue 47: an eval JSON written before integrity records, with a NaN score, passed the
+    check; table1 then failed after Snakemake had deleted its outputs. Now the check names it,
+    before any job runs. Other NaNs (lm-eval's statistics) are left alone."""
+    results = tmp_path / "results"
+    (results / "eval").mkdir(parents=True)
+    scores = {"rpb_math": {"items": [1, 0], "stderr": float("nan")}}
+    (results / "eval" / "good.json").write_text(json.dumps({"tasks": scores}))
+    scores |= {"rpb_math_ll": {"items": [-0.5, -1.0], "p_target": [0.2, float("nan")]}}
+    (results / "eval" / "nan.json").write_text(json.dumps({"tasks": scores}))
+    assert [(Path(p.path).name, p.what) for p in check_results(results)] == [
+        (
+            "nan.json",
+            "task rpb_math_ll: 1 of 2 p_target scores are not finite (NaN or inf): damaged, or "
+            "its evaluation failed",
+        )
+    ]
+
+
 def test_rebuild_target_is_the_declared_output_that_rewrites_a_damaged_file(
     tmp_path: Path,
 ) -> None:
@@ -289,6 +382,24 @@ def test_failure_lines_of_os_errors(tmp_path: Path) -> None:
         "is incomplete; delete it and rerun the pipeline to rebuild it"
     )
     assert failure_line(RuntimeError("a bug")) is None  # keeps its traceback
+
+
+def test_a_safetensors_write_on_a_full_disk_is_not_called_damage(tmp_path: Path) -> None:
+    """Issue 47 (item 4): safetensors' Rust writer reports ENOSPC as a SafetensorError (its text,
+    as on a 64 kB tmpfs). Before: `truncated or damaged; delete it and rerun`, naming no file."""
+    from safetensors import SafetensorError
+
+    def save_file(filename: str) -> None:  # the frame of safetensors.torch.save_file
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    target = tmp_path / "checkpoint-3" / "model.safetensors"
+    with pytest.raises(SafetensorError) as raised:
+        save_file(str(target))
+    line = failure_line(raised.value)
+    assert line is not None and line.startswith(f"{target}: No space left on device ("), line
+    assert "damaged" not in line
 
 
 # --- rpb pipeline table1 on a full disk -----------------------------------------------------------
@@ -455,3 +566,18 @@ def test_a_full_disk_while_writing_a_model_folder_leaves_none(disk: Path) -> Non
     assert raised.value.filename == str(model)  # the write names no file: the folder it went to
     assert list(model.parent.iterdir()) == []
     assert failure_line(raised.value).startswith(f"{model}: No space left on device (")
+
+
+def test_a_cut_torch_write_inside_an_atomic_writer_names_the_target(tmp_path: Path) -> None:
+    """Issue 47 (item 4): torch's full disk (no errno) inside `atomic_path` names the file being
+    written, not its hidden temporary file, and leaves neither."""
+    from rpb.artifacts import atomic_path
+
+    target = tmp_path / "prior.safetensors"
+    with pytest.raises(OSError) as raised, atomic_path(target, record=False) as tmp:
+        tmp.write_bytes(b"PK")
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    line = failure_line(raised.value)
+    assert line is not None and line.startswith(f"{target}: write failed (torch: unexpected pos")
+    assert list(tmp_path.iterdir()) == []

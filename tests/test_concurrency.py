@@ -277,3 +277,75 @@ def test_a_second_invocation_on_any_target_is_refused_in_one_line(tmp_path: Path
     # The holder is gone (killed, as a crash): the folder is free again.
     after = snakemake("-n", target=f"{results}/testbed.md")
     assert after.returncode == 0, after.stderr[-2000:]
+
+
+def _snakemake_state(workdir: Path, locks: dict[str, list[str]], incomplete: list[str]) -> None:
+    """`.snakemake/` as Snakemake's file backend leaves it when SIGKILLed: its lock files (one
+    path a line) and incomplete marks, named by Snakemake's own encoding (`_record_path`)."""
+    from types import SimpleNamespace
+
+    from snakemake.persistence.file import FilePersistence
+
+    (workdir / ".snakemake" / "locks").mkdir(parents=True)
+    for name, paths in locks.items():
+        (workdir / ".snakemake" / "locks" / name).write_text("".join(f"{p}\n" for p in paths))
+    marks = workdir / ".snakemake" / "incomplete"
+    encoder = SimpleNamespace(_fetch_max_len=lambda subject: 255)
+    for path in incomplete:
+        mark = Path(FilePersistence._record_path(encoder, str(marks), path))
+        mark.parent.mkdir(parents=True, exist_ok=True)
+        mark.write_text('{"external_jobid": null}')
+
+
+def test_a_killed_invocations_snakemake_lock_is_cleared_with_one_line(tmp_path: Path) -> None:
+    """Issue 47 (item 5). After SIGKILL of Snakemake, the advised `--rerun-incomplete` met
+    `LockException` until `--unlock` (which clears every invocation's locks in the working
+    directory). Now the next invocation, holding the results lock (so no live invocation uses the
+    folder), deletes the dead one's lock files, those naming files of its results folder only,
+    and says in one line the command that recovers; with `--rerun-incomplete` it goes on."""
+    from rpb.artifacts import (
+        hold_results_lock,
+        parse_invocation,
+        recover_after_kill,
+        release_results_lock,
+    )
+
+    workdir = tmp_path / "work"
+    results = workdir / "results" / "smoke"
+    other = workdir / "results" / "other"  # a live invocation's, on another folder
+    deep = f"{results}/eval/" + "/".join(["d" * 60] * 4) + ".json"  # a mark in '@' folders
+    _snakemake_state(
+        workdir,
+        {
+            "0.input.lock": [f"{results}/data/math.jsonl", "config/config.yaml"],
+            "0.output.lock": [f"{results}/table1.csv", f"{results}/.mlflow_ready"],
+            "1.input.lock": [f"{results}/data/math.jsonl"],  # the live one reads ours
+            "1.output.lock": [f"{other}/table1.csv"],
+        },
+        [f"{results}/runs/m/rpb/model", deep, f"{other}/runs/x"],
+    )
+    for path in (deep, f"{results}/runs/m/rpb/model", f"{other}/runs/x"):  # as left, partly
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text("")
+    argv = ["--cores", "2", "--configfile", "config/smoke.yaml", "--", f"{results}/table1.csv"]
+    hold_results_lock(results, command=["snakemake", *argv])
+    line, stop = recover_after_kill(results, parse_invocation(argv), workdir)
+    locks = workdir / ".snakemake" / "locks"
+    assert stop and line == (
+        f"recover: an invocation on {results} was killed; its Snakemake lock ({locks}/0.input.lock,"
+        f" {locks}/0.output.lock) is removed, and its jobs left {deep} (+1 more) incomplete; "
+        f"rerun them with: snakemake --cores 2 --configfile config/smoke.yaml --rerun-incomplete"
+        f" -- {results}/table1.csv"
+    )
+    assert sorted(p.name for p in locks.iterdir()) == ["1.input.lock", "1.output.lock"]
+    # The command it gives: the lock is gone, so nothing is left to say and Snakemake goes on.
+    rerun = parse_invocation([*argv[:-2], "--rerun-incomplete", *argv[-2:]])
+    assert recover_after_kill(results, rerun, workdir) == (None, False)
+    # Run as Snakemake advises at once: the lock is cleared, one line, and it goes on.
+    (locks / "0.output.lock").write_text(f"{results}/table1.csv\n")
+    assert recover_after_kill(results, rerun, workdir) == (
+        f"rpb: removed the Snakemake lock of a killed invocation on {results} "
+        f"({locks}/0.output.lock)",
+        False,
+    )
+    release_results_lock(results)

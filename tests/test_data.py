@@ -214,6 +214,18 @@ def test_load_jsonl_errors_name_file_and_line(tmp_path: Path, content: str, mess
         load_jsonl(path, ("prompt", "target"))
 
 
+def test_invalid_utf8_in_a_jsonl_names_file_and_line(tmp_path: Path) -> None:
+    """Issue 47: a text-mode reader's UnicodeDecodeError named neither file nor line."""
+    path = tmp_path / "latin1.jsonl"
+    good = b'{"prompt": "a", "target": "b"}\n'
+    path.write_bytes(good * 2 + '{"prompt": "caf\u00e9", "target": "b"}\n'.encode("latin-1"))
+    with pytest.raises(ValueError) as raised:
+        load_jsonl(path, ("prompt", "target"))
+    assert str(raised.value) == (
+        f"{path}:3: not UTF-8 (byte 0xe9 at column 16); save the file as UTF-8"
+    )
+
+
 def test_bad_sizes_and_mixture_are_rejected(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown corpus size key.*'pretrian'"):
         write_corpora(tmp_path, seed=0, sizes={"pretrian": 10})

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -236,6 +237,83 @@ def test_sigterm_ends_the_run_killed(store: str) -> None:
     assert signal.getsignal(signal.SIGTERM) == before, "the SIGTERM handler was not restored"
     (run,) = _runs(uri, "term")
     assert run.info.status == "KILLED" and run.data.tags[END_REASON_TAG] == "SIGTERM"
+
+
+@pytest.mark.parametrize("error", ["torch", "oserror"])
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line(
+    world: dict,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: str,
+) -> None:
+    """Issue 47 (item 4). Before: three tracebacks naming no file (torch's `unexpected pos`) and
+    the runs left RUNNING, the half-written checkpoint holding the space the store needed. Now:
+    one line naming the file being written; the checkpoint cut short is deleted and the run ends
+    FAILED, tagged with that line. Torch raises on ENOSPC as faked here: iostream's error, then,
+    while its zip writer closes, `unexpected pos` (checked on a 64 kB tmpfs, 2026-12-04)."""
+    import errno
+
+    import torch
+
+    save = torch.save
+
+    def full_disk(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        if not str(f).endswith("optimizer.pt"):
+            return save(obj, f, *args, **kwargs)
+        Path(f).write_bytes(b"PK\x03\x04" * 16)  # what fitted
+        if error == "oserror":  # a writer whose OSError names no file
+            raise OSError(errno.ENOSPC, "No space left on device")
+        try:
+            raise RuntimeError("basic_ios::clear: iostream error")
+        finally:
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+            )
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    out = tmp_path / "run"
+    experiment = f"full_disk_{error}"
+    assert main(_train_args(world, out, experiment)) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err[-3000:]
+    (line,) = [x for x in err.splitlines() if "error:" in x]
+    written = out / "checkpoints" / "checkpoint-3" / "optimizer.pt"
+    assert line.startswith(f"rpb pipeline train: error: {written}: "), line
+    assert "free disk space, then rerun" in line
+    if error == "torch":
+        assert "write failed (torch: unexpected pos 704 vs 598)" in line
+    assert not (out / "checkpoints" / "checkpoint-3").exists()  # no space held by a useless one
+    (run,) = _runs(world["uri"], experiment)
+    assert run.info.status == "FAILED"
+
+    def free(text: str) -> str:  # the free space of the real disk moves between the two
+        return re.sub(r"[\d,]+ bytes free", "N bytes free", text)
+
+    assert free(line).endswith(free(run.data.tags[END_REASON_TAG]))
+
+
+def test_a_failed_run_is_tagged_even_when_only_the_tag_failed(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47 (item 4): a store locked past the policy while the tag is set, then free again.
+    Before: the run ended FAILED without `rpb.end_reason` (the tag was dropped, the end waited
+    and went through). Now the ended run is tagged afterwards."""
+    import mlflow
+
+    def locked(key: str, value: str) -> None:
+        raise mlflow.exceptions.MlflowException("(sqlite3.OperationalError) database is locked")
+
+    init_store(store, "tag_once")
+    with (
+        pytest.raises(ValueError),
+        tracked_run(stage="eval", model="m", tracking_uri=store, experiment="tag_once"),
+    ):
+        monkeypatch.setattr(mlflow, "set_tag", locked)
+        raise ValueError("bad input")
+    (run,) = _runs(store, "tag_once")
+    assert run.info.status == "FAILED"
+    assert run.data.tags.get(END_REASON_TAG) == "bad input"
 
 
 def test_only_dead_runs_of_the_same_job_are_marked_stale(store: str) -> None:
@@ -623,6 +701,80 @@ def test_rpb_check_config_names_the_file_and_line_of_each_bad_config(
         f"rpb check-config: error: {bad}:2:7: YAML syntax error: expected ',' or ']', but got ':'",
         f"rpb check-config: error: {tmp_path / 'absent.yaml'}: no such config file",
     ]
+
+
+def test_a_config_that_would_run_code_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 47: `__use_yte__` made Snakemake's loader run a config's expressions as code (a
+    shell command under `snakemake -n`) and `rpb check-config` passed it; `!!python/name:` tags
+    were built before the schema refused them. Both are refused, naming the file and line."""
+    from snakemake.common.configfile import load_configfile
+
+    from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
+
+    marker = tmp_path / "ran"
+    yte = tmp_path / "yte.yaml"
+    yte.write_text(
+        f"seeds: [0]\n__use_yte__: true\nposttrain:\n  steps: "
+        f"?__import__('pathlib').Path('{marker}').touch() or 3\n"
+    )
+    tag = tmp_path / "tag.yaml"
+    tag.write_text("seeds: [0]\nposttrain:\n  steps: !!python/name:os.system\n")
+    with pytest.raises(ConfigError) as raised:
+        check_yaml_syntax(yte)
+    assert str(raised.value) == (
+        f"{yte}:2: __use_yte__ is refused: it makes Snakemake run the file's expressions as "
+        "Python code (YTE templates) while it reads the config, even in a dry run; write the "
+        "values themselves"
+    )
+    assert not marker.exists()
+    with pytest.raises(ConfigError, match=rf"^{tag}:3:10: YAML tag !!python/name:os.system is "):
+        check_yaml_syntax(tag)
+    assert main(["check-config", str(yte), str(tag)]) == 2
+    assert [line.split(": ")[3] for line in capsys.readouterr().err.splitlines()] == [
+        "__use_yte__ is refused",
+        "YAML tag !!python/name:os.system is refused",
+    ]
+    load_configfile(str(yte))  # what the check stands between: Snakemake's loader runs it
+    assert marker.exists()
+    json_tabs = tmp_path / "tabs.json"  # JSON is read as JSON first: tabs are fine there
+    json_tabs.write_text('{\n\t"seeds": [0]\n}\n')
+    check_yaml_syntax(json_tabs)
+
+
+@pytest.mark.workflow
+def test_a_templated_configfile_stops_the_workflow_in_one_line(tmp_path: Path) -> None:
+    """Snakemake evaluates a --configfile's YTE template while it reads its command line, before
+    any workflow code (so `rpb check-config` is the check that comes first); the Snakefile then
+    stops the invocation instead of running with a config computed by code."""
+    yte = tmp_path / "yte.yaml"
+    yte.write_text("seeds: [0]\n__use_yte__: true\nposttrain:\n  steps: ?1 + 2\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--cores", "1", "--configfile", str(yte)],
+        cwd=smoke_pipeline.ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        f"config error: {yte}:2: __use_yte__ is refused: it makes Snakemake run the file's "
+        "expressions as Python code (YTE templates) while it reads the config, even in a dry "
+        "run; write the values themselves"
+    ]
+
+
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path: Path) -> None:
+    """Issue 47: invalid UTF-8 in a config gave 34 lines; now the file, its line and the byte."""
+    from rpb.pipeline.config_check import ConfigError, check_yaml_syntax
+
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes("seeds: [0]\nexperiment: r\u00e9sum\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as raised:
+        check_yaml_syntax(bad)
+    assert str(raised.value) == (
+        f"{bad}:2: not UTF-8 (byte 0xe9 at offset 24): save the config as UTF-8"
+    )
 
 
 @pytest.mark.workflow

@@ -6,6 +6,7 @@ that cannot be used or does not answer costs one line on stderr and seconds, not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -358,3 +359,68 @@ def test_the_client_reads_answers_that_arrive_together() -> None:
         there.shutdown(socket.SHUT_WR)
         with pytest.raises(jobserver.Unavailable, match=r"^test dropped the job"):
             lines.next(1.0)
+
+
+# A server (its own process) whose job writes its pid and that of a `sleep` it starts, then sleeps:
+# nothing imported (no PRELOAD, a stand-in torch), so it serves within a second.
+SLEEPY_SERVER = """
+import os, subprocess, sys, time, types
+sys.modules["torch"] = types.SimpleNamespace(set_num_threads=lambda n: None)
+from rpb.pipeline import jobserver
+jobserver.PRELOAD = ()
+
+def job(argv):
+    grandchild = subprocess.Popen(["sleep", "60"])
+    open(argv[0] + ".tmp", "w").write(f"{os.getpid()} {grandchild.pid}")
+    os.replace(argv[0] + ".tmp", argv[0])
+    time.sleep(60)
+    return 0
+
+jobserver.serve("sleepy", sys.argv[1], job=job)
+"""
+
+
+def _gone(pid: int) -> bool:
+    return not Path(f"/proc/{pid}").exists() or _state(pid) == "Z"
+
+
+def test_a_job_dies_with_its_sigkilled_client(tmp_path: Path, sockets: Path) -> None:
+    """Issue 47 (item 2). Before: after SIGKILL of Snakemake's process group the clients died but
+    the server's forks ran on (4.5 s after the results lock was released), and the recovery
+    started the same jobs beside them. Now the server sees the client's connection close and
+    kills the job's process group, what it started included, within its 50 ms loop."""
+    path = str(sockets / "sleepy.sock")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RPB_JOB_SERVER_IDLE="30")
+    server = subprocess.Popen([sys.executable, "-c", SLEEPY_SERVER, path], env=env)
+    client, left = None, []
+    try:
+        for _ in range(200):
+            if os.path.exists(path):
+                break
+            time.sleep(0.05)
+        marker = tmp_path / "pids"
+        code = f"from rpb.pipeline import jobserver; jobserver._submit('sleepy', {path!r}, "
+        code += f"[{str(marker)!r}])"
+        client = subprocess.Popen([sys.executable, "-c", code], env=env)
+        for _ in range(400):
+            if marker.exists():
+                break
+            time.sleep(0.05)
+        job, grandchild = left = [int(pid) for pid in marker.read_text().split()]
+        client.kill()
+        client.wait()
+        killed = time.monotonic()
+        while not (_gone(job) and _gone(grandchild)) and time.monotonic() - killed < 5:
+            time.sleep(0.02)
+        took = time.monotonic() - killed
+        assert _gone(job) and _gone(grandchild), "the job outlived its client by 5 s"
+        assert took < 1.0, took
+        assert server.poll() is None  # the server itself serves on
+    finally:
+        if client is not None and client.poll() is None:
+            client.kill()
+        for pid in left:  # what a failing run leaves
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        server.kill()
+        server.wait()

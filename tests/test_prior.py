@@ -124,6 +124,21 @@ def test_load_rejects_corrupt_foreign_and_missing_files(tmp_path):
         prior.save(tmp_path / "prior.json")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_load_rejects_a_non_finite_prior_in_one_line(tmp_path, value):
+    """Issue 47: an all-NaN prior was accepted by `rpb finetune`, and the model ended with dead
+    experts."""
+    prior = _extract(make_model("qwen3_moe"), [make_batch()])
+    bad = RouterPrior(**{**vars(prior), "mean_probs": torch.full_like(prior.mean_probs, value)})
+    path = bad.save(tmp_path / "prior.safetensors")
+    with pytest.raises(ValueError) as raised:
+        RouterPrior.load(path)
+    assert str(raised.value) == (
+        f"router prior file {path}: mean_probs holds 16 non-finite value(s) (NaN or inf) of 16: "
+        "extract the prior again from a healthy model"
+    )
+
+
 def test_inconsistent_prior_is_rejected():
     prior = _extract(make_model("qwen3_moe"), [make_batch()])
     with pytest.raises(ValueError, match=r"usage shape \(2, 7\) != \(2, 8\)"):

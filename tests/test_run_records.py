@@ -76,6 +76,18 @@ def test_a_run_score_weighs_each_benchmark_the_same() -> None:
     assert score == 75.0 and n_items == 6  # pooled items would give 66.7
 
 
+def test_a_non_finite_item_score_names_its_file() -> None:
+    """Issue 47: a NaN score stopped table1 with `per-run values must be finite`, naming no
+    file."""
+    result = _eval(rpb_math=[1, 0], rpb_addition=[1, float("nan"), float("inf")])
+    with pytest.raises(ValueError) as raised:
+        run_score(result, ["math", "addition"], WHERE)
+    assert str(raised.value) == (
+        "eval.json: task addition: 2 of 3 item scores are not finite (NaN or inf); delete the "
+        "file and rerun the pipeline to evaluate the run again"
+    )
+
+
 def test_run_scores_are_per_seed_and_must_pair_item_by_item(tmp_path: Path) -> None:
     for seed, items in ((0, [1, 1, 0, 0]), (1, [1, 1, 1, 0])):
         write_json(eval_path(tmp_path, "m", "math", "rpb", seed), _eval(rpb_math=items))

@@ -462,3 +462,32 @@ def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
         mine = table.set_index("method").loc["rpb"]
         for column in mine.index.drop(["model", "paper_in_domain"], errors="ignore"):
             assert mine[column] == row[column], column
+
+
+def test_a_failed_table_job_leaves_none_of_the_old_table(
+    tmp_path: Path, empty_store: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 47 (7e): a table job that fails leaves none of its old files. Before, the undeclared
+    table1.meta.json (and, run by hand, the .md and .html too) stayed beside a missing
+    table1.csv; Snakemake deletes only the declared outputs."""
+    from conftest import new_store
+
+    from rpb.artifacts import RESULTS_ENV
+    from rpb.pipeline.cli import main
+
+    results = tmp_path / "results"
+    _fake_results(results, SPEC)
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    out = results / "table1.csv"
+    argv = ["pipeline", "table1", "--results", str(results), "--spec", json.dumps(SPEC)]
+    argv += ["--out", str(out)]
+    argv += ["--tracking-uri", new_store(empty_store, tmp_path / "m.db"), "--experiment", "t"]
+    assert main(argv) == 0
+    group = [out.with_suffix(s) for s in (".csv", ".md", ".html", ".meta.json")]
+    assert all(p.is_file() for p in group)
+    assert (results / ".integrity" / "table1.meta.json.json").is_file()
+    # An input the table needs goes missing (as after a deleted run): the rebuild fails.
+    eval_path(results, "tinyA", "math", "rpb", 1).unlink()
+    assert main(argv) == 2
+    assert [p.name for p in group if p.exists()] == []
+    assert not (results / ".integrity" / "table1.meta.json.json").exists()

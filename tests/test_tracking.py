@@ -96,6 +96,9 @@ def test_jobs_nest_under_their_invocation(store: dict[str, Any]) -> None:
         pass
     tracking.end_invocation(record, "FAILED")
     assert second != first and client.get_run(second).info.status == "FAILED"
+    # Issue 47 (item 4): a failed invocation says why, as its failed jobs' runs do.
+    reason = client.get_run(second).data.tags[tracking.END_REASON_TAG]
+    assert reason == "Snakemake failed before or between jobs (see the Snakemake log)"
     with tracking.tracked_run(stage="eval", model="m", method="lbl", seed=0, tracking_uri=uri):
         pass
     by_name = {r.info.run_name: r for r in client.search_runs([experiment_id])}
@@ -522,3 +525,79 @@ def test_onstart_on_a_locked_store_is_one_line(tmp_path: Path) -> None:
         "it): waited 1 s (RPB_TRACKING_WAIT_S); let that process finish or stop it, then rerun",
     ]
     assert not (results / ".mlflow_ready").exists()  # no job ran
+
+
+# --- a deleted or half-migrated store (issue 47, item 3) ------------------------------------------
+
+
+def test_a_job_whose_store_is_gone_fails_in_one_line_and_creates_nothing(
+    store: dict[str, Any],
+) -> None:
+    """Before: every job of the invocation created the schema again in the new file at once, and
+    they raced (1-15 tracebacks a job). Now a job of an invocation refuses a missing or empty
+    store before MLflow's first connection; a job started by hand still creates its store."""
+    db = store["dir"] / "mlflow.db"
+    db.unlink()
+    with (
+        pytest.raises(tracking.TrackingUnavailable) as raised,
+        tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]),
+    ):
+        pytest.fail("the job ran without its store")
+    line = tracking.tracking_failure(raised.value)
+    assert line == (
+        f"tracking store {db} is gone (deleted while the pipeline ran); rerun the pipeline: its "
+        "start creates a fresh store (finished outputs are kept; their runs were in the old one)"
+    )
+    assert not db.exists()
+    db.touch()  # the empty file a connection leaves where the store was: refused too
+    with (
+        pytest.raises(tracking.TrackingUnavailable),
+        tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]),
+    ):
+        pass
+    assert db.stat().st_size == 0
+
+
+def test_a_store_deleted_under_a_running_job_is_one_line(
+    store: dict[str, Any], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """sqlite refuses writes to a deleted file ('attempt to write a readonly database'); MLflow
+    logged a traceback per statement. Now: no traceback, one line naming the store."""
+    import mlflow
+
+    db = store["dir"] / "mlflow.db"
+    with tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]):
+        pass  # the engine and its connections exist
+    capfd.readouterr()
+    with (
+        pytest.raises(mlflow.exceptions.MlflowException) as raised,
+        tracking.tracked_run(stage="eval", model="m", tracking_uri=store["uri"]),
+    ):
+        db.unlink()
+        mlflow.log_metric("score", 1.0)
+    line = tracking.tracking_failure(raised.value, store["uri"])
+    assert line is not None and line.startswith(
+        f"tracking store {db} was deleted or replaced while the job ran (sqlite: attempt to write"
+    )
+    assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_half_migrated_store_is_one_line_at_the_start(store: dict[str, Any]) -> None:
+    """A schema creation cut short leaves an `_alembic_tmp_*` table; MLflow then failed every
+    later onstart with 87 lines (`table _alembic_tmp_experiments already exists`) naming neither
+    the store nor the fix. Now onstart says both in one line and touches nothing."""
+    import sqlite3
+
+    db = store["dir"] / "mlflow.db"
+    with sqlite3.connect(db) as con:
+        con.execute("CREATE TABLE _alembic_tmp_experiments (experiment_id INTEGER)")
+    con.close()
+    before = db.read_bytes()
+    with pytest.raises(tracking.TrackingUnavailable) as raised:
+        tracking.start_invocation(store["record"], store["uri"], config=CONFIG, command=["x"])
+    assert str(raised.value) == (
+        f"tracking store {db} is half-migrated (table _alembic_tmp_experiments left by a schema "
+        f"creation cut short, e.g. after the store was deleted while jobs ran): move it aside (mv "
+        f"{db} {db}.broken) and rerun; a fresh store is created, the results' files are unaffected"
+    )
+    assert db.read_bytes() == before and not store["record"].exists()

@@ -4,6 +4,7 @@ in-process, on a tiny random Qwen3-MoE checkpoint folder saved with the testbed 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,30 @@ def test_bad_input_is_one_line_naming_the_culprit(
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("rpb finetune: error: ") and culprit in line, line
     assert not (tmp_path / "ft").exists()
+
+
+def test_a_failed_finetune_leaves_no_empty_out_folder(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 47: a finetune that failed after creating --out (here on an all-NaN prior) left
+    it empty; a folder that was there before is kept."""
+    prior = RouterPrior.load(_prior_of_base(world, tmp_path))
+    nan = RouterPrior(**{**vars(prior), "mean_probs": torch.full_like(prior.mean_probs, math.nan)})
+    nan_path = nan.save(tmp_path / "nan.safetensors")
+    out = tmp_path / "new" / "ft"
+    assert _finetune(world, out, "--method", "anchor_kl", "--prior", str(nan_path)) == 2
+    assert "non-finite value(s)" in capsys.readouterr().err
+    assert not (tmp_path / "new").exists()
+    out.mkdir(parents=True)
+    assert _finetune(world, out, "--method", "anchor_kl", "--prior", str(nan_path)) == 2
+    assert out.is_dir()  # not of this run's making
+
+
+def _prior_of_base(world: dict[str, Path], tmp_path: Path) -> Path:
+    path = tmp_path / "prior.safetensors"
+    argv = ["prior", "--model", str(world["base"]), "--data", str(world["pairs"])]
+    assert main([*argv, "--out", str(path)]) == 0
+    return path
 
 
 def test_bad_data_lines_are_named(world: dict[str, Path], tmp_path: Path, capsys) -> None:

@@ -465,9 +465,11 @@ def cmd_table1(args: argparse.Namespace) -> None:
 
     from rpb.pipeline.tracking import log_table_run, tracked_run
     from rpb.report.claims import table_verdicts
+    from rpb.report.render import clear_table
     from rpb.report.tables import build_table1
 
     spec = args.spec
+    clear_table(args.out)  # a failure below leaves no old meta.json beside a missing CSV
     # Table 1's own claims (C1, C2) judged from its runs open its caption.
     verdicts = table_verdicts(args.results, args.claims_spec) if args.claims_spec else []
     with tracked_run(
@@ -518,8 +520,10 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
     import mlflow
 
     from rpb.pipeline.tracking import log_table_run, tracked_run
+    from rpb.report.render import clear_table
 
     spec = args.spec
+    clear_table(args.out)  # as cmd_table1: no old table file outlives a failed build
     models = spec.get("models") or [spec.get("model") or spec.get("table1", {}).get("model", "-")]
     corpus = spec.get("corpus") or ",".join(spec.get("corpora", [])) or "-"
     with tracked_run(

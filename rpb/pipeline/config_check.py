@@ -625,20 +625,59 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
                     )
 
 
+# YTE (Snakemake's YAML templating) evaluates a config's expressions as Python code while
+# Snakemake reads the file, when its top level sets this key: a config must stay plain data.
+YTE_KEY = "__use_yte__"
+_YTE_LINE = rf"""["']?{YTE_KEY}["']?\s*:"""
+
+
+def _line_of(text: str, pattern: str) -> str:
+    """`:<line>` of the first line matching `pattern` in `text`, or ''."""
+    for number, line in enumerate(text.splitlines(), start=1):
+        if re.match(pattern, line):
+            return f":{number}"
+    return ""
+
+
 def check_yaml_syntax(path: Path | str) -> None:
-    """Raise ConfigError `<file>:<line>:<column>: YAML syntax error: <problem>` if the config file
-    `path` does not parse (Snakemake's own message names neither the file nor the line); a file
-    that is absent or parses is left to Snakemake. Snakemake reads JSON first, then YAML (a JSON
-    document is YAML too)."""
+    """Raise ConfigError, one line naming the file (and line), if the config file `path` is not
+    plain YAML data: not UTF-8, a syntax error (`<file>:<line>:<column>: YAML syntax error:
+    ...`), a tag that builds a Python object (`!!python/name:...`, which Snakemake's loader
+    builds), or YTE templating (`__use_yte__`, which makes Snakemake run the file's expressions as
+    code, even in a dry run). Snakemake's own messages name neither the file nor the line. A file
+    that is absent is left to Snakemake. Snakemake reads JSON first, then YAML (a JSON document is
+    YAML too)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError:
         return
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"{path}: cannot read the config file ({err})") from None
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file ({err.strerror})") from None
     try:
-        yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ConfigError(
+            f"{path}:{line}: not UTF-8 (byte 0x{data[err.start]:02x} at offset {err.start}): "
+            "save the config as UTF-8"
+        ) from None
+    try:  # as Snakemake: JSON first (plain data, never templated), then YAML
+        json.loads(text)
+        return
+    except ValueError:
+        pass
+    try:
+        document = yaml.safe_load(text)  # PyYAML's messages (libyaml words them otherwise)
+    except yaml.constructor.ConstructorError as err:
+        mark = err.problem_mark or err.context_mark
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        found = re.search(r"tag '([^']*)'", err.problem or "")
+        tag = found.group(1).replace("tag:yaml.org,2002:", "!!") if found else "a tag"
+        raise ConfigError(
+            f"{where}: YAML tag {tag} is refused: a config holds plain data (mappings, lists, "
+            "numbers, text), never Python objects; remove the tag"
+        ) from None
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark or err.context_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
@@ -648,6 +687,13 @@ def check_yaml_syntax(path: Path | str) -> None:
         raise ConfigError(f"{where}: YAML syntax error: {problem}") from None
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: YAML syntax error: {' '.join(str(err).split())}") from None
+    if isinstance(document, dict) and YTE_KEY in document:
+        where = f"{path}{_line_of(text, _YTE_LINE)}"
+        raise ConfigError(
+            f"{where}: {YTE_KEY} is refused: it makes Snakemake run the file's expressions as "
+            "Python code (YTE templates) while it reads the config, even in a dry run; write the "
+            "values themselves"
+        )
 
 
 def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> None:

@@ -683,8 +683,16 @@ def write_eval_only_set(data_dir: Path, task: str) -> Path:
 def jsonl_objects(path: Path, skip_blank: bool = False) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of each line of a JSONL file; a line that is not a JSON object is a
     ValueError naming file:line. `skip_blank` passes over empty lines."""
-    with Path(path).open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    # Bytes, decoded line by line: a text-mode reader's decoding error names no line.
+    with Path(path).open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"{path}:{lineno}: not UTF-8 (byte 0x{raw[err.start]:02x} at column "
+                    f"{err.start + 1}); save the file as UTF-8"
+                ) from None
             if skip_blank and not line.strip():
                 continue
             try:

@@ -330,6 +330,10 @@ def _run_child(request: dict, fds: list[int], job: Job) -> None:
     """In the forked child: become the client's job, run it (`job(argv)`), never return."""
     code = 1
     try:
+        # Its own process group, so that the server can end the job with all it started when
+        # the client goes away (`_Server.watch`); the server sets it too, whoever runs first.
+        with contextlib.suppress(OSError):
+            os.setpgid(0, 0)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -440,6 +444,7 @@ class _Server:
         self.identity = identity()
         self.queued: list[tuple[socket.socket, dict[str, Any]]] = []
         self.jobs: dict[int, socket.socket] = {}  # child pid -> its client's connection
+        self.orphans: set[int] = set()  # jobs killed because their client went away
 
     def take(self, conn: socket.socket) -> dict[str, Any] | None:
         """A connection's request if this server may run it; a client of another copy of rpb
@@ -454,12 +459,33 @@ class _Server:
         return request
 
     def accept(self, timeout: float) -> socket.socket | None:
+        """A new connection, if one comes within `timeout`; meanwhile watch the running jobs'
+        clients (`watch`)."""
         sock = self.listener.sock
-        if sock is None:
-            time.sleep(timeout)
-            return None
-        ready, _, _ = select.select([sock], [], [], timeout)
-        return sock.accept()[0] if ready else None
+        clients = {conn: pid for pid, conn in self.jobs.items() if pid not in self.orphans}
+        ready, _, _ = select.select([*([sock] if sock else []), *clients], [], [], timeout)
+        for conn in ready:
+            if conn in clients:
+                self.watch(conn, clients[conn])
+        return sock.accept()[0] if sock is not None and sock in ready else None
+
+    def watch(self, conn: socket.socket, pid: int) -> None:
+        """A running job's client holds its connection open, silent, for the job's life: end of
+        file means it is gone (SIGKILLed with Snakemake's process group, say), and the job with
+        it, as a job in the client's own process would be. Else the fork ran on after the
+        results lock was released, and the recovery started the same job beside it."""
+        try:
+            data = conn.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:  # a client never writes after its streams; not a hang-up
+            return
+        self.orphans.add(pid)
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)  # the job and every process it started
+        print(f"rpb job server: the client of job {pid} went away; job killed", file=sys.stderr)
 
     def queue_while(self, busy: threading.Event) -> None:
         """While the main thread imports the libraries: answer `queued` to every job (so its
@@ -485,6 +511,8 @@ class _Server:
             for other in [conn, *self.jobs.values(), *(q[0] for q in self.queued)]:
                 other.close()
             _run_child(request, fds, self.job)
+        with contextlib.suppress(OSError):  # as the child does: the group exists at once
+            os.setpgid(pid, pid)
         for fd in fds:
             os.close(fd)
         with contextlib.suppress(OSError):
@@ -499,6 +527,7 @@ class _Server:
             if pid == 0:
                 break
             conn = self.jobs.pop(pid, None)
+            self.orphans.discard(pid)
             if conn is not None:
                 done = True
                 with conn, contextlib.suppress(OSError):

@@ -118,12 +118,18 @@ def _on_execute(
     return statement, parameters
 
 
+# sqlite's words for a store file deleted (or replaced) under an open connection, and for a new
+# empty file where the store was.
+STORE_GONE_ERRORS = ("attempt to write a readonly database", "no such table")
+
+
 class _LockNoise(logging.Filter):
-    """Drops MLflow's traceback per failed statement on a locked store: the job's one line
-    (`tracking_failure`) says it once."""
+    """Drops MLflow's traceback per failed statement on a locked or deleted store: the job's one
+    line (`tracking_failure`) says it once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return "database is locked" not in record.getMessage()
+        text = record.getMessage()
+        return not any(m in text for m in ("database is locked", *STORE_GONE_ERRORS))
 
 
 _LOCK_NOISE = _LockNoise()
@@ -158,12 +164,20 @@ def _chain(err: BaseException) -> Iterator[BaseException]:
 
 
 def tracking_failure(err: BaseException, uri: str | None = None) -> str | None:
-    """One line for an error of the tracking store (locked past the waiting policy, or full),
-    naming the store and what to do; None for any other error."""
+    """One line for an error of the tracking store (locked past the waiting policy, full, deleted
+    while the job ran), naming the store and what to do; None for any other error."""
+    if isinstance(err, TrackingUnavailable):
+        return str(err)
     text = " ".join(str(e) for e in _chain(err))
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "the tracking store"
     path = _sqlite_path(uri)
     store = f"tracking store {path or redact_uri(uri)}"
+    gone = next((m for m in STORE_GONE_ERRORS if m in text), None)
+    if gone and path is not None and not (path.is_file() and not os.access(path, os.W_OK)):
+        return (
+            f"{store} was deleted or replaced while the job ran (sqlite: {gone}); rerun the "
+            f"pipeline: its start creates a fresh store (finished outputs are kept)"
+        )
     if "database is locked" in text:
         holder = f" (`fuser {path}` names it)" if path else ""
         return (
@@ -173,6 +187,48 @@ def tracking_failure(err: BaseException, uri: str | None = None) -> str | None:
     if "database or disk is full" in text:  # sqlite's words; a full disk elsewhere is not ours
         return f"{store}: disk full; free space, then rerun"
     return None
+
+
+def _store_gone(uri: str) -> str | None:
+    """For a job of a pipeline invocation (`INVOCATION_ENV`), whose store the invocation's start
+    created: the line saying its sqlite store is gone (deleted, or an empty file left where it
+    was). MLflow would create the schema again in every job at once, and they race (section 4
+    of docs/reliability.md); a job started by hand may still create its store."""
+    path = _sqlite_path(uri)
+    if path is None or not os.environ.get(INVOCATION_ENV):
+        return None
+    with contextlib.suppress(OSError):
+        if path.stat().st_size > 0:
+            return None
+    return (
+        f"tracking store {path} is gone (deleted while the pipeline ran); rerun the pipeline: its "
+        "start creates a fresh store (finished outputs are kept; their runs were in the old one)"
+    )
+
+
+def half_migrated(path: Path) -> str | None:
+    """The line for a sqlite store left half-migrated (an `_alembic_tmp_*` table: a schema creation
+    or upgrade cut short, or raced by jobs after the store was deleted), which MLflow fails on at
+    every start; None for a sound store or no file. Read-only: the store is not touched."""
+    if not path.is_file():
+        return None
+    try:
+        db = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=store_wait_s())
+        try:
+            rows = db.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE '_alembic_tmp_%'"
+            ).fetchall()
+        finally:
+            db.close()
+    except sqlite3.DatabaseError:
+        return None  # not ours to judge here; MLflow names what it finds
+    if not rows:
+        return None
+    return (
+        f"tracking store {path} is half-migrated (table {rows[0][0]} left by a schema creation "
+        f"cut short, e.g. after the store was deleted while jobs ran): move it aside (mv {path} "
+        f"{path}.broken) and rerun; a fresh store is created, the results' files are unaffected"
+    )
 
 
 def _announce_wait(uri: str) -> None:
@@ -474,7 +530,11 @@ def tracked_run(
     import mlflow
 
     configure_store_wait()
-    mlflow.set_tracking_uri(tracking_uri or resolve_tracking_uri())
+    uri = tracking_uri or resolve_tracking_uri()
+    gone = _store_gone(uri)
+    if gone:  # before MLflow's first connection, which would create the schema again
+        raise TrackingUnavailable(gone)
+    mlflow.set_tracking_uri(uri)
     found = mlflow.set_experiment(experiment)
     schema = schema_params(model=model, base=base, method=method, corpus=corpus, seed=seed)
     name = run_name(stage, schema, group)
@@ -544,8 +604,10 @@ def _end_unfinished(run_id: str, status: str, reason: str) -> None:
     (`end_stale_runs`)."""
     import mlflow
 
+    tagged = False
     with contextlib.suppress(Exception):  # the reason is a courtesy; the status is what counts
         mlflow.set_tag(END_REASON_TAG, reason)
+        tagged = True
     try:
         mlflow.end_run(status=status)  # pops the run first: it is never left active
     except Exception as again:
@@ -554,6 +616,12 @@ def _end_unfinished(run_id: str, status: str, reason: str) -> None:
             run_id,
             tracking_failure(again) or f"{type(again).__name__}: {again}".splitlines()[0],
         )
+        return
+    if not tagged:
+        # The store answered the end after failing the tag (a lock released while the tag
+        # waited): tag the ended run now, so a FAILED run always says why.
+        with contextlib.suppress(Exception):
+            mlflow.MlflowClient().set_tag(run_id, END_REASON_TAG, reason)
 
 
 # --- the invocation's parent run ----------------------------------------------------------------
@@ -595,6 +663,10 @@ def start_invocation(
         return None
 
     configure_store_wait()
+    path = _sqlite_path(uri)
+    broken = half_migrated(path) if path is not None else None
+    if broken:
+        raise TrackingUnavailable(broken)
     _announce_wait(uri)
     try:
         return _open_invocation(record, uri, experiment, dict(config or {}), configfiles, command)
@@ -720,6 +792,13 @@ def end_invocation(record: Path, status: str = "FINISHED") -> str | None:
             counts[child.info.status] = counts.get(child.info.status, 0) + 1
         summary = ", ".join(f"{n} {state}" for state, n in sorted(counts.items())) or "no jobs"
         client.set_tag(run_id, "rpb.jobs", summary)
+        if status != "FINISHED":  # a failed invocation says why, as a failed job's run does
+            failed = [c.info.run_name for c in children if c.info.status == "FAILED"]
+            shown = ", ".join(failed[:5]) + (f" (+{len(failed) - 5} more)" if failed[5:] else "")
+            reason = (
+                f"failed jobs: {shown}" if failed else "Snakemake failed before or between jobs"
+            )
+            client.set_tag(run_id, END_REASON_TAG, f"{reason} (see the Snakemake log)")
         client.set_terminated(run_id, status=status)
     except Exception as err:
         # The jobs are done either way; the record stays, so the next invocation ends the run.

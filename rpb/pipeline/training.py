@@ -377,8 +377,15 @@ def run_training(
             trainer.routing_meter.load_state_dict(torch.load(meter, weights_only=True))
         log.info("resuming from %s (%d history entries restored)", last, len(history))
         _resumed_to_active_run(last, history)
-    with method:
-        trainer.train(resume_from_checkpoint=str(last) if last else None)
+    try:
+        with method:
+            trainer.train(resume_from_checkpoint=str(last) if last else None)
+    except Exception:
+        # A checkpoint cut short (a full disk) is useless (a resume deletes it) and holds the
+        # space the tracking store needs to end the job's run FAILED: delete it now.
+        if trainer.is_world_process_zero():
+            last_complete_checkpoint(out_dir / "checkpoints")
+        raise
     if save_to is not None:
         _save_model(trainer, tokenizer, save_to, complete_model)
     return history

@@ -19,11 +19,13 @@ commands: building the parser costs nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -374,6 +376,21 @@ def _progress_callback():
     return ProgressCallback, ShortLogProgress()
 
 
+@contextlib.contextmanager
+def _removed_if_left_empty(folder: Path) -> Iterator[None]:
+    """On failure, remove `folder` and the parents this run created, if nothing is in them: a
+    failed run leaves no empty --out. A folder holding anything (a prior it extracted, a folder
+    that was there before) is kept."""
+    created = [p for p in [folder, *folder.parents] if not p.exists()]  # innermost first
+    try:
+        yield
+    except BaseException:
+        for path in created:
+            with contextlib.suppress(OSError):  # not empty: kept, and so are its parents
+                path.rmdir()
+        raise
+
+
 def cmd_finetune(args: argparse.Namespace) -> None:
     """Supervised fine-tuning of `--model` on `--data` with one router method attached."""
     import torch
@@ -421,7 +438,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             for k in ("steps", "lr", "batch_size", "grad_accum", "max_length", "seed", "trainable")
         },
     }
-    with _mlflow_run(args, "finetune", label, params):
+    with _mlflow_run(args, "finetune", label, params), _removed_if_left_empty(args.out):
         tokenizer = AutoTokenizer.from_pretrained(
             args.model, trust_remote_code=args.trust_remote_code
         )

@@ -16,11 +16,13 @@ from typing import Any
 
 import pandas as pd
 
-from rpb.artifacts import atomic_path, write_text
+from rpb.artifacts import atomic_path, remove_artifact, write_text
 from rpb.report.run_records import coactivation_counts, named_runs
 from rpb.specs import run_name
 
 __all__ = [
+    "TABLE_SUFFIXES",
+    "clear_table",
     "coactivation_figure",
     "run_figures",
     "side_path",
@@ -34,6 +36,20 @@ __all__ = [
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:  # a full disk leaves no partial table (rpb.artifacts)
         named_runs(frame).to_csv(tmp, index=False, float_format="%.4f")
+
+
+# A table's own files beside its CSV: one group, written together by `write_table`.
+TABLE_SUFFIXES = (".csv", ".md", ".html", ".meta.json")
+
+
+def clear_table(out_csv: Path) -> list[Path]:
+    """Delete a table's files (`TABLE_SUFFIXES`) before its job builds it again, so that a job that
+    fails leaves none of the old ones beside a missing CSV. Snakemake deletes the declared ones
+    itself, but not `<stem>.meta.json` (no rule declares it), and nothing does for a job run by
+    hand. Returns the files deleted."""
+    out_csv = Path(out_csv)
+    paths = [out_csv.with_suffix(suffix) for suffix in TABLE_SUFFIXES]
+    return [path for path in paths if remove_artifact(path)]
 
 
 def side_path(out_csv: Path, part: str) -> Path:

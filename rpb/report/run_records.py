@@ -165,6 +165,13 @@ def run_score(
     a task's per-item scores (default: exact match; rpb.report.tables passes p(target)'s)."""
     items = exact_match_items if items is None else items
     per_task = {t: items(result, t, path) for t in tasks}
+    for task, values in per_task.items():
+        if not np.isfinite(values).all():  # else a NaN mean stops the table naming no file
+            bad = int((~np.isfinite(values)).sum())
+            raise ValueError(
+                f"{path}: task {task}: {bad} of {values.size} item scores are not finite (NaN or "
+                "inf); delete the file and rerun the pipeline to evaluate the run again"
+            )
     means = {t: _pct(items.mean()) for t, items in per_task.items()}
     return float(np.mean(list(means.values()))), means, sum(v.size for v in per_task.values())
 

@@ -15,6 +15,7 @@ from rpb.artifacts import (
     integrity_message,
     parse_invocation,
     rebuild_target,
+    recover_after_kill,
     sha256_of,
 )
 from rpb.numerics import LOCK_ENV, PIN_ENV, pinned_environment
@@ -51,6 +52,13 @@ if CHECKS_RESULTS:
         )
     except ResultsBusy as err:
         sys.exit(f"busy: {err}")
+    # A SIGKILLed invocation's Snakemake lock: cleared, and one line on how to go on.
+    if not INVOCATION.read_only:
+        RECOVERY, STOP = recover_after_kill(RESULTS, INVOCATION)
+        if STOP:
+            sys.exit(RECOVERY)
+        if RECOVERY:
+            print(RECOVERY, file=sys.stderr)
 # Jobs record the integrity of what they write under this folder (rpb.artifacts).
 os.environ.update({RESULTS_ENV: os.path.abspath(RESULTS)})
 
