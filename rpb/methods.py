@@ -470,18 +470,9 @@ class LBL(RouterMethod):
             except ValueError:
                 self.detach()  # refused: leave the model without rpb's hooks
                 raise
-        # With output_router_logits on, transformers' forward of a family that has an aux loss
-        # already adds coef x its balancing loss to out.loss when labels are given.
-        has_own = any(
-            hasattr(config, a) for a in ("router_aux_loss_coef", "aux_loss_coef")
-        ) and bool(getattr(config, "output_router_logits", False))
-        if has_own and self.strength > 0:
-            warnings.warn(
-                "lbl: model.config.output_router_logits is True, so transformers' forward also "
-                "adds its own load-balancing term to out.loss when labels are given; adding "
-                "router_loss() counts it twice (set config.output_router_logits = False)",
-                stacklevel=3,
-            )
+        # Warned at the first router_loss, not here: rpb's trainers turn the model's own loss off
+        # after attach, and a warning about a state they fix would be a false alarm.
+        self._warned_own = False
         self._batch_shape: tuple[int, int] | None = None
         self._shape_hook = self.model.register_forward_pre_hook(
             self._record_shape, with_kwargs=True
@@ -500,7 +491,24 @@ class LBL(RouterMethod):
             self._shape_hook = None
         super().detach()
 
+    def _warn_if_counted_twice(self) -> None:
+        # With output_router_logits on, transformers' forward of a family that has an aux loss
+        # already adds coef x its balancing loss to out.loss when labels are given.
+        config = getattr(self.model, "config", None)
+        has_own = any(
+            hasattr(config, a) for a in ("router_aux_loss_coef", "aux_loss_coef")
+        ) and bool(getattr(config, "output_router_logits", False))
+        if has_own and self.strength > 0 and not self._warned_own:
+            self._warned_own = True
+            warnings.warn(
+                "lbl: model.config.output_router_logits is True, so transformers' forward also "
+                "adds its own load-balancing term to out.loss when labels are given; adding "
+                "router_loss() counts it twice (set config.output_router_logits = False)",
+                stacklevel=4,
+            )
+
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        self._warn_if_counted_twice()
         records = self._grad_records(control)
         handle = control.handles[0]
         _token_mask(records, attention_mask)  # same size check as every other term
