@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import sys
 import traceback
 import warnings
 from collections import Counter
@@ -24,6 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import make_batch, make_model
+from family_models import ROUTED_TYPES, family_base, family_prior
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -61,7 +63,16 @@ VARIANTS = [
 # is the same number but not the same bits once a micro-batch holds a sequence with no token
 # (another summation order), and this change keeps every CPU result bit for bit (issue 46).
 KNOWN = {"lbl": "aten.index (boolean mask) at methods.py:sequence_lbl"}
-ARCHS = ["deepseek_v3", "deepseek_v3_grouped", "qwen3_moe", "mixtral", "olmoe", "qwen2_moe"]
+# JetMoE's router returns its expert counts as a host list (its own `.tolist()`, which the
+# library's forward makes too): rpb copies that list to the device (from pinned memory, without
+# blocking, on CUDA) and, when it steers, builds one the same way.
+JETMOE = {
+    "aten.lift_fresh at routing_core.py:parse_output",
+    "Tensor.to: a host tensor moved to the device at routing_core.py:parse_output",
+    "Tensor.tolist: a copy to the host at routing_core.py:build_output",
+}
+# The unit tier's models (the grouped DeepSeek-V3 is conftest's); every family in the slow test.
+ARCHS = ["deepseek_v3", "deepseek_v3_grouped", "qwen3_moe"]
 
 # Operators whose result the host must wait for when their input is on an accelerator.
 _WAITS = {
@@ -313,3 +324,22 @@ def test_no_method_syncs_more_than_none_on_cuda(arch):
         if (n := len(_step_events(arch, name, options, cuda=True))) != baseline
     }
     assert not extra, f"{arch}: syncs beyond none's ({baseline}): {extra}"
+
+
+@pytest.mark.slow  # every routed family: about two minutes on one core
+@pytest.mark.parametrize("model_type", ROUTED_TYPES)
+def test_no_method_waits_for_the_device_on_any_family(model_type, monkeypatch):
+    """The same check on every family rpb routes (tests/family_models.py's tiny models)."""
+    monkeypatch.setattr(
+        sys.modules[__name__],
+        "_base_and_prior",
+        lambda arch: (family_base(arch), family_prior(arch)),
+    )
+    problems = []
+    for name, options in VARIANTS:
+        events = _step_events(model_type, name, options)
+        ours = {f"{what} at {where}" for what, where in events if where is not None}
+        ours -= {KNOWN.get(name)} | (JETMOE if model_type == "jetmoe" else set())
+        if ours:
+            problems.append(f"{name} {options}: {sorted(ours)}")
+    assert not problems, f"{model_type}:\n" + "\n".join(problems)
