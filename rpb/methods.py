@@ -390,6 +390,14 @@ def _sum_over_ranks(counts: Tensor) -> Tensor:
     return total.to(counts.device)
 
 
+def _on_device(copies: dict[str, Tensor], host: dict[str, Tensor], device: torch.device) -> None:
+    """Fill `copies` with `host`'s tensors on `device`, copied once per device: a copy from the
+    host in every forward would make the host wait for the device (issue 46)."""
+    first = next(iter(copies.values()), None)
+    if first is None or first.device != device:
+        copies.update({key: t.to(device) for key, t in host.items()})
+
+
 def _token_mask(records: list[RouterRecord], attention_mask: Tensor | None) -> Tensor | None:
     if attention_mask is None:
         return None
@@ -462,18 +470,9 @@ class LBL(RouterMethod):
             except ValueError:
                 self.detach()  # refused: leave the model without rpb's hooks
                 raise
-        # With output_router_logits on, transformers' forward of a family that has an aux loss
-        # already adds coef x its balancing loss to out.loss when labels are given.
-        has_own = any(
-            hasattr(config, a) for a in ("router_aux_loss_coef", "aux_loss_coef")
-        ) and bool(getattr(config, "output_router_logits", False))
-        if has_own and self.strength > 0:
-            warnings.warn(
-                "lbl: model.config.output_router_logits is True, so transformers' forward also "
-                "adds its own load-balancing term to out.loss when labels are given; adding "
-                "router_loss() counts it twice (set config.output_router_logits = False)",
-                stacklevel=3,
-            )
+        # Warned at the first router_loss, not here: rpb's trainers turn the model's own loss off
+        # after attach, and a warning about a state they fix would be a false alarm.
+        self._warned_own = False
         self._batch_shape: tuple[int, int] | None = None
         self._shape_hook = self.model.register_forward_pre_hook(
             self._record_shape, with_kwargs=True
@@ -492,7 +491,24 @@ class LBL(RouterMethod):
             self._shape_hook = None
         super().detach()
 
+    def _warn_if_counted_twice(self) -> None:
+        # With output_router_logits on, transformers' forward of a family that has an aux loss
+        # already adds coef x its balancing loss to out.loss when labels are given.
+        config = getattr(self.model, "config", None)
+        has_own = any(
+            hasattr(config, a) for a in ("router_aux_loss_coef", "aux_loss_coef")
+        ) and bool(getattr(config, "output_router_logits", False))
+        if has_own and self.strength > 0 and not self._warned_own:
+            self._warned_own = True
+            warnings.warn(
+                "lbl: model.config.output_router_logits is True, so transformers' forward also "
+                "adds its own load-balancing term to out.loss when labels are given; adding "
+                "router_loss() counts it twice (set config.output_router_logits = False)",
+                stacklevel=4,
+            )
+
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
+        self._warn_if_counted_twice()
         records = self._grad_records(control)
         handle = control.handles[0]
         _token_mask(records, attention_mask)  # same size check as every other term
@@ -581,16 +597,17 @@ class RPBMarginal(_SelectionBiasMethod):
         control = self._attached()
         self._pi = self.prior.mean_probs.float().clamp_min(1e-9)
         self._log_pi = torch.log(self._pi)
+        self._copies: dict[str, Tensor] = {}
         for layer in range(control.num_layers):
             self._set_bias(layer, partial(self._layer_bias, layer))
 
     def _layer_bias(self, layer: int, record: RouterRecord) -> Tensor:
-        device = record.logits.device
+        _on_device(self._copies, {"pi": self._pi, "log_pi": self._log_pi}, record.logits.device)
         kind = self._attached().handles[layer].kind
         if self.options["bias_on"] == "selection" and kind == "deepseek_v3":
             mass = record.base_logits.float().sigmoid().sum(-1, keepdim=True)
-            return self.strength * self._pi[layer].to(device) * mass
-        return self.strength * self._log_pi[layer].to(device)
+            return self.strength * self._copies["pi"][layer] * mass
+        return self.strength * self._copies["log_pi"][layer]
 
 
 @_register
@@ -665,12 +682,14 @@ class RPBCoact(_SelectionBiasMethod):
         share = counts / diag.clamp_min(1).unsqueeze(-1)
         share.diagonal(dim1=-2, dim2=-1).zero_()
         self._share = share.float()  # [L, E, E], row j: P(e | j)
+        self._copies: dict[str, Tensor] = {}
         super()._install()
 
     def _bias(self, record: RouterRecord) -> Tensor:
         control = self._attached()
         chosen = control.base_topk(record)  # [T, k]
-        share = self._share[record.layer].to(record.logits.device)
+        _on_device(self._copies, {"share": self._share}, record.logits.device)
+        share = self._copies["share"][record.layer]
         total = share[chosen].sum(1)  # [T, E]: sum over the token's base choices j of M[j, e]
         in_base = torch.zeros_like(total).scatter_(1, chosen, 1.0)
         others = (chosen.shape[-1] - in_base).clamp_min(1)  # M[e, e] = 0 drops j = e
@@ -704,6 +723,8 @@ class RPBAdaptive(RouterMethod):
         self.bias = torch.zeros(control.num_layers, n_experts)
         self._target = self.prior.usage_probs.float()
         self._pending = torch.zeros(control.num_layers, n_experts, dtype=torch.float64)
+        self._counted = False  # whether router_loss counted usage since the last update
+        self._device: torch.device | None = None  # where the state was last moved
         kind = control.handles[0].kind
         where = self.options["bias_in"]
         if where == "auto":
@@ -717,35 +738,58 @@ class RPBAdaptive(RouterMethod):
             for layer in range(control.num_layers):
                 control.set_policy(layer, selection_bias=partial(self._layer_bias, layer))
 
+    def _to_device(self, device: torch.device) -> None:
+        """Keep the bias, the target and the usage counts where the routers run (moved once,
+        also after the model is moved): the update then never waits for the device."""
+        if self._device == device:
+            return
+        self._device = device
+        self.bias = self.bias.to(device)
+        self._target = self._target.to(device)
+        # float64 keeps integer counts exact; MPS has no float64.
+        dtype = torch.float32 if device.type == "mps" else torch.float64
+        self._pending = self._pending.to(device, dtype)
+
     def _layer_bias(self, layer: int, record: RouterRecord) -> Tensor:
-        return (self.strength * self.bias[layer]).to(record.logits.device)
+        self._to_device(record.logits.device)
+        return self.strength * self.bias[layer]
 
     def _write_correction_bias(self) -> None:
         """The routers' e_score_correction_bias = base bias + strength * b (idempotent)."""
         control = self._attached()
+        self._to_device(control.handles[0].correction_bias.device)
         with torch.no_grad():
             for handle in control.handles:
                 live = handle.correction_bias
-                base = control.base_correction_bias(handle.moe_layer)
+                base = control.base_correction_bias(handle.moe_layer, live.device)
                 value = base.float() + self.strength * self.bias[handle.moe_layer]
-                live.copy_(value.to(device=live.device, dtype=live.dtype))
+                live.copy_(value.to(dtype=live.dtype))
 
     def _usage(self, records: list[RouterRecord], mask: Tensor | None) -> Tensor:
-        n_experts = self.bias.shape[1]
+        self._to_device(records[0].indices.device)
         out = torch.zeros_like(self._pending)
         for rec in records:
-            idx = rec.indices if mask is None else rec.indices[mask.to(rec.indices.device).bool()]
-            out[rec.layer] = torch.bincount(idx.reshape(-1), minlength=n_experts).double().cpu()
+            # Padding weighted 0 and counts scattered, where selecting tokens by the mask and
+            # `bincount` would both wait for the device to size their output; the counts are
+            # the same integers.
+            n_tokens, k = rec.indices.shape
+            if mask is None:
+                weight = torch.ones(n_tokens * k, dtype=out.dtype, device=out.device)
+            else:
+                weight = (mask.to(out.device) != 0).to(out.dtype).repeat_interleave(k)
+            out[rec.layer].scatter_add_(0, rec.indices.reshape(-1).to(out.device), weight)
         return out
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         # Accumulate the actual (biased) usage of every micro-batch until the optimizer step.
         records = self._records(control)
-        self._pending += self._usage(records, _token_mask(records, attention_mask))
+        usage = self._usage(records, _token_mask(records, attention_mask))  # may move _pending
+        self._pending += usage
+        self._counted = True
         return super()._loss(control, attention_mask)
 
     def state_dict(self) -> dict[str, Tensor]:
-        return {"bias": self.bias.clone()}
+        return {"bias": self.bias.detach().cpu().clone()}
 
     def load_state_dict(self, state: dict[str, Tensor]) -> None:
         if set(state) != {"bias"} or state["bias"].shape != self.bias.shape:
@@ -757,17 +801,18 @@ class RPBAdaptive(RouterMethod):
     def on_step_end(self) -> None:
         control = self._attached()
         usage = self._pending
-        if usage.sum() == 0 and all(r is not None for r in control.records):
+        if not self._counted and all(r is not None for r in control.records):
             # router_loss was not called: use the latest forward, unmasked
             usage = self._usage(self._records(control), None)
         # Every rank must apply the same update, from the usage of the whole global batch:
         # otherwise each drifts to its own bias and the ranks route differently.
         usage = _sum_over_ranks(usage)
-        if usage.sum() == 0:  # no routed forward yet
-            return
         live = usage / usage.sum(-1, keepdim=True).clamp_min(1)
-        self.bias += self.options["update_rate"] * torch.sign(self._target - live.float())
+        step = self.options["update_rate"] * torch.sign(self._target - live.float())
+        # No routed token yet: no update. Decided on the device, so the host never waits.
+        self.bias += torch.where(usage.sum() > 0, step, 0.0)
         self._pending.zero_()
+        self._counted = False
         if self.bias_in == "correction_bias":
             self._write_correction_bias()
 

@@ -317,6 +317,9 @@ class RouterControl:
         self._bias_arg: list[tuple[str, int] | None] = [_arg_position(h) for h in self.handles]
         self._base_cache: dict[int, Tensor] = {}
         self._base_fp32_cache: dict[int, Tensor] = {}
+        # The base biases on the device (and dtype) they are used on, made once: a copy from the
+        # host in every forward would make the host wait for the device (issue 46).
+        self._bias_cache: dict[tuple[str, int, torch.dtype | None], Tensor] = {}
         self.records: list[RouterRecord | None] = [None] * n
         self.policies: list[RoutingPolicy] = [RoutingPolicy() for _ in range(n)]
         self._hooks = [
@@ -332,11 +335,13 @@ class RouterControl:
     def base_weights(self) -> list[Tensor] | None:
         return self._base
 
-    def base_correction_bias(self, layer: int) -> Tensor | None:
-        return self._base_bias[layer]
+    def base_correction_bias(self, layer: int, device: torch.device | None = None) -> Tensor | None:
+        """The base's correction bias of MoE layer `layer` (on `device`, copied there once)."""
+        return self._bias_on("correction", layer, device)
 
-    def base_router_bias(self, layer: int) -> Tensor | None:
-        return self._base_router_bias[layer]
+    def base_router_bias(self, layer: int, device: torch.device | None = None) -> Tensor | None:
+        """The base's router logit bias b0 of MoE layer `layer` (on `device`, copied once)."""
+        return self._bias_on("router", layer, device)
 
     def set_policy(
         self,
@@ -360,17 +365,18 @@ class RouterControl:
 
     def base_scores(self, record: RouterRecord) -> Tensor:
         """The base router's native selection score s0 [T, E] on the record's hidden state."""
+        base = self._need_base(record)
         return handle_selection_scores(
-            self.handles[record.layer], self._need_base(record), self._base_bias[record.layer]
+            self.handles[record.layer], base, self._bias_on("correction", record.layer, base.device)
         )
 
     def base_topk(self, record: RouterRecord) -> Tensor:
         """The base router's own top-k [T, k] on the record's hidden state."""
         handle = self.handles[record.layer]
         with torch.no_grad():
-            return route(
-                handle, self._need_base(record), correction_bias=self._base_bias[record.layer]
-            )[2]
+            base = self._need_base(record)
+            bias = self._bias_on("correction", record.layer, base.device)
+            return route(handle, base, correction_bias=bias)[2]
 
     def live_topk(self, record: RouterRecord) -> Tensor:
         """The live router's own unbiased top-k [T, k] (what it selects without any policy)."""
@@ -417,6 +423,19 @@ class RouterControl:
             self._base_cache[layer] = cached
         return cached
 
+    def _bias_on(
+        self, which: str, layer: int, device: torch.device | None, dtype: torch.dtype | None = None
+    ) -> Tensor | None:
+        bias = (self._base_bias if which == "correction" else self._base_router_bias)[layer]
+        if bias is None or device is None:
+            return bias
+        key = (which, layer, dtype)
+        cached = self._bias_cache.get(key)
+        if cached is None or cached.device != device:
+            cached = bias.to(device=device, dtype=dtype or bias.dtype)
+            self._bias_cache[key] = cached
+        return cached
+
     def _live_bias(self, record: RouterRecord) -> Any:
         return _DEFAULT if record.correction_bias is None else record.correction_bias
 
@@ -460,7 +479,7 @@ class RouterControl:
                     spec,
                     hidden,
                     self._base_on(layer, logits),
-                    self._base_router_bias[layer],
+                    self._bias_on("router", layer, hidden.device),
                     logits,
                 )
         record = RouterRecord(layer, logits, weights, indices, base_logits)
@@ -468,9 +487,10 @@ class RouterControl:
         if self.weight_distance:
             w = handle.weight  # the full weight here, even when FSDP shards it between forwards
             dist = (w.float() - self._base_fp32(layer, w.device)).pow(2).sum()
-            b, b0 = handle.router_bias, self._base_router_bias[layer]
+            b = handle.router_bias
+            b0 = None if b is None else self._bias_on("router", layer, b.device, torch.float32)
             if b is not None and b0 is not None:
-                dist = dist + (b.float() - b0.to(b.device, torch.float32)).pow(2).sum()
+                dist = dist + (b.float() - b0).pow(2).sum()
             record.weight_sq_dist = dist
         self.records[layer] = record
         policy = self.policies[layer]
@@ -487,9 +507,13 @@ class RouterControl:
                     f"needs [..., {handle.num_experts}]"
                 )
         if forced is not None:
-            forced = self._check_forced(forced, layer, t, handle)
+            # The base's own top-k (`hard`) is in range by construction: its range check would
+            # read the indices on the host in every forward.
+            own = policy.forced_indices == self.base_topk
+            forced = self._check_forced(forced, layer, t, handle, check_range=not own)
         if policy.use_base_logits:
-            source, bias = self._need_base(record), self._base_bias[layer]
+            source = self._need_base(record)
+            bias = self._bias_on("correction", layer, source.device)
         else:
             source, bias = logits, self._live_bias(record)
         out = route(
@@ -505,14 +529,17 @@ class RouterControl:
         return build_output(spec, *out)
 
     @staticmethod
-    def _check_forced(forced: Tensor, layer: int, t: int, handle: RouterHandle) -> Tensor:
+    def _check_forced(
+        forced: Tensor, layer: int, t: int, handle: RouterHandle, check_range: bool = True
+    ) -> Tensor:
         if forced.dtype.is_floating_point or tuple(forced.shape) != (t, handle.top_k):
             raise ValueError(
                 f"forced_indices for MoE layer {layer} must be integer [{t}, {handle.top_k}], "
                 f"got {forced.dtype} {tuple(forced.shape)}"
             )
         if (
-            forced.device.type == "cpu"
+            check_range
+            and forced.device.type == "cpu"
             and forced.numel()
             and (int(forced.min()) < 0 or int(forced.max()) >= handle.num_experts)
         ):

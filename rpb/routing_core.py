@@ -399,9 +399,13 @@ def parse_output(spec: RouterSpec, output: Any, top_k: int) -> tuple[Tensor, Ten
     t, n_experts = logits.shape
     flat_gates = batch_gates.new_empty(t * top_k)
     flat_gates[order] = batch_gates
+    # expert_size is the host list JetMoE's router made: copied from pinned memory without
+    # blocking, and with the output size given, repeat_interleave needs no device read.
+    sizes = torch.tensor(expert_size, pin_memory=logits.device.type == "cuda")
     sorted_experts = torch.repeat_interleave(
         torch.arange(n_experts, device=logits.device),
-        torch.tensor(expert_size, device=logits.device),
+        sizes.to(logits.device, non_blocking=True),
+        output_size=t * top_k,
     )
     flat_idx = torch.empty(t * top_k, dtype=torch.long, device=logits.device)
     flat_idx[order] = sorted_experts

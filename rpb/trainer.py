@@ -25,6 +25,7 @@ Only torch, transformers and rpb's own modules are imported here: the pipeline's
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,10 @@ __all__ = [
     "RouterMethodTrainerMixin",
     "RoutingDriftCallback",
     "RoutingMeter",
+    "own_router_loss_message",
 ]
+
+log = logging.getLogger(__name__)
 
 # mean_kl's clamp (rpb.coactivation): a zero where the base has mass gives a large finite KL.
 _KL_EPS = 1e-12
@@ -277,6 +281,21 @@ def _count_tokens(batch: dict[str, Any]) -> Tensor | None:
     return None
 
 
+def own_router_loss_message(model: Any, method: str) -> str:
+    """The one line saying the model's own load-balancing loss was turned off for `method`."""
+    what = (
+        "lbl's term is that loss, counted once (strength 'family' takes the model's own "
+        "coefficient)"
+        if method == "lbl"
+        else f"the {method} method's term is the only router term (method lbl adds the family's "
+        "own load-balancing loss)"
+    )
+    return (
+        f"turned off {type(model).__name__}'s own load-balancing loss (output_router_logits) "
+        f"during training: {what}"
+    )
+
+
 def _check_attached(method: RouterMethod, model: Any) -> None:
     """Refuse, in one line, a method that would silently not act on the model being trained."""
     if not isinstance(method, RouterMethod):
@@ -336,6 +355,30 @@ class RouterMethodTrainerMixin:
         # the method's state of the step, e.g. rpb_adaptive's updated bias).
         flow = [i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)]
         callbacks.insert(flow[0] + 1 if flow else 0, RoutingDriftCallback(self))
+        self._turn_off_own_router_loss()
+
+    def _turn_off_own_router_loss(self) -> None:
+        """One router term: the model's own load-balancing loss goes off, with one warning.
+
+        transformers adds `router_aux_loss_coef` x its own loss to `out.loss` when the config's
+        `output_router_logits` is on (a checkpoint may ship it on; TRL's SFTTrainer turns it on),
+        which beside the method's term is a second router term (with `lbl`, the same one counted
+        twice). It stays only when the trainer's args ask for it by a non-zero
+        `router_aux_loss_coef` (SFTConfig's field)."""
+        if getattr(self.args, "router_aux_loss_coef", None):
+            return
+        config = getattr(self.model, "config", None)
+        configs = [config]
+        if hasattr(config, "get_text_config") and config.get_text_config() is not config:
+            configs.append(config.get_text_config())
+        on = [c for c in configs if getattr(c, "output_router_logits", False)]
+        if not on and not getattr(self, "aux_loss_enabled", False):
+            return
+        for c in on:
+            c.output_router_logits = False
+        if getattr(self, "aux_loss_enabled", False):
+            self.aux_loss_enabled = False  # TRL's SFTTrainer asks for router logits per batch
+        log.warning("rpb: %s", own_router_loss_message(self.model, self.router_method.name))
 
     # -- loss
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -295,6 +297,46 @@ def test_callback_takes_the_trainer_plainly() -> None:
     callback = RoutingDriftCallback(SimpleNamespace(router_method=method))
     callback.on_step_begin(None, SimpleNamespace(global_step=15, max_steps=20), None)
     assert method.progress == 0.75 and method.current_strength == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("name", ["lbl", "anchor_kl"])
+def test_one_router_term_when_the_checkpoint_asks_for_its_own_lbl(
+    name: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A config with output_router_logits on would add the model's own load-balancing loss to
+    the task loss beside the method's term (lbl's counted twice): the trainer turns it off with
+    one warning, and the step is the one of a checkpoint without the flag."""
+    runs = {}
+    for flagged in (False, True):
+        model, method = fresh(name)
+        model.config.output_router_logits = flagged
+        caplog.clear()
+        with caplog.at_level(logging.WARNING), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer = RouterMethodTrainer(
+                model=model,
+                args=step_args(tmp_path / str(flagged), 4, steps=2),
+                train_dataset=tiny_examples(LENGTHS[:8]),
+                data_collator=collate,
+                router_method=method,
+            )
+            with method:
+                trainer.train()
+        ours = [r.getMessage() for r in caplog.records if r.name == "rpb.trainer"]
+        assert len(ours) == (1 if flagged else 0)
+        assert not [w for w in caught if "counts it twice" in str(w.message)]
+        if flagged:
+            assert "\n" not in ours[0] and "own load-balancing loss" in ours[0]
+            assert ("counted once" in ours[0]) == (name == "lbl")
+            assert ("method lbl adds" in ours[0]) == (name != "lbl")  # not "use lbl" to lbl
+        assert model.config.output_router_logits is False
+        runs[flagged] = (_train_logs(trainer), [p.detach().clone() for p in model.parameters()])
+    (plain, plain_weights), (flagged_logs, flagged_weights) = runs[False], runs[True]
+    for a, b in zip(plain, flagged_logs, strict=True):
+        assert b["router_loss"] > 0
+        assert b["task_loss"] == a["task_loss"] and b["router_loss"] == a["router_loss"]
+        assert b["loss"] == pytest.approx(b["task_loss"] + b["router_loss"], rel=1e-6)
+    assert all(torch.equal(p, q) for p, q in zip(plain_weights, flagged_weights, strict=True))
 
 
 def test_bad_wiring_is_refused(tmp_path: Path) -> None:

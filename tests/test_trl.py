@@ -19,12 +19,13 @@ import torch
 from conftest import perturb_routers
 from datasets import Dataset
 from transformers import TrainingArguments
-from trl import SFTConfig
+from trl import SFTConfig, SFTTrainer
 
 from rpb.architectures import random_model
 from rpb.methods import make_method
 from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import RouterPrior, extract_prior
+from rpb.trainer import RouterMethodTrainerMixin
 from rpb.trl import RouterMethodSFTTrainer
 
 SFT_METRICS = ("entropy", "mean_token_accuracy", "num_tokens")
@@ -127,6 +128,51 @@ def test_sft_keeps_the_models_lbl_when_asked(
     (entry,) = _logs(trainer)
     assert entry["aux_loss"] > 0 and entry["router_loss"] > 0
     assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["router_loss"], rel=1e-6)
+
+
+class MySFT(RouterMethodTrainerMixin, SFTTrainer):
+    """The mixin on a Trainer subclass by hand, as the mixin's docstring invites."""
+
+
+def test_a_hand_made_sft_trainer_turns_the_models_lbl_off_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """SFTTrainer turns the model's own load-balancing loss on; without RouterMethodSFTTrainer's
+    own handling, the mixin turns it off with one warning, so lbl's term is counted once."""
+    tok, base, prior = _world()
+    model = copy.deepcopy(base).train()
+    method = make_method("lbl").attach(model, prior)
+    args = SFTConfig(
+        output_dir=str(tmp_path),
+        max_steps=1,
+        per_device_train_batch_size=4,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+        train_sampling_strategy="sequential",
+    )
+    with caplog.at_level(logging.WARNING):
+        trainer = MySFT(
+            model=model,
+            args=args,
+            train_dataset=Dataset.from_list(ROWS),
+            processing_class=tok,
+            router_method=method,
+        )
+        with method:
+            trainer.train()
+    warned = [r.getMessage() for r in caplog.records if r.name.startswith("rpb")]
+    assert len(warned) == 1 and "counted once" in warned[0]
+    assert model.config.output_router_logits is False and not trainer.aux_loss_enabled
+    (entry,) = _logs(trainer)
+    assert "aux_loss" not in entry and entry["router_loss"] > 0
+    assert entry["loss"] == pytest.approx(entry["task_loss"] + entry["router_loss"], rel=1e-6)
+    # The task loss is the SFT loss alone: the same as under RouterMethodSFTTrainer, which
+    # turns it off before SFTTrainer starts.
+    reference, _ = _sft(tmp_path / "ref", "lbl", max_steps=1)
+    assert entry["task_loss"] == _logs(reference)[0]["task_loss"]
 
 
 def test_sft_gradient_accumulation_gives_the_same_step(tmp_path: Path) -> None:

@@ -403,7 +403,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     from rpb.pipeline.training import RightPadCollator, unseen_token_ids
     from rpb.prior import RouterPrior
     from rpb.trainable import select_trainable
-    from rpb.trainer import RouterMethodTrainer
+    from rpb.trainer import RouterMethodTrainer, own_router_loss_message
 
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ValueError(
@@ -486,12 +486,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         own_lbl = bool(getattr(text_config, "output_router_logits", False))
         if own_lbl:
             text_config.output_router_logits = False
-            log.warning(
-                "turned off %s's own load-balancing loss (output_router_logits) during training: "
-                "the %s method's term is the only router term (use --method lbl for one)",
-                type(model).__name__,
-                args.method,
-            )
+            log.warning("%s", own_router_loss_message(model, method.name))
         method.attach(model, prior)
         model.train()
         training = TrainingArguments(
