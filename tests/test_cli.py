@@ -267,7 +267,6 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
     ]
 
 
-
 @pytest.mark.parametrize("command", ["finetune", "prior"])
 def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch, command) -> None:
     """`rpb finetune/prior --mlflow` on the light install needs MLflow alone: `rpb[mlflow]`."""
@@ -286,6 +285,7 @@ def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch,
         f"rpb {command}: error: needs mlflow, which the mlflow extra installs: "
         "pip install 'rpb[mlflow]'"
     ]
+
 
 # --- the command line's shape --------------------------------------------------------------------
 

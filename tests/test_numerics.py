@@ -65,3 +65,11 @@ def test_a_pipeline_job_off_the_pinned_path_stops_in_one_line(tmp_path: Path) ->
     assert len(lines) == 1, proc.stderr
     assert "ATen runs DEFAULT kernels" in lines[0] and "cpu_numerics: free" in lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_the_suite_computes_on_the_pinned_kernels() -> None:
+    # tests/conftest.py sets them before torch's import: a CPU-dependent test fails everywhere.
+    import torch
+
+    assert {name: os.environ.get(name) for name in PINNED} == PINNED
+    assert torch.backends.cpu.get_cpu_capability() == "AVX2"
