@@ -107,12 +107,14 @@ def find_fixed_base(root: Path, identity: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _model_files(folder: Path) -> list[Path]:
+    """A model folder's files, without the markers others leave in it (Snakemake's
+    `.snakemake_timestamp`)."""
+    return [p for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+
+
 def _files(folder: Path) -> dict[str, str]:
-    files = {
-        str(p.relative_to(folder)): _sha256(p)
-        for p in sorted((folder / "model").rglob("*"))
-        if p.is_file()
-    }
+    files = {str(p.relative_to(folder)): _sha256(p) for p in _model_files(folder / "model")}
     files[HISTORY] = _sha256(folder / HISTORY)
     return files
 
@@ -146,11 +148,10 @@ def install(root: Path, name: str, out: Path, corpus: Path, tokenizer: Path) -> 
                 "to pretrain on this one"
             )
     with atomic_folder(Path(out) / "model") as tmp:
-        for path in sorted((folder / "model").rglob("*")):
-            if path.is_file():
-                target = tmp / path.relative_to(folder / "model")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(path, target)
+        for path in _model_files(folder / "model"):
+            target = tmp / path.relative_to(folder / "model")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
     with atomic_path(Path(out) / HISTORY) as tmp:
         shutil.copyfile(folder / HISTORY, tmp)
     return entry
@@ -187,11 +188,10 @@ def record(
     folder = root / name
     shutil.rmtree(folder, ignore_errors=True)
     (folder / "model").mkdir(parents=True)
-    for path in sorted((results_base / "model").rglob("*")):
-        if path.is_file():
-            target = folder / "model" / path.relative_to(results_base / "model")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(path, target)
+    for path in _model_files(results_base / "model"):
+        target = folder / "model" / path.relative_to(results_base / "model")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, target)
     shutil.copyfile(results_base / HISTORY, folder / HISTORY)
     history = json.loads((folder / HISTORY).read_text())
     entry = {
@@ -211,60 +211,19 @@ def record(
     return entry
 
 
-def record_results(results: Path, configfiles: list[str]) -> list[str]:
-    """Record every base pretrained under `results` by the config of `configfiles` (merged over
-    config/config.yaml) as a fixed base; returns their names."""
-    import yaml
-
-    from rpb.pipeline.config_check import check_config
-    from rpb.pipeline.plan import PipelineConfig, Plan
-
-    workflow = Path(__file__).resolve().parents[2]
-    config: dict[str, Any] = {}
-    for name in ["config/config.yaml", *configfiles]:
-        _merge(config, yaml.safe_load((workflow / name).read_text()))
-    check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml")
-    plan = Plan(PipelineConfig.parse(config))
-    data = Path(results) / "data"
-    names = []
-    for model in plan.original_pretrained:
-        for base in plan.bases(model):
-            name = f"{model}/base{base}"
-            folder = Path(results) / "models" / name
-            if not (folder / "model").is_dir():
-                continue
-            identity = plan.base_identity(plan.base_model(model, base))
-            record(workflow / FIXED_BASES, name, folder, identity, data / "pretrain.jsonl",
-                   data / "tokenizer")  # fmt: skip
-            names.append(name)
-    return names
-
-
-def _merge(into: dict[str, Any], update: Mapping[str, Any]) -> None:
-    for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m rpb.pipeline.bases targets|compare|record RESULTS [CONFIGFILE ...]`: the model
-    folders of every fixed base under RESULTS (Snakemake targets); one line per base pretrained
-    there saying whether it has the committed bytes (exit 1 if any differs or is missing; `make
-    bases` runs both); or record the bases pretrained there as the fixed ones."""
+    """`python -m rpb.pipeline.bases targets|compare RESULTS`: the model folders of every fixed
+    base under RESULTS (Snakemake targets), or one line per base pretrained there saying whether
+    it has the committed bytes (exit 1 if any differs or is missing); `make bases` runs both.
+    `rpb pipeline fix-bases` records a results folder's bases as the fixed ones."""
     import sys
 
     args = sys.argv[1:] if argv is None else argv
-    if len(args) < 2 or args[0] not in ("targets", "compare", "record"):
+    if len(args) != 2 or args[0] not in ("targets", "compare"):
         print(main.__doc__.split(":")[0].strip("`"), file=sys.stderr)
         return 2
     root = Path(__file__).resolve().parents[2] / FIXED_BASES
     results = Path(args[1])
-    if args[0] == "record":
-        for name in record_results(results, args[2:]):
-            print(f"recorded {root / name} from {results / 'models' / name}")
-        return 0
     names = sorted(read_manifest(root)["bases"])
     if args[0] == "targets":
         print(" ".join(str(results / "models" / name / "model") for name in names))

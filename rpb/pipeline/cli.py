@@ -206,6 +206,42 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
             print(line, flush=True)
 
 
+def cmd_fix_bases(args: argparse.Namespace) -> None:
+    """Record every base pretrained under --results by the config of --configfile (merged over
+    config/config.yaml, as Snakemake merges them) as the committed fixed bases."""
+    import yaml
+
+    from rpb.pipeline.bases import record
+    from rpb.pipeline.config_check import check_config
+    from rpb.pipeline.plan import PipelineConfig, Plan
+
+    workflow = Path(__file__).resolve().parents[2]
+    config: dict[str, Any] = {}
+    for name in [workflow / "config" / "config.yaml", *args.configfile]:
+        _merge_config(config, yaml.safe_load(Path(name).read_text()))
+    check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml")
+    plan = Plan(PipelineConfig.parse(config))
+    data = args.results / "data"
+    for model in plan.original_pretrained:
+        for base, entry in enumerate(plan.bases(model)):  # base k: the model's k-th entry
+            name = f"{model}/base{base}"
+            folder = args.results / "models" / name
+            if not (folder / "model").is_dir():
+                continue
+            identity = plan.base_identity(entry)
+            corpus, tokenizer = data / "pretrain.jsonl", data / "tokenizer"
+            record(_fixed_bases_root(), name, folder, identity, corpus, tokenizer)
+            print(f"recorded {_fixed_bases_root() / name} from {folder}")
+
+
+def _merge_config(into: dict[str, Any], update: dict[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge_config(into[key], value)
+        else:
+            into[key] = value
+
+
 def _fixed_bases_root() -> Path:
     """The committed bases' folder: the workflow's (RPB_FIXED_BASES), else ./bases."""
     from rpb.pipeline.bases import FIXED_BASES
@@ -826,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", type=Path, required=True)
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    source = p.add_mutually_exclusive_group()
+    source = p.add_mutually_exclusive_group()  # of the pretrain job
     source.add_argument(
         "--fixed-base", help="install this committed base (bases/<NAME>) instead of pretraining"
     )
@@ -906,6 +942,16 @@ def build_parser() -> argparse.ArgumentParser:
         type=_json_arg,
         default=None,
         help="the claims audit's spec: C1 and C2 judged from table 1's runs open its caption",
+    )
+
+    p = add(
+        "fix-bases",
+        cmd_fix_bases,
+        "record the bases pretrained in a results folder as the committed fixed bases (bases/)",
+    )
+    p.add_argument("--results", type=Path, required=True)
+    p.add_argument(
+        "--configfile", nargs="*", default=[], help="the config that pretrained them (merged)"
     )
 
     p = add("testbed", cmd_testbed, "testbed calibration report of the pretrained tiny bases")
