@@ -231,9 +231,9 @@ def training_history(
 
 def numeric_paths(results: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
     """The distinct CPU numeric paths (rpb.numerics) that trained a table's runs and their
-    pretrained bases, read from their `train_history.json` (one written before paths were
-    recorded counts as "unrecorded"; a hub base has none), each with how many trainings used it:
-    one entry when the table is of one path."""
+    pretrained bases, read from their `train_history.json` (a run without one, or written before
+    paths were recorded, counts as "unrecorded"; a hub base has none), each with how many
+    trainings used it: one entry when the table is of one path."""
     histories: list[Path] = []
     for run in spec["seeds"]:
         base = run_fields(run)["base"]
@@ -246,7 +246,8 @@ def numeric_paths(results: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
             )
     found: dict[str, dict[str, Any]] = {}
     for path in dict.fromkeys(histories):
-        record = read_json(path).get("numeric_path") or "unrecorded"
+        # A run made before paths were recorded, or outside the pipeline, may have no history.
+        record = (read_json(path).get("numeric_path") if path.exists() else None) or "unrecorded"
         key = json.dumps(record, sort_keys=True)
         entry = found.setdefault(key, {"path": record, "trainings": 0})
         entry["trainings"] += 1
