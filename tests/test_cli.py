@@ -381,4 +381,5 @@ def test_every_rule_s_rpb_command_parses(tmp_path: Path) -> None:
             pytest.fail(f"a rule's command does not parse: rpb {shlex.join(argv)}")
         assert args.command == "pipeline", argv
         seen.add(args.job)
-    assert seen == set(_commands(_commands(parser)["pipeline"])), seen
+    # fix-bases is a maintainer's command (it writes bases/), never a rule's
+    assert seen == set(_commands(_commands(parser)["pipeline"])) - {"fix-bases"}, seen

@@ -61,7 +61,8 @@ def test_moved_checkout_other_store_more_threads_rerun_nothing(
         smoke_run,
         f"{smoke_run}/table1.csv",
         "--dry-run",
-        config={"threads_per_job": 2},
+        # more threads leave the pinned numeric path (rpb.numerics), which sets no rule's params
+        config={"threads_per_job": 2, "cpu_numerics": "free"},
     )
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{tmp_path / 'elsewhere' / 'mlflow.db'}"
     proc = subprocess.run(cmd, cwd=moved, env=env, capture_output=True, text=True)
