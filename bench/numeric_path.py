@@ -108,7 +108,7 @@ def main() -> None:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "command": "python bench/numeric_path.py --repeats %d" % args.repeats,
+        "command": f"python bench/numeric_path.py --repeats {args.repeats}",
         "date": time.strftime("%Y-%m-%d"),
         "settings": rows,
     }

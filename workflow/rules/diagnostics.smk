@@ -76,8 +76,7 @@ rule router_swap_table:
     input:
         lambda wc: part_swap.table_inputs(
             RESULTS,
-            PLAN.router_swap_spec()
-            | {"parts": list(DIAGNOSTICS.router_swap.parts)},
+            PLAN.router_swap_spec() | {"parts": list(DIAGNOSTICS.router_swap.parts)},
         ),
     output:
         csv=f"{RESULTS}/router_swap.csv",
@@ -90,8 +89,7 @@ rule router_swap_table:
     params:
         track=TRACK,
         spec=lambda wc: as_json(
-            PLAN.router_swap_spec()
-            | {"parts": list(DIAGNOSTICS.router_swap.parts)}
+            PLAN.router_swap_spec() | {"parts": list(DIAGNOSTICS.router_swap.parts)}
         ),
         results=parent_dir(0),
     shell:
