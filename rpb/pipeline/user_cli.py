@@ -64,7 +64,7 @@ example:
 One inference pass of the model over the data records each MoE layer's base router weights and
 how it routes the data (mean routing distribution, expert usage, co-activation counts); OUT's
 .json sibling (prior.json here) summarises it. `rpb finetune --prior prior.safetensors` uses it.
-The pipeline's jobs call this with --name and --corpus (each such job is an MLflow run).
+The pipeline's form of this command is `rpb pipeline prior --name ...` (each job an MLflow run).
 """
 
 
