@@ -72,7 +72,10 @@ trainer = RouterMethodTrainer(
 )
 with method:  # detaches the hooks afterwards: the model routes natively again
     trainer.train()
+# rpb's router term is 0 by design: its bias acts on which experts are selected, not on the
+# loss. What moves under it is the drift from the base router (mean/kl_to_base up,
+# mean/topk_overlap_with_base down), printed first.
 for entry in trainer.router_history:
-    shown = {k: v for k, v in entry.items() if k in ("task_loss", "router_loss", "lr")}
-    shown |= {k: v for k, v in entry.items() if k.startswith("mean/")}
+    shown = {k: v for k, v in entry.items() if k.startswith("mean/")}
+    shown |= {k: v for k, v in entry.items() if k in ("task_loss", "router_loss", "lr")}
     print(f"step {entry['step']}", " ".join(f"{k}={v:.4g}" for k, v in shown.items()))
