@@ -49,11 +49,8 @@ def batch(step: int) -> dict[str, torch.Tensor]:
 prior = extract_prior(
     model,
     [batch(-s) for s in range(1, 5)],
-    model_id=args.model or "tiny",
-    revision="local",
-    corpus_hash="synthetic",
     progress=False,
-)
+)  # its provenance (model folder, revision, a hash of the batches) is filled in
 model.train()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 with make_method(args.method).attach(model, prior) as method:

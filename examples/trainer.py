@@ -48,11 +48,8 @@ def collate(examples: list[dict]) -> dict[str, torch.Tensor]:
 prior = extract_prior(
     model,
     [collate(rows[i : i + 16]) for i in range(0, len(rows), 16)],
-    model_id=args.model or "tiny",
-    revision="local",
-    corpus_hash="synthetic",
     progress=False,
-)
+)  # its provenance (model folder, revision, a hash of the batches) is filled in
 method = make_method(args.method).attach(model, prior)
 print(f"{args.method} on {method.control.num_layers} routers of {type(model).__name__}")
 training = TrainingArguments(

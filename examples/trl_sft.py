@@ -45,11 +45,8 @@ enc = tok([r["prompt"] + r["completion"] for r in rows[:64]], return_tensors="pt
 prior = extract_prior(
     model,
     [dict(enc)],
-    model_id=args.model or "tiny",
-    revision="local",
-    corpus_hash="synthetic",
     progress=False,
-)
+)  # its provenance (model folder, revision, a hash of the batches) is filled in
 method = make_method(args.method).attach(model, prior)
 print(f"{args.method} on {method.control.num_layers} routers of {type(model).__name__}")
 config = SFTConfig(
