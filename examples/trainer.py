@@ -48,11 +48,8 @@ def collate(examples: list[dict]) -> dict[str, torch.Tensor]:
 prior = extract_prior(
     model,
     [collate(rows[i : i + 16]) for i in range(0, len(rows), 16)],
-    model_id=args.model or "tiny",
-    revision="local",
-    corpus_hash="synthetic",
     progress=False,
-)
+)  # its provenance (model folder, revision, a hash of the batches) is filled in
 method = make_method(args.method).attach(model, prior)
 print(f"{args.method} on {method.control.num_layers} routers of {type(model).__name__}")
 training = TrainingArguments(
@@ -72,7 +69,10 @@ trainer = RouterMethodTrainer(
 )
 with method:  # detaches the hooks afterwards: the model routes natively again
     trainer.train()
+# rpb's router term is 0 by design: its bias acts on which experts are selected, not on the
+# loss. What moves under it is the drift from the base router (mean/kl_to_base up,
+# mean/topk_overlap_with_base down), printed first.
 for entry in trainer.router_history:
-    shown = {k: v for k, v in entry.items() if k in ("task_loss", "router_loss", "lr")}
-    shown |= {k: v for k, v in entry.items() if k.startswith("mean/")}
+    shown = {k: v for k, v in entry.items() if k.startswith("mean/")}
+    shown |= {k: v for k, v in entry.items() if k in ("task_loss", "router_loss", "lr")}
     print(f"step {entry['step']}", " ".join(f"{k}={v:.4g}" for k, v in shown.items()))

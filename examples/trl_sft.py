@@ -45,11 +45,8 @@ enc = tok([r["prompt"] + r["completion"] for r in rows[:64]], return_tensors="pt
 prior = extract_prior(
     model,
     [dict(enc)],
-    model_id=args.model or "tiny",
-    revision="local",
-    corpus_hash="synthetic",
     progress=False,
-)
+)  # its provenance (model folder, revision, a hash of the batches) is filled in
 method = make_method(args.method).attach(model, prior)
 print(f"{args.method} on {method.control.num_layers} routers of {type(model).__name__}")
 config = SFTConfig(
@@ -73,8 +70,11 @@ trainer = RouterMethodSFTTrainer(
 )
 with method:  # detaches the hooks afterwards: the model routes natively again
     trainer.train()
+# rpb's router term is 0 by design: its bias acts on which experts are selected, not on the
+# loss. What moves under it is the drift from the base router (mean/kl_to_base up,
+# mean/topk_overlap_with_base down), printed first.
 for log in trainer.state.log_history:
     if "loss" in log:
         keys = ("task_loss", "router_loss", "entropy", "mean_token_accuracy")
-        shown = {k: log[k] for k in keys} | {k: v for k, v in log.items() if k.startswith("mean/")}
+        shown = {k: v for k, v in log.items() if k.startswith("mean/")} | {k: log[k] for k in keys}
         print(f"step {log['step']}", " ".join(f"{k}={v:.4g}" for k, v in shown.items()))

@@ -9,6 +9,7 @@ one .safetensors file (tensors, with the metadata JSON in the safetensors header
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -210,17 +211,48 @@ class RouterPrior:
             )
 
 
+def _model_provenance(model: nn.Module) -> tuple[str, str]:
+    """(model_id, revision) of a model that was given none: the folder or hub id it was loaded
+    from (its config's `_name_or_path`), else its class; the hub commit it was loaded at, else
+    "local"."""
+    config = getattr(model, "config", None)
+    name = str(getattr(config, "_name_or_path", "") or "")
+    commit = getattr(config, "_commit_hash", None)
+    return name or type(model).__name__, str(commit) if commit else "local"
+
+
+def _update_corpus_hash(digest: Any, input_ids: Tensor, mask: Tensor | None) -> None:
+    """Add one batch's non-padding token ids (row by row) to `digest`: the same texts give the
+    same hash however they were padded."""
+    ids = input_ids.detach().to("cpu", torch.int64)
+    keep = mask.detach().cpu().bool() if mask is not None else torch.ones_like(ids).bool()
+    width = ids.shape[-1]
+    for row, row_mask in zip(ids.reshape(-1, width), keep.reshape(-1, width), strict=True):
+        tokens = row[row_mask].numpy().tobytes()
+        digest.update(len(tokens).to_bytes(8, "little") + tokens)
+
+
 def extract_prior(
     model: nn.Module,
     batches: Iterable[Mapping[str, Tensor]],
     *,
-    model_id: str,
-    revision: str,
-    corpus_hash: str,
+    model_id: str | None = None,
+    revision: str | None = None,
+    corpus_hash: str | None = None,
     progress: bool = True,
 ) -> RouterPrior:
     """One no-grad pass of `model` (eval mode) over `batches` of input_ids [+ attention_mask];
-    padding tokens (mask 0) are not counted."""
+    padding tokens (mask 0) are not counted.
+
+    Provenance not given is filled in: `model_id` from the folder or hub id the model was loaded
+    from (`config._name_or_path`, else the model's class), `revision` from the hub commit it was
+    loaded at (else "local"), `corpus_hash` as "tokens-sha256:" + the sha256 of the batches'
+    non-padding token ids (a file's own hash, as the pipeline passes, names the corpus better)."""
+    if model_id is None or revision is None:
+        found_id, found_revision = _model_provenance(model)
+        model_id = found_id if model_id is None else model_id
+        revision = found_revision if revision is None else revision
+    digest = hashlib.sha256() if corpus_hash is None else None
     handles = find_routers(model)
     first = handles[0]
     for h in handles[1:]:
@@ -247,6 +279,8 @@ def extract_prior(
                 input_ids = batch["input_ids"].to(device)
                 mask = batch.get("attention_mask")
                 mask = mask.to(device) if mask is not None else None
+                if digest is not None:
+                    _update_corpus_hash(digest, batch["input_ids"], batch.get("attention_mask"))
                 control.clear_records()
                 model(input_ids=input_ids, attention_mask=mask)
                 flat = mask.reshape(-1).bool() if mask is not None else None
@@ -263,6 +297,8 @@ def extract_prior(
         model.train(was_training)
     if n_tokens == 0:
         raise ValueError("router prior extraction saw no (non-padding) tokens")
+    if digest is not None:
+        corpus_hash = f"tokens-sha256:{digest.hexdigest()}"
 
     def stored(tensors: list[Tensor | None]) -> list[Tensor] | None:
         if any(t is None for t in tensors):

@@ -26,13 +26,14 @@ Only torch, transformers and rpb's own modules are imported here: the pipeline's
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import PreTrainedModel, Trainer, TrainerCallback
-from transformers.trainer_callback import DefaultFlowCallback
+from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, ProgressCallback
 from transformers.trainer_utils import IntervalStrategy
 
 from rpb.coactivation import usage_entropy
@@ -44,6 +45,7 @@ __all__ = [
     "RouterMethodTrainerMixin",
     "RoutingDriftCallback",
     "RoutingMeter",
+    "console_logs",
     "own_router_loss_message",
 ]
 
@@ -51,6 +53,11 @@ log = logging.getLogger(__name__)
 
 # mean_kl's clamp (rpb.coactivation): a zero where the base has mass gives a large finite KL.
 _KL_EPS = 1e-12
+
+# A per-layer metric ("layer3/kl_to_base", "layer3/load/expert17"): E + 5 of them per MoE layer,
+# thousands on a 48-layer, 128-expert model, too many for one console line.
+_LAYER_KEY = re.compile(r"layer\d+/")
+_WORST_LAYER_STATS = ("max_load_ratio", "dead_experts")
 
 
 class RoutingMeter:
@@ -229,6 +236,35 @@ class RoutingMeter:
         return metrics
 
 
+def console_logs(logs: Mapping[str, Any]) -> dict[str, Any]:
+    """A training log as the console shows it: every entry but the per-layer ones, plus the
+    worst layer's load (`max/max_load_ratio`, `max/dead_experts`: the largest over MoE layers).
+
+    The `mean/` averages hide one collapsing layer, which the worst layer shows; the per-layer
+    values and every expert's share stay in the log itself (`report_to` loggers, callbacks'
+    `on_log`, `router_history`)."""
+    short = {k: v for k, v in logs.items() if not _LAYER_KEY.match(k)}
+    for stat in _WORST_LAYER_STATS:
+        values = [v for k, v in logs.items() if _LAYER_KEY.match(k) and k.endswith(f"/{stat}")]
+        if values:
+            short[f"max/{stat}"] = max(values)
+    return short
+
+
+class _ConsoleProgressCallback(ProgressCallback):
+    """The Trainer's progress bar, printing each log as `console_logs` summarises it."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+
+
+class _ConsolePrinterCallback(PrinterCallback):
+    """The Trainer's log printer (`disable_tqdm=True`), printing `console_logs` of each log."""
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        return super().on_log(args, state, control, logs=console_logs(logs or {}), **kwargs)
+
+
 class RoutingDriftCallback(TrainerCallback):
     """Steps the router method with the Trainer: its schedule before each optimizer step
     (`set_progress`, from the Trainer's own state, so a resumed run continues rpb_anneal where it
@@ -323,8 +359,9 @@ class RouterMethodTrainerMixin:
     everything the parent logs keep working) and adds the router term weighted by the
     micro-batch's share of the step's non-padding tokens (module docstring); evaluation losses are
     the task loss only. `log` adds rpb's metrics (`RoutingMeter.collect`) to every training log
-    and appends them to `router_history`. `log_expert_shares=False` leaves out the per-expert
-    shares (E values per layer) and keeps the per-layer load summaries.
+    and appends them to `router_history`; the console's line summarises them (`console_logs`).
+    `log_expert_shares=False` leaves out the per-expert shares (E values per layer) and keeps the
+    per-layer load summaries.
     """
 
     router_method: RouterMethod
@@ -355,6 +392,13 @@ class RouterMethodTrainerMixin:
         # the method's state of the step, e.g. rpb_adaptive's updated bias).
         flow = [i for i, cb in enumerate(callbacks) if isinstance(cb, DefaultFlowCallback)]
         callbacks.insert(flow[0] + 1 if flow else 0, RoutingDriftCallback(self))
+        # The console prints a summary of each log; every other logger gets all of it. Exact
+        # types only: a progress callback of the user's own stays as it is.
+        for i, cb in enumerate(callbacks):
+            if type(cb) is ProgressCallback:
+                callbacks[i] = _ConsoleProgressCallback(max_str_len=cb.max_str_len)
+            elif type(cb) is PrinterCallback:
+                callbacks[i] = _ConsolePrinterCallback()
         self._turn_off_own_router_loss()
 
     def _turn_off_own_router_loss(self) -> None:

@@ -324,6 +324,39 @@ def test_the_top_level_is_the_people_s_commands_and_pipeline(
         assert f"invalid choice: '{old}'" in capsys.readouterr().err
 
 
+# The pipeline's job alone takes these (its config name, the base's place, its run group).
+PIPELINE_PRIOR_FLAGS = ("--name", "--family", "--base-index", "--run-group", "--corpus")
+
+
+def _flags(help_text: str) -> set[str]:
+    """The flags listed in a --help's options section (not its epilog's examples)."""
+    options = help_text.split("options:", 1)[1].split("example:", 1)[0]
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", options))
+
+
+def test_people_s_prior_help_lists_the_user_s_flags_only() -> None:
+    """`rpb prior --help` shows the user's flags, not the pipeline job's; `rpb pipeline prior`
+    keeps them; the people's form parses to cmd_prior's form without --name."""
+    from rpb.pipeline.cli import cmd_prior
+
+    top = _commands(build_parser())
+    people = _flags(top["prior"].format_help())
+    user = {"--model", "--data", "--out", "--batch-size", "--text-field", "--max-length"}
+    assert user | {"--mlflow", "--tracking-uri", "--experiment"} <= people
+    assert not people & set(PIPELINE_PRIOR_FLAGS), sorted(people)
+    job = _flags(_commands(top["pipeline"])["prior"].format_help())
+    assert set(PIPELINE_PRIOR_FLAGS) | user <= job
+    args = build_parser().parse_args(
+        ["prior", "--model", "m", "--data", "d.jsonl", "--out", "p.safetensors", "--mlflow"]
+    )
+    assert args.func is cmd_prior and args.name is None
+    assert (args.tracking_uri, args.experiment, args.mlflow) == (None, "rpb", True)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(
+            ["prior", "--model", "m", "--data", "d", "--out", "p", "--name", "x"]
+        )
+
+
 def test_every_report_job_is_under_pipeline_with_its_key() -> None:
     """Each REPORT_JOBS key is the job `rpb pipeline <key, dashes for underscores>`, whose
     `args.report` is the key itself (the stage and the config's `tables` key); the underscore

@@ -60,6 +60,17 @@ def test_example_runs_and_prints_the_metrics(script: str) -> None:
     assert steps[-1]["mean/kl_to_base"] > 0 or steps[-1]["mean/topk_overlap_with_base"] < 1
 
 
+def test_rpb_shows_its_drift_first_and_a_zero_router_term() -> None:
+    """rpb steers selection and has no loss term: router_loss is 0 at every step, and the
+    drift, which does move, comes first on each line."""
+    proc = run_example("plain_loop.py", "--steps", "3", "--method", "rpb")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = step_lines(proc.stdout)
+    assert len(steps) == 3 and all(entry["router_loss"] == 0 for entry in steps)
+    assert all(next(iter(entry)).startswith("mean/") for entry in steps)
+    assert steps[-1]["mean/kl_to_base"] > 0 or steps[-1]["mean/topk_overlap_with_base"] < 1
+
+
 def test_example_trains_a_checkpoint_directory(tmp_path: Path) -> None:
     from rpb.architectures import random_model
     from rpb.pipeline.tokenizer import build_tokenizer

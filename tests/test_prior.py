@@ -48,6 +48,31 @@ def test_extract_counts_only_real_tokens(arch):
     assert torch.allclose(prior.mean_probs.sum(-1), torch.ones(prior.num_layers))
 
 
+def test_provenance_not_given_is_filled_in(tmp_path):
+    """A local folder needs no invented model_id, revision or corpus hash: the folder the model
+    was loaded from, "local", and a hash of the batches' tokens that padding does not change;
+    explicit values are kept as given."""
+    from transformers import AutoModelForCausalLM
+
+    make_model("qwen3_moe").save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)
+    padded = make_batch(batch=2, seq=8, pad=3, seed=0)
+    prior = extract_prior(model, [padded], progress=False)
+    assert (prior.model_id, prior.revision) == (str(tmp_path), "local")
+    assert prior.corpus_hash.startswith("tokens-sha256:") and len(prior.corpus_hash) == 14 + 64
+    rows = [{"input_ids": padded["input_ids"][:1]}, {"input_ids": padded["input_ids"][1:, :5]}]
+    assert extract_prior(model, rows, progress=False).corpus_hash == prior.corpus_hash
+    other = extract_prior(model, [make_batch(batch=2, seq=8, pad=3, seed=1)], progress=False)
+    assert other.corpus_hash != prior.corpus_hash
+    # A model built from a config was loaded from nowhere: its class names it.
+    assert extract_prior(make_model("qwen3_moe"), [padded], progress=False).model_id == (
+        "Qwen3MoeForCausalLM"
+    )
+    given = _extract(model, [padded])
+    assert (given.model_id, given.revision, given.corpus_hash) == ("tiny", "r0", "ab" * 32)
+    assert RouterPrior.load(prior.save(tmp_path / "p.safetensors")).meta == prior.meta
+
+
 def test_mean_probs_match_hand_computation():
     model = make_model("deepseek_v3")
     batch = make_batch(batch=1, seq=6, pad=0)

@@ -343,6 +343,7 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
                 spec["corpus"],
             )
             assert {"kind", "strength", "options", "base", "seed"} <= set(params)
+            assert run.data.tags[tracking.RUN_COLOR_TAG] == tracking.run_color(method)
             if method == "base":
                 assert params["kind"] == "base" and params["strength"] == "-"
         # Table 1's cell: the mean over seeds of the runs' metrics (CSV rounded to 4 places).
@@ -373,6 +374,9 @@ def test_smoke_datasets_and_training_metric_names(smoke_run: Path) -> None:
     train = inputs("train/tinyA/math/rpb/base0/seed0")
     assert train == {"post/math": (manifest["post/math.jsonl"]["sha256"][:36], "training")}
     assert inputs("pretrain/tinyA/base0")["pretrain"][1] == "training"
+    pretrain = latest["pretrain/tinyA/base0"].data.params  # the architecture: one JSON param
+    assert json.loads(pretrain["architecture"])
+    assert not any(k.startswith("architecture.") for k in pretrain)
     evaluated = inputs("eval/tinyA/math/rpb/base0/seed0")
     assert evaluated["eval/addition"] == (
         manifest["eval/addition.jsonl"]["sha256"][:36],

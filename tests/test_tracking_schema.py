@@ -6,6 +6,7 @@ that carry their table and its headline numbers."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +15,16 @@ from conftest import new_store
 
 from rpb.pipeline import tracking
 
+# A pretraining run's architecture (cli.cmd_pretrain's `--architecture`), nested.
+ARCHITECTURE = {"hidden_size": 32, "num_experts": 8, "rope": {"theta": 10000.0}}
+
 # Each run kind as its job opens it (rpb.pipeline.cli), on results run id 1001 (seed 1 on base 1)
 # where it has one: (kwargs of tracked_run, the run name, the schema params it has).
 KINDS: list[tuple[dict[str, Any], str, dict[str, str]]] = [
     ({"stage": "corpora", "params": {"data_seed": 0}}, "corpora", {}),
     (
         {"stage": "pretrain", "model": "tinyA", "base": 1,
-         "params": {"base_name": "tinyA_p1", "train": {"seed": 1}}},
+         "params": {"base_name": "tinyA_p1", "train": {"seed": 1}, "architecture": ARCHITECTURE}},
         "pretrain/tinyA/base1",
         {"model": "tinyA", "base": "1"},
     ),
@@ -86,6 +90,27 @@ def test_every_run_kind_logs_the_schema_and_a_plain_name(uri: str) -> None:
     assert "method" not in runs["pretrain/tinyA/base1"].data.params
     train = runs["train/tinyA/math/rpb/base1/seed1"].data.params
     assert (train["kind"], train["strength"]) == ("rpb", "1.0")
+    # The architecture is one JSON param, not twenty `architecture.*` names at the top of the
+    # UI's Group-by list; nested `train` keeps its dotted params.
+    pretrain = runs["pretrain/tinyA/base1"].data.params
+    assert json.loads(pretrain["architecture"]) == ARCHITECTURE
+    assert not any(k.startswith("architecture.") for k in pretrain)
+    assert pretrain["train.seed"] == "1"
+    # One colour per method (MLflow's run colour tag); runs without a method have none.
+    colors = {name: run.data.tags.get(tracking.RUN_COLOR_TAG) for name, run in runs.items()}
+    assert colors["train/tinyA/math/rpb/base1/seed1"] == tracking.METHOD_COLORS["rpb"]
+    assert colors["eval/tinyA/math/base/base1/seed0"] == tracking.METHOD_COLORS["base"]
+    assert colors["pretrain/tinyA/base1"] is None and colors["table1/tinyA/math"] is None
+
+
+def test_each_method_has_its_own_fixed_colour() -> None:
+    fixed = [tracking.run_color(m) for m in ("none", "lbl", "rpb", "base")]
+    assert len(set(fixed)) == 4
+    assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in fixed)
+    other = tracking.run_color("rpb_strong")
+    assert other in tracking.OTHER_COLORS and other not in fixed
+    assert other == tracking.run_color("rpb_strong")  # a hash, not a counter: stable
+    assert tracking.run_color(None) is None and tracking.run_color("-") is None
 
 
 def test_a_schema_name_with_two_values_is_refused(uri: str) -> None:

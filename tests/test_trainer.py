@@ -6,6 +6,7 @@ trainer steps the method exactly once per optimizer step with its own callback."
 
 from __future__ import annotations
 
+import ast
 import copy
 import functools
 import logging
@@ -23,7 +24,7 @@ from transformers import TrainerCallback, TrainingArguments
 
 from rpb.methods import make_method
 from rpb.prior import RouterPrior, extract_prior
-from rpb.trainer import RouterMethodTrainer, RoutingDriftCallback
+from rpb.trainer import RouterMethodTrainer, RoutingDriftCallback, console_logs
 
 # One optimizer step over 8 examples: per_device batch 8 / GA, plain SGD at lr 1 with no clipping
 # (clipping would hide a gradient scaled by the accumulation steps).
@@ -76,7 +77,7 @@ def step_args(out: Path, batch: int, ga: int = 1, steps: int = 1, **more: Any) -
         report_to="none",
         use_cpu=True,
         train_sampling_strategy="sequential",
-        disable_tqdm=True,
+        disable_tqdm=more.pop("disable_tqdm", True),
         **more,
     )
 
@@ -269,6 +270,61 @@ def test_every_logger_receives_the_metrics_and_the_last_step(tmp_path: Path) -> 
     quiet, _ = train("none", tiny_examples(LENGTHS), tmp_path / "q", 8, log_expert_shares=False)
     keys = set(quiet.router_history[0])
     assert not any("/load/" in k for k in keys) and "layer0/max_load_ratio" in keys
+
+
+def test_console_logs_keep_the_summaries_and_the_worst_layer() -> None:
+    logs = {
+        "loss": 1.0,
+        "task_loss": 0.9,
+        "layer0/load/expert0": 0.5,
+        "layer0/max_load_ratio": 1.5,
+        "layer0/dead_experts": 0.0,
+        "layer1/max_load_ratio": 3.0,
+        "layer1/dead_experts": 2.0,
+        "layer1/kl_to_base": 0.1,
+        "mean/max_load_ratio": 2.25,
+    }
+    assert console_logs(logs) == {
+        "loss": 1.0,
+        "task_loss": 0.9,
+        "mean/max_load_ratio": 2.25,
+        "max/max_load_ratio": 3.0,
+        "max/dead_experts": 2.0,
+    }
+    assert console_logs({"loss": 1.0}) == {"loss": 1.0}
+
+
+@pytest.mark.parametrize("tqdm", [False, True], ids=["printer", "progress_bar"])
+def test_the_console_line_summarises_the_layers_and_loggers_get_every_share(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tqdm: bool
+) -> None:
+    """The line the Trainer prints (PrinterCallback, or the progress bar's) has no per-layer
+    entry but the worst layer's load; a logger (`on_log`) and the history get every share."""
+    recorder = _Recorder()
+    trainer, _ = train(
+        "rpb",
+        tiny_examples(LENGTHS),
+        tmp_path,
+        batch=4,
+        steps=2,
+        learning_rate=0.1,
+        callbacks=[recorder],
+        disable_tqdm=not tqdm,
+    )
+    printed = [
+        ast.literal_eval(line)
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("{") and "'task_loss'" in line
+    ]
+    assert len(printed) == 2
+    for line, entry in zip(printed, trainer.router_history, strict=True):
+        assert not any(k.startswith("layer") for k in line), sorted(line)
+        assert {"loss", "router_loss", "mean/kl_to_base", "mean/dead_experts"} <= line.keys()
+        worst = max(entry[f"layer{i}/max_load_ratio"] for i in range(2))
+        assert float(line["max/max_load_ratio"]) == pytest.approx(worst, rel=1e-3)
+    shares = {f"layer{i}/load/expert{e}" for i in range(2) for e in range(8)}
+    assert all(shares <= log.keys() for log in recorder.logs if "loss" in log)
+    assert all(shares <= entry.keys() for entry in trainer.router_history)
 
 
 def test_trainer_steps_the_method_once_per_optimizer_step(tmp_path: Path) -> None:

@@ -103,6 +103,8 @@ def test_finetune_rpb_extracts_the_prior_and_trains_only_the_moe_part(
     history = json.loads((out / "train_history.json").read_text())["history"]
     assert [e["step"] for e in history] == [1, 2, 3]
     assert all("mean/kl_to_base" in e and e["router_loss"] == 0.0 for e in history)
+    # Every expert's share is kept (docs/library.md), not only the per-layer summaries.
+    assert all("layer0/load/expert0" in e and "layer1/max_load_ratio" in e for e in history)
     # --trainable moe: routers and routed experts moved; the trunk did not, except the embedding
     # and output rows of the data's own tokens (the task's new tokens, rpb.trainable).
     before, after = _weights(world["base"]), _weights(out)
@@ -174,6 +176,7 @@ def test_finetune_logs_to_mlflow_only_when_asked(
     assert run.info.status == "FINISHED"
     assert run.data.tags["mlflow.runName"] == "finetune/base/text/lbl/seed0"
     assert run.data.metrics["router_loss"] > 0 and "mean/usage_entropy" in run.data.metrics
+    assert "layer1/load/expert7" in run.data.metrics  # every share, as train_history.json
 
 
 def test_a_bad_method_is_one_line_naming_it(

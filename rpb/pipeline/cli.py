@@ -732,19 +732,21 @@ def _add_tracking(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_prior(p: argparse.ArgumentParser) -> None:
-    """The flags of the router-prior command, on the people's `rpb prior` and the pipeline's
-    `rpb pipeline prior` alike (`cmd_prior` serves both)."""
+def _add_prior(p: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
+    """The flags of the router-prior command (`cmd_prior` serves both forms): the pipeline's
+    `rpb pipeline prior` takes the job's `--name` and the base's place as well; the people's
+    `rpb prior` (`pipeline=False`) has the user's flags alone, so its `--help` lists no job's."""
     from rpb.pipeline import user_cli
 
     p.set_defaults(func=cmd_prior)
+    if not pipeline:
+        p.set_defaults(name=None)  # cmd_prior: the people's form
     user_cli.one_line_errors(p)
     p.add_argument(
         "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
     )
     p.add_argument(
-        "--data",
-        "--corpus",
+        *(("--data", "--corpus") if pipeline else ("--data",)),  # --corpus: the rules' spelling
         dest="corpus",
         type=Path,
         required=True,
@@ -753,20 +755,25 @@ def _add_prior(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
     p.add_argument("--batch-size", type=int, default=128, metavar="N", help="texts per forward")
-    p.add_argument(
-        "--name",
-        default=None,
-        help="(pipeline jobs) the model's name in the config: the job then runs as the rules "
-        "run it, an MLflow run over a prompt/completion corpus",
-    )
-    _add_base_of(p)
+    if pipeline:
+        p.add_argument(
+            "--name",
+            default=None,
+            help="the model's name in the config: the job then runs as the rules run it, an "
+            "MLflow run over a prompt/completion corpus (without it: `rpb prior`'s form)",
+        )
+        _add_base_of(p)
     p.add_argument(
         "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
     )
     p.add_argument(
-        "--max-length", type=int, default=1024, metavar="N", help="tokens per text (without --name)"
+        "--max-length",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="tokens per text" + (" (without --name)" if pipeline else ""),
     )
-    user_cli.add_mlflow(p, uri=False)
+    user_cli.add_mlflow(p, uri=not pipeline)  # the pipeline's job has them from _add_tracking
     _add_trust(p)
     _add_compute(p)
 
@@ -792,8 +799,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=user_cli.PRIOR_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_prior(p)
-    _add_tracking(p)
+    _add_prior(p, pipeline=False)
     p = sub.add_parser(
         "check-config",
         help="check the YAML syntax of config files (a --configfile before snakemake reads it)",

@@ -448,6 +448,16 @@ def _sigterm_raises() -> Iterator[None]:
 # pretraining and prior runs), `corpus` and `seed` (the seed within the base). A run logs those it
 # has; none is ever a placeholder. Stage, lineage and bookkeeping are tags, none named like a param.
 SCHEMA_PARAMS = ("model", "base", "method", "corpus", "seed")
+# Nested params logged as one JSON param instead of one param per key: a pretraining run's
+# architecture has some twenty keys, and as `architecture.*` they would fill the top of MLflow's
+# Group-by list (alphabetical) above the schema's names.
+JSON_PARAMS = ("architecture",)
+# MLflow's UI draws a run in the colour of this tag (hex); one fixed colour per method, the
+# same in every store, so a method looks the same in every chart.
+RUN_COLOR_TAG = "mlflow.runColor"
+METHOD_COLORS = {"none": "#1f77b4", "lbl": "#ff7f0e", "rpb": "#2ca02c", "base": "#7f7f7f"}
+# Other labels (rpb_strong, anchor_kl, ...): one of these, by a hash of the label.
+OTHER_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 # Placeholders callers used to pass for a part a run does not have; never logged, never named.
 _MISSING = (None, "", "-")
 
@@ -489,10 +499,26 @@ def method_params(label: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
     }
 
 
+def run_color(method: str | None) -> str | None:
+    """The colour of a method's runs (`RUN_COLOR_TAG`): fixed for none, lbl, rpb and base, and
+    for any other label one of `OTHER_COLORS` by a hash of it, so it never changes between
+    stores or runs; None for a run without a method."""
+    if method in _MISSING:
+        return None
+    if method in METHOD_COLORS:
+        return METHOD_COLORS[method]
+    index = int(hashlib.sha256(method.encode()).hexdigest(), 16) % len(OTHER_COLORS)
+    return OTHER_COLORS[index]
+
+
 def _merge_params(schema: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` (flattened, credentials removed) with the schema's; a schema name in `params`
-    with another value is a caller's bug (two meanings of one name)."""
-    flat = scrub(params)
+    """`params` (flattened, credentials removed; a `JSON_PARAMS` mapping as one JSON param) with
+    the schema's; a schema name in `params` with another value is a caller's bug (two meanings of
+    one name)."""
+    whole = {k: v for k, v in params.items() if k in JSON_PARAMS and isinstance(v, Mapping)}
+    flat = scrub({k: v for k, v in params.items() if k not in whole})
+    for key, value in whole.items():
+        flat[key] = json.dumps(scrub_tree(value), sort_keys=True, default=str)
     for key, value in schema.items():
         if key in flat and str(flat[key]) != value:
             raise ValueError(f"param {key!r}: {flat[key]!r} in params, {value!r} in the schema")
@@ -554,6 +580,9 @@ def tracked_run(
     for role, run_id in (parents or {}).items():
         if run_id:
             tags[f"parent.{role}"] = run_id
+    color = run_color(schema.get("method"))
+    if color is not None:
+        tags[RUN_COLOR_TAG] = color
     invocation = current_invocation(mlflow.get_tracking_uri(), found.experiment_id)
     if invocation:
         tags[PARENT_RUN_TAG] = invocation["run_id"]

@@ -64,7 +64,7 @@ example:
 One inference pass of the model over the data records each MoE layer's base router weights and
 how it routes the data (mean routing distribution, expert usage, co-activation counts); OUT's
 .json sibling (prior.json here) summarises it. `rpb finetune --prior prior.safetensors` uses it.
-The pipeline's jobs call this with --name and --corpus (each such job is an MLflow run).
+The pipeline's form of this command is `rpb pipeline prior --name ...` (each job an MLflow run).
 """
 
 
@@ -363,19 +363,6 @@ def cmd_prior(args: argparse.Namespace) -> None:
 # --- rpb finetune -----------------------------------------------------------------------------
 
 
-def _progress_callback():
-    """The Trainer's progress bar, printing each log without the per-layer entries (rpb adds
-    several per MoE layer; they are all in train_history.json)."""
-    from transformers.trainer_callback import ProgressCallback
-
-    class ShortLogProgress(ProgressCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            short = {k: v for k, v in (logs or {}).items() if not k.startswith("layer")}
-            return super().on_log(args, state, control, logs=short, **kwargs)
-
-    return ProgressCallback, ShortLogProgress()
-
-
 @contextlib.contextmanager
 def _removed_if_left_empty(folder: Path) -> Iterator[None]:
     """On failure, remove `folder` and the parents this run created, if nothing is in them: a
@@ -509,6 +496,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             remove_unused_columns=False,
             dataloader_num_workers=0,
         )
+        # Every expert's share goes to train_history.json and MLflow, as in the pipeline; the
+        # progress bar's line summarises the layers (rpb.trainer.console_logs).
         trainer = RouterMethodTrainer(
             model=model,
             args=training,
@@ -516,11 +505,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             data_collator=RightPadCollator(_pad_id(tokenizer)),
             router_method=method,
             callbacks=callbacks,
-            log_expert_shares=False,
         )
-        plain, short = _progress_callback()
-        trainer.remove_callback(plain)
-        trainer.add_callback(short)
         if args.mlflow:
             from rpb.pipeline.training import MlflowHistoryCallback
 
