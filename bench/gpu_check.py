@@ -74,7 +74,13 @@ BATCH, SEQ, PAD = 4, 16, 5
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cpu", action="store_true", help="the CPU half only, small sizes")
-    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "gpu_check.json")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="default bench/results/gpu_check.json (--cpu: gpu_check_cpu.json, so a CPU run "
+        "never replaces a GPU record)",
+    )
     p.add_argument("--families", nargs="+", default=list(FAMILIES))
     p.add_argument("--methods", nargs="+", default=list(CHECK_METHODS), choices=list(METHODS))
     p.add_argument("--steps", type=int, default=None, help="equivalence steps (30; --cpu: 6)")
@@ -91,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fsdp-worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.steps = args.steps or (6 if args.cpu else 30)
+    if args.out is None:
+        name = "gpu_check_cpu.json" if args.cpu else "gpu_check.json"
+        args.out = ROOT / "bench" / "results" / name
     if "none" not in args.methods:
         args.methods = ["none", *args.methods]
     return args
