@@ -146,7 +146,7 @@ def test_the_move_maps_the_first_layouts_plan_onto_the_current_one(name: str) ->
     inputs are moved, and no job is added: the layouts differ in names alone. One fix rides
     along: the routing-regime diagnostic evaluates a replicate base's `base` row on that base,
     and analyses its runs against that base's model and prior (the first layout read base 0's
-    for both)."""
+    for both); and a pretraining job now also reads its committed fixed base (bases/)."""
     assert any(case.name == name for case in CASES)
     legacy = json.loads(gzip.decompress(LEGACY_PLANS.read_bytes()))[name]
     current = json.loads(snapshot_path(next(c for c in CASES if c.name == name)).read_text())
@@ -160,6 +160,10 @@ def test_the_move_maps_the_first_layouts_plan_onto_the_current_one(name: str) ->
             fixed.append((key, sorted(before - inputs), sorted(inputs - before)))
     assert now == {}, f"{name}: jobs only the current plan has: {list(now)[:3]}"
     for (rule, outputs), dropped, added in fixed:
+        if rule == "pretrain_base":  # since the layouts: the committed fixed bases as inputs
+            assert not dropped and added, (rule, outputs)
+            assert all(p.startswith("<repo>/bases/") for p in added), added
+            continue
         assert rule in ("diagnostic_evaluate", "diagnostic_analyze"), (rule, outputs)
         assert outputs[0].startswith("<results>/diagnostic/") and "/base1/" in outputs[0]
         assert all("/base0/" in p for p in dropped)
