@@ -101,3 +101,21 @@ def test_the_repository_manifest_lists_every_committed_file() -> None:
         present = {str(p.relative_to(root / name)) for p in (root / name).rglob("*") if p.is_file()}
         assert listed == present, name
         assert entry["numeric_path"]["pinned"] is True, name
+
+
+def test_make_bases_compares_every_committed_base(tmp_path: Path) -> None:
+    """`python -m rpb.pipeline.bases compare RESULTS` (make bases): one line per committed base,
+    exit 1 when one was pretrained with other bytes."""
+    import shutil
+
+    from rpb.pipeline.bases import main
+
+    root = Path(__file__).resolve().parents[1] / "bases"
+    names = sorted(json.loads((root / "manifest.json").read_text())["bases"])
+    for name in names:
+        shutil.copytree(root / name, tmp_path / "models" / name)
+    assert main(["compare", str(tmp_path)]) == 0
+    weights = tmp_path / "models" / names[0] / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1] + b"\0")
+    assert main(["compare", str(tmp_path)]) == 1
+    assert main(["compare", str(tmp_path / "empty")]) == 1  # nothing pretrained there
