@@ -270,3 +270,16 @@ def test_the_checkpoint_s_own_load_balancing_loss_stays_off(
     assert losses[0] == losses[1]
     saved = json.loads((tmp_path / "flagged-none" / "config.json").read_text())
     assert saved["output_router_logits"] is True
+
+
+def test_finetune_refuses_a_non_empty_out_in_one_line(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 46: an rpb model was silently replaced by an anchor_kl run in the same --out."""
+    out = tmp_path / "ft"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"an earlier run's weights")
+    assert _finetune(world, out, "--method", "anchor_kl") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not empty (holds model.safetensors" in err[0], err
+    assert (out / "model.safetensors").read_bytes() == b"an earlier run's weights"

@@ -403,6 +403,13 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         check_file(args.prior, "--prior")
     if args.out.resolve() == args.model.resolve():
         raise ValueError(f"--out {args.out}: is --model itself; give a new folder")
+    if args.out.is_dir() and any(args.out.iterdir()):
+        # A finished model there would be replaced file by file (seen: an rpb model silently
+        # overwritten by an anchor_kl run).
+        held = ", ".join(sorted(p.name for p in args.out.iterdir())[:3])
+        raise ValueError(
+            f"--out {args.out}: not empty (holds {held}, ...); give a new or empty folder"
+        )
     spec = METHOD_SPECS[args.method]
     options = dict(args.option or [])
     # The method is built before anything loads: a bad strength or option fails at once.
