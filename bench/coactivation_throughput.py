@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from rpb.coactivation import CoactivationCounter
+from rpb.numerics import cpu_model
 
 TARGET_TOKENS_PER_S = 1_000_000
 CONFIGS = [(128, 8), (16, 2)]  # (E, k): Qwen3-30B-A3B scale, tiny testbed scale
@@ -41,16 +42,6 @@ def _best_rate(fn, n_tokens: int, repeats: int) -> float:
         fn()
         best = min(best, time.perf_counter() - t0)
     return n_tokens / best
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> None:
@@ -92,7 +83,7 @@ def main() -> None:
         "implementation": "bincount over pair ids, 4096-token chunks (CoactivationCounter)",
         "target_tokens_per_s": TARGET_TOKENS_PER_S,
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_model(),
             "logical_cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "python": platform.python_version(),

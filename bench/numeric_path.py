@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script from any folder
+
+from rpb.numerics import cpu_model  # noqa: E402
 
 CHILD = r"""
 import hashlib, json, sys, time
@@ -49,13 +52,6 @@ for family in ("qwen3_moe", "deepseek_v3"):
 print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "prints": prints,
                   "seconds": time.perf_counter() - start}))
 """
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def run(capability: str, cbwr: str, onednn: str) -> dict:

@@ -932,7 +932,7 @@ def _candidates(err: BaseException) -> Iterator[Path]:
                     yield Path(text)
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
+def exception_chain(err: BaseException) -> Iterator[BaseException]:
     """`err` and the exceptions it was raised from or while handling."""
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
@@ -945,7 +945,7 @@ def _written_path(err: BaseException) -> Path | None:
     """The file the innermost failing frame was writing: its first path-like local (a str or
     PathLike with a '/', or an open file's name) that is not a folder. Unlike `_candidates` it
     need not exist: a writer cut short may have left nothing, or its folder was cleaned up."""
-    for link in _chain(err):
+    for link in exception_chain(err):
         frames = [frame for frame, _ in traceback.walk_tb(link.__traceback__)]
         for frame in reversed(frames):
             for value in list(frame.f_locals.values()):
@@ -972,7 +972,7 @@ RUST_NO_SPACE = ("os error 28", "os error 122", "StorageFull")
 
 def _cut_write(err: BaseException) -> str | None:
     """What a torch or safetensors write cut short said (one clause), or None for other errors."""
-    for link in _chain(err):
+    for link in exception_chain(err):
         text = _one_line(str(link))
         if isinstance(link, RuntimeError) and any(m in text for m in TORCH_WRITE_FAILED):
             said = re.sub(r"^\[enforce fail at [^]]*\]\s*\.?\s*", "", text)

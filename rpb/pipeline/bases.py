@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rpb.artifacts import sha256_of
+
 __all__ = [
     "FIXED_BASES",
     "FixedBaseError",
@@ -70,19 +72,11 @@ def _key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _tree_sha256(folder: Path) -> str:
     """One digest of a folder's files (names and bytes), e.g. a tokenizer's."""
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-        digest.update(f"{path.relative_to(folder)}\0{_sha256(path)}\n".encode())
+        digest.update(f"{path.relative_to(folder)}\0{sha256_of(path)}\n".encode())
     return digest.hexdigest()
 
 
@@ -114,8 +108,8 @@ def _model_files(folder: Path) -> list[Path]:
 
 
 def _files(folder: Path) -> dict[str, str]:
-    files = {str(p.relative_to(folder)): _sha256(p) for p in _model_files(folder / "model")}
-    files[HISTORY] = _sha256(folder / HISTORY)
+    files = {str(p.relative_to(folder)): sha256_of(p) for p in _model_files(folder / "model")}
+    files[HISTORY] = sha256_of(folder / HISTORY)
     return files
 
 
@@ -132,13 +126,13 @@ def install(root: Path, name: str, out: Path, corpus: Path, tokenizer: Path) -> 
         path = folder / relative
         if not path.exists():
             raise FixedBaseError(f"{path}: missing from the fixed base; git checkout {folder}")
-        if _sha256(path) != recorded:
+        if sha256_of(path) != recorded:
             raise FixedBaseError(
                 f"{path}: not the committed bytes (sha256 differs from {root / MANIFEST}); "
                 f"git checkout {folder}"
             )
     for what, path, recorded, actual in (
-        ("pretraining corpus", corpus, entry["inputs"]["corpus_sha256"], _sha256(Path(corpus))),
+        ("pretraining corpus", corpus, entry["inputs"]["corpus_sha256"], sha256_of(Path(corpus))),
         ("tokenizer", tokenizer, entry["inputs"]["tokenizer_sha256"], _tree_sha256(tokenizer)),
     ):
         if actual != recorded:
@@ -162,7 +156,7 @@ def compare(root: Path, name: str, out: Path) -> tuple[bool, str]:
     saying so (with where each was pretrained when they differ)."""
     entry = read_manifest(root)["bases"][name]
     weights = "model/model.safetensors"
-    recorded, actual = entry["files"][weights], _sha256(Path(out) / weights)
+    recorded, actual = entry["files"][weights], sha256_of(Path(out) / weights)
     if actual == recorded:
         return True, f"{name}: pretrained here with the fixed base's bytes (sha256 {actual[:16]})"
     history = json.loads((Path(out) / HISTORY).read_text()).get("numeric_path") or {}
@@ -198,7 +192,7 @@ def record(
         "identity": dict(identity),
         "identity_sha256": _key(identity),
         "inputs": {
-            "corpus_sha256": _sha256(Path(corpus)),
+            "corpus_sha256": sha256_of(Path(corpus)),
             "tokenizer_sha256": _tree_sha256(Path(tokenizer)),
         },
         "numeric_path": history.get("numeric_path") or {},

@@ -209,16 +209,13 @@ def cmd_pretrain(args: argparse.Namespace) -> None:
 def cmd_fix_bases(args: argparse.Namespace) -> None:
     """Record every base pretrained under --results by the config of --configfile (merged over
     config/config.yaml, as Snakemake merges them) as the committed fixed bases."""
-    import yaml
-
     from rpb.pipeline.bases import record
     from rpb.pipeline.config_check import check_config
     from rpb.pipeline.plan import PipelineConfig, Plan
+    from rpb.pipeline.relayout import read_config
 
     workflow = Path(__file__).resolve().parents[2]
-    config: dict[str, Any] = {}
-    for name in [workflow / "config" / "config.yaml", *args.configfile]:
-        _merge_config(config, yaml.safe_load(Path(name).read_text()))
+    config = read_config(args.configfile)
     check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml")
     plan = Plan(PipelineConfig.parse(config))
     data = args.results / "data"
@@ -232,14 +229,6 @@ def cmd_fix_bases(args: argparse.Namespace) -> None:
             corpus, tokenizer = data / "pretrain.jsonl", data / "tokenizer"
             record(_fixed_bases_root(), name, folder, identity, corpus, tokenizer)
             print(f"recorded {_fixed_bases_root() / name} from {folder}")
-
-
-def _merge_config(into: dict[str, Any], update: dict[str, Any]) -> None:
-    for key, value in update.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge_config(into[key], value)
-        else:
-            into[key] = value
 
 
 def _fixed_bases_root() -> Path:
@@ -957,7 +946,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--results", type=Path, required=True)
     p.add_argument(
-        "--configfile", nargs="*", default=[], help="the config that pretrained them (merged)"
+        "--configfile",
+        nargs="*",
+        default=[],
+        help="the config that pretrained them (merged over config/config.yaml; run from the "
+        "repository's root)",
     )
 
     p = add("testbed", cmd_testbed, "testbed calibration report of the pretrained tiny bases")

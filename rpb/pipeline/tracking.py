@@ -34,6 +34,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rpb.artifacts import exception_chain
+
 log = logging.getLogger(__name__)
 
 RUN_FILE = "mlflow_run.json"
@@ -155,20 +157,12 @@ def _sqlite_path(uri: str) -> Path | None:
     return Path(uri[len(prefix) :]) if uri.startswith(prefix) else None
 
 
-def _chain(err: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__  # type: ignore[assignment]
-
-
 def tracking_failure(err: BaseException, uri: str | None = None) -> str | None:
     """One line for an error of the tracking store (locked past the waiting policy, full, deleted
     while the job ran), naming the store and what to do; None for any other error."""
     if isinstance(err, TrackingUnavailable):
         return str(err)
-    text = " ".join(str(e) for e in _chain(err))
+    text = " ".join(str(e) for e in exception_chain(err))
     uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or "the tracking store"
     path = _sqlite_path(uri)
     store = f"tracking store {path or redact_uri(uri)}"
