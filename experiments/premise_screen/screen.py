@@ -70,7 +70,8 @@ class Point:
 
     @property
     def label(self) -> str:
-        return f"S{self.steps}-L{self.level}-lr1of{round(1 / self.lr_fraction)}"
+        # "%.3g" keeps v2's labels (1of30, 1of10, 1of3) and spells v3's 1/6.5 as written.
+        return f"S{self.steps}-L{self.level}-lr1of{1 / self.lr_fraction:.3g}"
 
 
 def grid() -> list[Point]:
@@ -200,8 +201,8 @@ def _paths(work: Path) -> dict[str, Path]:
     return {"data": work / "data", "runs": work / "runs", "base": work / "base"}
 
 
-def prepare_data(results: Path, work: Path) -> None:
-    """Corpora at every level with the pipeline's data settings, and a per-level eval folder
+def prepare_data(results: Path, work: Path, levels: Sequence[int] = LEVELS) -> None:
+    """Corpora at each of `levels` with the pipeline's data settings, and a per-level eval folder
     holding the level's dev split (as `math`) and the OOD eval sets."""
     import yaml
 
@@ -210,7 +211,7 @@ def prepare_data(results: Path, work: Path) -> None:
     config = yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
     seed, preset = config["data"]["seed"], config["data"]["preset"]
     pipeline_pretrain = results / "data" / "pretrain.jsonl"
-    for level in LEVELS:
+    for level in levels:
         out = _paths(work)["data"] / f"L{level}"
         if not (out / "manifest.json").is_file():
             write_corpora(out, seed=seed, sizes=preset_sizes(preset), level=level)

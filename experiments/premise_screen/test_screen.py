@@ -129,3 +129,40 @@ def test_the_configs_premise_record_quotes_the_screens_measurements() -> None:
         quoted = re.findall(r"\b\d\.\d{3}\b", reasons[model])
         assert quoted, reasons[model]
         assert set(quoted) <= measured, set(quoted) - measured
+
+
+# --- testbed v3's walk (docs/testbed.md, "Testbed v3") ------------------------------------------
+
+import screen_v3  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("learnt", "kept", "step"),
+    [
+        (0.59, 0.90, "continue"),  # learns too little: a higher rate
+        (0.60, 0.96, "continue"),  # learns but forgets nothing yet: a higher rate
+        (0.60, 0.95, "chosen"),  # both bounds inclusive
+        (0.95, 0.70, "chosen"),
+        (0.951, 0.90, "overshoot"),  # learns everything before the band is met
+        (0.80, 0.699, "overshoot"),  # forgets too much
+        (0.30, 0.60, "overshoot"),  # forgetting overshoots even when nothing is learnt
+    ],
+)
+def test_the_v3_walk_stops_chooses_or_fails_by_the_written_rule(learnt, kept, step):
+    assert screen_v3.calibration_step(learnt, kept) == step
+
+
+def test_v3_L_and_F_are_v2s_statistics():
+    runs = [_run(0.7, 0.72, 0.75, 0.8), _run(0.5, 0.64, 0.70, 0.8)]
+    learnt, kept = screen_v3.learning_and_retention(runs, BASE)
+    gates = screen.judge(runs, BASE)
+    assert (learnt, kept) == pytest.approx((gates.dev_p, gates.retention))
+    assert (learnt, kept) == pytest.approx((0.6, 0.85))
+
+
+def test_v3_rates_are_the_registered_ones_lowest_first_and_labelled_as_written():
+    labels = [p.label for p in screen_v3.points()]
+    assert labels == [f"S1600-L1-lr1of{x}" for x in ("10", "8", "6.5", "5", "4", "3")]
+    # v2's cache labels are unchanged by the v3 spelling
+    assert screen.Point(400, 2, 1 / 30).label == "S400-L2-lr1of30"
+    assert screen_v3.MAX_RUNS_PER_FAMILY >= 2 * (6 * 3 + 2)
