@@ -1,4 +1,4 @@
-"""The router post-training methods (DESIGN section 3) behind one small interface.
+"""The router post-training methods (docs/design.md, section 3) behind one small interface.
 
     method = make_method("rpb", strength=1.0, **options)
     method.attach(model, prior)            # installs a RouterControl; also a context manager
@@ -10,7 +10,8 @@
 
 Conventions: all per-token terms are means over non-padding tokens; anchor_logit and anchor_kl
 average over MoE layers (so a strength means the same at 27 or 48 layers), anchor_weight sums over
-layers as written in DESIGN. Base logits z0 are a fixed target (no gradient flows through them).
+layers as written in docs/design.md. Base logits z0 are a fixed target (no gradient flows through
+them).
 Drift statistics describe the live router's *own* routing (what it does at evaluation, without any
 training-time bias), so a selection bias cannot hide router drift.
 
@@ -283,10 +284,13 @@ class RouterMethod:
             raise ValueError(f"set_progress: step {step} of {total_steps} is out of range")
         self.progress = step / total_steps
 
+    # A method whose strength scales a term (or pull) on the router moves it when strength > 0.
+    adds_router_term = False
+
     @property
     def gradient_path(self) -> str:
         """What reaches the router weight (one of GRADIENT_PATHS; docs/methods.md)."""
-        return "plain"
+        return "moves_router" if self.adds_router_term and self.strength > 0 else "plain"
 
     def state_dict(self) -> dict[str, Tensor]:
         """Training state to checkpoint beside the model (empty for stateless methods)."""
@@ -452,9 +456,7 @@ class LBL(RouterMethod):
             return f"{type(self).__name__}(strength='family', options={self.options})"
         return super().__repr__()
 
-    @property
-    def gradient_path(self) -> str:
-        return "moves_router" if self.strength > 0 else "plain"
+    adds_router_term = True
 
     def pooling_for(self, kind: str) -> str:
         """The formula used on routers of `kind` ("per_layer" or "pooled")."""
@@ -621,9 +623,7 @@ class RPBInterp(RouterMethod):
 
     name = "rpb_interp"
 
-    @property
-    def gradient_path(self) -> str:
-        return "moves_router" if self.strength > 0 else "plain"
+    adds_router_term = True
 
     def _install(self) -> None:
         self._attached().set_policy(logit_bias=self._pull)
@@ -830,9 +830,7 @@ class AnchorWeight(RouterMethod):
     name = "anchor_weight"
     needs_weight_distance = True
 
-    @property
-    def gradient_path(self) -> str:
-        return "moves_router" if self.strength > 0 else "plain"
+    adds_router_term = True
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         total = None
@@ -850,9 +848,7 @@ class AnchorLogit(RouterMethod):
 
     name = "anchor_logit"
 
-    @property
-    def gradient_path(self) -> str:
-        return "moves_router" if self.strength > 0 else "plain"
+    adds_router_term = True
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         records = self._grad_records(control)
@@ -871,9 +867,7 @@ class AnchorKL(RouterMethod):
 
     name = "anchor_kl"
 
-    @property
-    def gradient_path(self) -> str:
-        return "moves_router" if self.strength > 0 else "plain"
+    adds_router_term = True
 
     def _loss(self, control: RouterControl, attention_mask: Tensor | None) -> Tensor:
         records = self._grad_records(control)

@@ -1,15 +1,14 @@
 """Routing analysis of whole models: prior extraction over a corpus, and the co-activation and
 drift analysis of a post-trained model against its base on one fixed probe set.
 
-Both the model and its base are run on the *identical* probe inputs (DESIGN section 10: a probe that
-differs from the reference biases every NMI and cosine). Drift against the base router (top-k
-overlap, KL) is measured on the live model's own hidden states, with the frozen base router weights
-from the prior, so it isolates what happened to the router.
+Both the model and its base are run on the *identical* probe inputs (docs/design.md, section 10: a
+probe that differs from the reference biases every NMI and cosine). Drift against the base router
+(top-k overlap, KL) is measured on the live model's own hidden states, with the frozen base router
+weights from the prior, so it isolates what happened to the router.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Sequence
@@ -25,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from rpb.artifacts import save_safetensors, write_text
+from rpb.artifacts import save_safetensors, sha256_of, write_text
 from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, topk_overlap
 from rpb.eval_routing import attach_eval_routing, eval_routing_spec
 from rpb.pipeline.data import load_jsonl
@@ -75,10 +74,6 @@ def probe_texts(eval_dir: Path, tasks: Sequence[str], limit: int) -> list[str]:
     return texts
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def load_for_inference(
     model_dir: Path, *, trust_remote_code: bool = False, experts_implementation: str | None = None
 ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
@@ -122,7 +117,7 @@ def extract_prior_from_corpus(
         batches,
         model_id=model_id,
         revision=str(model_dir),
-        corpus_hash=_sha256(corpus),
+        corpus_hash=sha256_of(corpus),
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     prior.save(out)

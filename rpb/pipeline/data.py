@@ -45,7 +45,6 @@ to it (``MEMORISED_TASKS``). It measures retention of pretraining knowledge afte
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import random
 import re
@@ -55,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rpb.artifacts import write_text
+from rpb.artifacts import sha256_of, write_text
 from rpb.specs import EVAL_SETS
 
 GENERATOR_VERSION = "2"  # 2: dev split held out, difficulty levels
@@ -559,10 +558,6 @@ def _eval_prompts(name: str, records: Sequence[Mapping[str, str]]) -> dict[str, 
     return prompts
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def write_corpora(
     out_dir: Path,
     *,
@@ -609,7 +604,7 @@ def write_corpora(
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = (json.dumps(rec, sort_keys=True, ensure_ascii=True) + "\n" for rec in records)
         write_text(path, "".join(lines))
-        manifest_files[name] = {"lines": len(records), "sha256": _sha256(path)}
+        manifest_files[name] = {"lines": len(records), "sha256": sha256_of(path)}
     manifest = {
         "generator_version": GENERATOR_VERSION,
         "seed": seed,

@@ -5,7 +5,7 @@ term to the task loss, and a callback that advances the method's per-step state 
 logs loss and per-layer routing drift to the active MLflow run. Pretraining is simply `lbl` from a
 random initialisation with a full-sequence loss; post-training is any method from the base with an
 answer-only loss. Seeds fix the data order, so every method sees the same batches for a given seed
-(the paired design of DESIGN section 10).
+(the paired design of docs/design.md, section 10).
 """
 
 from __future__ import annotations
