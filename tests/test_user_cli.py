@@ -283,3 +283,84 @@ def test_finetune_refuses_a_non_empty_out_in_one_line(
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not empty (holds model.safetensors" in err[0], err
     assert (out / "model.safetensors").read_bytes() == b"an earlier run's weights"
+
+
+class _Interrupted(Exception):
+    """The job's end in the middle of training (a preemption), right after a checkpoint."""
+
+
+def test_an_interrupted_finetune_resumes_to_the_uninterrupted_weights(
+    world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 46: `rpb finetune --resume` continues from the last complete checkpoint to the
+    weights, history and eval losses of a run that was never stopped. rpb_adaptive keeps state
+    outside the model (its bias) and extracts its prior itself, which the resume reuses."""
+    from safetensors.torch import load_file
+
+    import rpb.pipeline.training as training
+
+    flags = (
+        *("--method", "rpb_adaptive", "--option", "update_rate=0.05"),
+        *("--steps", "6", "--save-steps", "2", "--eval-every", "2"),
+        *("--eval-file", str(world["pairs"])),
+    )
+    ref = tmp_path / "ref"
+    assert _finetune(world, ref, *flags, data="pairs") == 0
+
+    out = tmp_path / "ft"
+    on_save = training.CheckpointStateCallback.on_save
+
+    def stop_after_checkpoint_4(self, args, state, control, **kwargs):
+        on_save(self, args, state, control, **kwargs)
+        if state.global_step == 4:
+            raise _Interrupted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training.CheckpointStateCallback, "on_save", stop_after_checkpoint_4)
+        with pytest.raises(_Interrupted):
+            _finetune(world, out, *flags, data="pairs")
+    held = sorted(p.name for p in out.iterdir())
+    assert held == [
+        "checkpoints",
+        "router_prior.json",
+        "router_prior.safetensors",
+        "rpb_finetune.json",
+    ]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["checkpoint-4"]
+    # Without --resume the interrupted run's folder is refused like any other.
+    assert _finetune(world, out, *flags, data="pairs") == 2
+
+    assert _finetune(world, out, *flags, "--resume", data="pairs") == 0
+    # Finished: the model folder took --out's place, with the prior, without the checkpoints.
+    assert not (out / "checkpoints").exists() and not (out / "rpb_finetune.json").exists()
+    assert (out / "router_prior.safetensors").is_file()
+    want, got = load_file(ref / "model.safetensors"), load_file(out / "model.safetensors")
+    assert want.keys() == got.keys()
+    differ = [k for k in want if not torch.equal(want[k], got[k])]
+    assert not differ, f"resumed weights differ from the uninterrupted run: {differ[:5]}"
+    history = json.loads((out / "train_history.json").read_text())
+    assert history == json.loads((ref / "train_history.json").read_text())
+    assert [e["step"] for e in history["history"]] == [1, 2, 3, 4, 5, 6]
+    assert [e["step"] for e in history["eval"]] == [2, 4, 6]
+    assert all(math.isfinite(e["eval_loss"]) for e in history["eval"])
+
+
+def test_resume_refuses_other_settings_and_a_finished_model(
+    world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """--resume continues only the run its folder holds, with the flags that run started with."""
+    out = tmp_path / "ft"
+    out.mkdir()
+    params = {"train": {"lr": 0.01, "steps": 3}, "data": str(world["text"])}
+    (out / "rpb_finetune.json").write_text(json.dumps(params))
+    assert _finetune(world, out, "--method", "none", "--resume") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"rpb finetune: error: --resume {out}: the run started with other")
+    assert "train.batch_size" in line and "model_dir" in line, line
+
+    finished = tmp_path / "finished"
+    finished.mkdir()
+    (finished / "config.json").write_text("{}")
+    assert _finetune(world, finished, "--method", "none", "--resume") == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "no interrupted rpb finetune to resume (no rpb_finetune.json; holds config.json)" in line
