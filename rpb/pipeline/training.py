@@ -405,6 +405,12 @@ def run_training(
     # The Trainer has set up the process group: the main process removes incomplete checkpoints
     # while the others wait, then every rank resumes from the same one.
     if trainer.is_world_process_zero():
+        # Which parallelism accelerate chose (FSDP's config runs as DDP on CPU processes).
+        log.info(
+            "training on %d process(es): %s",
+            trainer.accelerator.num_processes,
+            trainer.accelerator.distributed_type.value,
+        )
         last_complete_checkpoint(out_dir / "checkpoints")
     trainer.accelerator.wait_for_everyone()
     last = last_complete_checkpoint(out_dir / "checkpoints", remove_incomplete=False)

@@ -8,8 +8,10 @@ and a JSONL file of training texts, with plain flags:
 
 The data holds one JSON object per line: `{"text": ...}` (loss on every token; `--text-field`
 names another field) or `{"prompt": ..., "completion": ...}` (loss on the completion only, as the
-pipeline trains). Training is `rpb.trainer.RouterMethodTrainer` (transformers' Trainer with the
-method's term and rpb's metrics), with the Trainer's progress bar; MLflow only with `--mlflow`.
+pipeline trains). Training is the pipeline's own core, `rpb.pipeline.training.run_training`
+(`rpb.trainer.RouterMethodTrainer`: transformers' Trainer with the method's term and rpb's
+metrics), with its checkpoints, `--resume`, multi-process launch and atomic model folder; MLflow
+only with `--mlflow` (or transformers' own loggers with `--report-to`).
 
 Errors on bad input (a missing file, an unknown method, a model family rpb cannot route) end the
 command with one line naming the culprit and exit status 2. Heavy imports stay inside the
@@ -57,6 +59,12 @@ and its variants, anchor_weight, anchor_logit, anchor_kl, hard. Those that read 
 prior (rpb*, anchor_*, hard) extract it from --model on --data before training unless --prior
 is given, and save it as OUT/router_prior.safetensors. OUT receives the model, its tokenizer and
 train_history.json (rpb's metrics at every log: router loss, drift from the base, expert load).
+
+A long run: --save-steps 200 checkpoints it under OUT/checkpoints; after a preemption the same
+command with --resume continues from the last complete checkpoint to the weights an unbroken run
+reaches. Several GPUs:
+  accelerate launch --config_file config/accelerate/fsdp.yaml --num_processes 8 -m rpb.cli \
+      finetune ... --prior prior.safetensors
 """
 
 PRIOR_EPILOG = """\
@@ -531,10 +539,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     choice = MethodChoice(args.method, args.strength, dict(args.option or []))
     # The method is built before anything loads: a bad strength or option fails at once.
     method = choice.build()
-    # Every rank has looked at --out before the main process writes into it.
     _check_out(args)
-    state = PartialState()
-    state.wait_for_everyone()
     resumed_prior = args.out / PRIOR_FILE
     if processes > 1 and spec.needs_prior and args.prior is None and not resumed_prior.is_file():
         # Each rank would extract it, and under FSDP's low-memory loading only rank 0 holds
@@ -543,6 +548,9 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             f"method {args.method} needs the base's router prior: under a multi-process launch "
             "give --prior (from `rpb prior --model ... --data ...`)"
         )
+    # Every rank has looked at --out before the main process writes into it.
+    state = PartialState()
+    state.wait_for_everyone()
     tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
     dataset, evaluation, form = _finetune_inputs(args, tokenizer)
     steps = args.steps or _one_epoch(len(dataset), args.batch_size, args.grad_accum, processes)
