@@ -358,6 +358,12 @@ def test_resume_refuses_other_settings_and_a_finished_model(
     assert line.startswith(f"rpb finetune: error: --resume {out}: the run started with other")
     assert "train.batch_size" in line and "model_dir" in line, line
 
+    # Two loggers writing the same metrics to MLflow: refused before anything loads.
+    both = ("--method", "none", "--report-to", "tensorboard,mlflow", "--mlflow")
+    assert _finetune(world, tmp_path / "both", *both) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "--report-to mlflow and --mlflow both log to MLflow" in line
+
     finished = tmp_path / "finished"
     finished.mkdir()
     (finished / "config.json").write_text("{}")
