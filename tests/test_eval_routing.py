@@ -209,3 +209,29 @@ def test_analysis_counts_the_experts_hard_routing_uses(setup, hard_model, tmp_pa
     # Base selection on the model's own hidden states: overlap with the base router is exact.
     assert all(row["topk_overlap_with_base"] == 1.0 for row in steered["layers"])
     assert native["mean"]["topk_overlap_with_base"] < 0.9
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 46, item 6, not done: a steered folder loads with transformers' own class, "
+    "unsteered and without a word (lm-eval's CLI scores it so)",
+)
+def test_a_stock_load_of_a_steered_folder_steers_or_says_so(tmp_path, capfd) -> None:
+    """The acceptance test of issue 46's item 6: `from_pretrained` without rpb, as lm-eval's CLI
+    loads a folder, either routes as the method does at evaluation or says on stderr, in a line
+    naming eval_routing, that it does not."""
+    prior, trained = _trained_copy("qwen3_moe")
+    batch = make_batch(seed=5)
+    method = make_method("hard").attach(trained, prior)
+    trained.eval()
+    with torch.no_grad():
+        steered = trained(**batch).logits
+    method.detach()
+    trained.save_pretrained(tmp_path)
+    save_eval_routing(tmp_path, method, prior)
+    capfd.readouterr()
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    said = [line for line in capfd.readouterr().err.splitlines() if EVAL_ROUTING_DIR in line]
+    with torch.no_grad():
+        steers = torch.equal(loaded(**batch).logits, steered)
+    assert steers or len(said) == 1, said

@@ -138,3 +138,14 @@ def test_same_seed_same_data_order(base) -> None:
         )
         finals.append(summary["final"]["task_loss"])
     assert finals[0] == finals[1]
+
+
+def test_train_history_records_finetune_settings_only_when_set() -> None:
+    """A pipeline run's `train_history.json` stays byte for byte what it was before `rpb
+    finetune`'s settings joined TrainSpec (bench/compare_results.py compares it)."""
+    plain = TrainSpec(steps=4, batch_size=2, lr=1e-3).record()
+    assert not {"grad_accum", "eval_every", "report_to"} & set(plain)
+    assert plain["steps"] == 4 and plain["save_every"] == 0
+    tuned = TrainSpec(steps=4, batch_size=2, lr=1e-3, grad_accum=2, report_to="tensorboard")
+    assert tuned.record()["grad_accum"] == 2 and tuned.record()["report_to"] == "tensorboard"
+    assert "eval_every" not in tuned.record()

@@ -81,6 +81,20 @@ class TrainSpec:
     # unchanged, or with `trunk_lr_scale` > 0 (trainable `moe` only) train at that fraction of lr.
     trainable: str = "all"
     trunk_lr_scale: float = 0.0
+    # `rpb finetune`'s settings, which the pipeline leaves at these defaults (see `record`).
+    grad_accum: int = 1  # micro-batches per optimizer step
+    eval_every: int = 0  # steps between evaluations of an eval split (0: at the last step only)
+    report_to: str = "none"  # transformers' loggers (TrainingArguments.report_to), comma-separated
+
+    def record(self) -> dict[str, Any]:
+        """The settings as recorded in `train_history.json`: the finetune-only fields are left
+        out at their defaults, so a pipeline run's history stays byte for byte what it was before
+        they existed (bench/compare_results.py compares it)."""
+        record = asdict(self)
+        for name in _RECORDED_WHEN_SET:
+            if record[name] == TrainSpec.__dataclass_fields__[name].default:
+                del record[name]
+        return record
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainSpec:
@@ -89,6 +103,9 @@ class TrainSpec:
         if unknown:
             raise ValueError(f"unknown training setting(s): {', '.join(unknown)}")
         return cls(**raw)
+
+
+_RECORDED_WHEN_SET = ("grad_accum", "eval_every", "report_to")
 
 
 @dataclass
@@ -294,11 +311,17 @@ def _resumed_to_active_run(checkpoint: Path, history: list[dict[str, float]]) ->
         _log_to_active_run({k: v for k, v in entry.items() if k != "step"}, int(entry["step"]))
 
 
-def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
+def _training_arguments(spec: TrainSpec, out_dir: Path, *, evaluate: bool) -> TrainingArguments:
+    every = evaluate and spec.eval_every > 0
     return TrainingArguments(
         output_dir=str(out_dir / "checkpoints"),
         max_steps=spec.steps,
         per_device_train_batch_size=spec.batch_size,
+        per_device_eval_batch_size=spec.batch_size,
+        gradient_accumulation_steps=spec.grad_accum,
+        # The last step's evaluation is EvaluateAtEndCallback's (eval_every 0: that one alone).
+        eval_strategy="steps" if every else "no",
+        eval_steps=spec.eval_every if every else None,
         learning_rate=spec.lr,
         weight_decay=spec.weight_decay,
         warmup_steps=round(spec.warmup_ratio * spec.steps),
@@ -310,7 +333,7 @@ def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
         save_steps=spec.save_every if spec.save_every > 0 else 500,
         # One checkpoint is kept, by CheckpointStateCallback once the new one is complete.
         save_total_limit=None,
-        report_to="none",
+        report_to=spec.report_to if "," not in spec.report_to else spec.report_to.split(","),
         use_cpu=not torch.cuda.is_available(),
         bf16=spec.bf16,
         activation_checkpointing=spec.gradient_checkpointing,
@@ -318,6 +341,15 @@ def _training_arguments(spec: TrainSpec, out_dir: Path) -> TrainingArguments:
         disable_tqdm=False,
         remove_unused_columns=False,
     )
+
+
+class EvaluateAtEndCallback(TrainerCallback):
+    """Evaluates the eval split at the last step too, whatever `eval_every` is: the final
+    model's evaluation loss is the one a run is compared by."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_evaluate = True
 
 
 def is_main_process() -> bool:
@@ -337,8 +369,13 @@ def run_training(
     save_to: Path | None = None,
     callbacks: Sequence[TrainerCallback] = (),
     complete_model: Callable[[Path], None] | None = None,
+    eval_dataset: TokenizedExamples | None = None,
 ) -> list[dict[str, float]]:
     """Train `model` in place with `method` attached; resumes from the newest checkpoint.
+
+    `eval_dataset` is evaluated (the task loss alone) every `spec.eval_every` steps and at the
+    last; its losses are in the Trainer's `state.log_history` (a callback's `on_evaluate` and
+    `on_train_end` see them, those from before a resume included).
 
     Under a multi-process launch every rank calls this; only the main process writes (and logs
     to its MLflow run, the only one open). `save_to` saves the final model and tokenizer there,
@@ -347,13 +384,18 @@ def run_training(
     """
     torch.set_num_threads(max(1, spec.threads))
     out_dir.mkdir(parents=True, exist_ok=True)
+    callbacks = [*callbacks, *([EvaluateAtEndCallback()] if eval_dataset is not None else [])]
+    # A checkpoint's tokenizer may have no pad token (the testbed's always has): pad with EOS,
+    # which the attention mask and the labels leave out anyway.
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     trainer = RouterMethodTrainer(
         model=model,
-        args=_training_arguments(spec, out_dir),
+        args=_training_arguments(spec, out_dir, evaluate=eval_dataset is not None),
         train_dataset=dataset,
-        data_collator=RightPadCollator(tokenizer.pad_token_id),
+        eval_dataset=eval_dataset,
+        data_collator=RightPadCollator(pad),
         router_method=method,
-        callbacks=list(callbacks),
+        callbacks=callbacks,
     )
     # What the trainer logs (losses, drift, expert load, lr); restored on resume, written to
     # train_history.json, and sent to the job's MLflow run.
@@ -363,6 +405,12 @@ def run_training(
     # The Trainer has set up the process group: the main process removes incomplete checkpoints
     # while the others wait, then every rank resumes from the same one.
     if trainer.is_world_process_zero():
+        # Which parallelism accelerate chose (FSDP's config runs as DDP on CPU processes).
+        log.info(
+            "training on %d process(es): %s",
+            trainer.accelerator.num_processes,
+            trainer.accelerator.distributed_type.value,
+        )
         last_complete_checkpoint(out_dir / "checkpoints")
     trainer.accelerator.wait_for_everyone()
     last = last_complete_checkpoint(out_dir / "checkpoints", remove_incomplete=False)
@@ -441,7 +489,7 @@ def pretrain(
     )
     summary = {
         "final": history[-1] if history else {},
-        "spec": asdict(spec),
+        "spec": spec.record(),
         "numeric_path": numeric_path(),
     }
     if is_main_process():
@@ -509,7 +557,7 @@ def posttrain(
     )
     summary = {
         "final": history[-1] if history else {},
-        "spec": asdict(spec),
+        "spec": spec.record(),
         "method": asdict(method),
         "numeric_path": numeric_path(),
     }

@@ -8,8 +8,10 @@ and a JSONL file of training texts, with plain flags:
 
 The data holds one JSON object per line: `{"text": ...}` (loss on every token; `--text-field`
 names another field) or `{"prompt": ..., "completion": ...}` (loss on the completion only, as the
-pipeline trains). Training is `rpb.trainer.RouterMethodTrainer` (transformers' Trainer with the
-method's term and rpb's metrics), with the Trainer's progress bar; MLflow only with `--mlflow`.
+pipeline trains). Training is the pipeline's own core, `rpb.pipeline.training.run_training`
+(`rpb.trainer.RouterMethodTrainer`: transformers' Trainer with the method's term and rpb's
+metrics), with its checkpoints, `--resume`, multi-process launch and atomic model folder; MLflow
+only with `--mlflow` (or transformers' own loggers with `--report-to`).
 
 Errors on bad input (a missing file, an unknown method, a model family rpb cannot route) end the
 command with one line naming the culprit and exit status 2. Heavy imports stay inside the
@@ -36,6 +38,8 @@ log = logging.getLogger("rpb")
 # The prior a finetune run extracts itself (no --prior), beside the saved model.
 PRIOR_FILE = "router_prior.safetensors"
 HISTORY_FILE = "train_history.json"
+# In --out while a run is unfinished: its settings, which --resume must repeat.
+PARAMS_FILE = "rpb_finetune.json"
 
 DATA_HELP = (
     'JSONL file, one object per line: {"text": ...} (loss on every token; --text-field names '
@@ -55,6 +59,12 @@ and its variants, anchor_weight, anchor_logit, anchor_kl, hard. Those that read 
 prior (rpb*, anchor_*, hard) extract it from --model on --data before training unless --prior
 is given, and save it as OUT/router_prior.safetensors. OUT receives the model, its tokenizer and
 train_history.json (rpb's metrics at every log: router loss, drift from the base, expert load).
+
+A long run: --save-steps 200 checkpoints it under OUT/checkpoints; after a preemption the same
+command with --resume continues from the last complete checkpoint to the weights an unbroken run
+reaches. Several GPUs:
+  accelerate launch --config_file config/accelerate/fsdp.yaml --num_processes 8 -m rpb.cli \
+      finetune ... --prior prior.safetensors
 """
 
 PRIOR_EPILOG = """\
@@ -115,6 +125,16 @@ def option_arg(text: str) -> tuple[str, Any]:
         return key, float(raw)
     except ValueError:
         return key, raw
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
 
 
 def _positive_int(text: str) -> int:
@@ -366,59 +386,200 @@ def cmd_prior(args: argparse.Namespace) -> None:
 @contextlib.contextmanager
 def _removed_if_left_empty(folder: Path) -> Iterator[None]:
     """On failure, remove `folder` and the parents this run created, if nothing is in them: a
-    failed run leaves no empty --out. A folder holding anything (a prior it extracted, a folder
-    that was there before) is kept."""
+    failed run leaves no empty --out. The settings file a new run wrote there (PARAMS_FILE) goes
+    too when nothing else is beside it: there is nothing to resume. A folder holding anything (a
+    prior it extracted, a checkpoint, a folder that was there before) is kept."""
     created = [p for p in [folder, *folder.parents] if not p.exists()]  # innermost first
+    fresh = not (folder / PARAMS_FILE).exists()
     try:
         yield
     except BaseException:
+        if fresh and folder.is_dir() and [p.name for p in folder.iterdir()] == [PARAMS_FILE]:
+            (folder / PARAMS_FILE).unlink()
         for path in created:
             with contextlib.suppress(OSError):  # not empty: kept, and so are its parents
                 path.rmdir()
         raise
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """--out: a new or empty folder; with --resume also the folder of an unfinished run (its
+    PARAMS_FILE marks one). A finished model there is never replaced."""
+    if args.out.resolve() == args.model.resolve():
+        raise ValueError(f"--out {args.out}: is --model itself; give a new folder")
+    held = sorted(p.name for p in args.out.iterdir()) if args.out.is_dir() else []
+    if not held:
+        return
+    listed = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+    if not args.resume:
+        # A finished model there would be replaced file by file (seen: an rpb model silently
+        # overwritten by an anchor_kl run).
+        raise ValueError(
+            f"--out {args.out}: not empty (holds {listed}); give a new or empty folder, or "
+            "--resume the interrupted run there"
+        )
+    if PARAMS_FILE not in held:
+        raise ValueError(
+            f"--out {args.out}: no interrupted rpb finetune to resume (no {PARAMS_FILE}; holds "
+            f"{listed})"
+        )
+
+
+def _flat(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested settings as {"train.lr": 1e-05, ...}, so a difference names its key."""
+    if not isinstance(value, dict) or not value:
+        return {prefix: value}
+    flat: dict[str, Any] = {}
+    for key, sub in value.items():
+        flat.update(_flat(sub, f"{prefix}.{key}" if prefix else str(key)))
+    return flat
+
+
+def _check_same_run(out: Path, params: dict[str, Any]) -> None:
+    """--resume continues the run in `out` only with the settings it was started with: other
+    settings would train on past the checkpoint a run that neither of them describes."""
+    path = out / PARAMS_FILE
+    try:
+        then = _flat(json.loads(path.read_text(encoding="utf-8")))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    now = _flat(json.loads(json.dumps(params)))
+    differ = sorted(k for k in set(then) | set(now) if then.get(k) != now.get(k))
+    if differ:
+        first = differ[0]
+        raise ValueError(
+            f"--resume {out}: the run started with other settings: {', '.join(differ)} "
+            f"({first} {then.get(first)!r} then, {now.get(first)!r} now); give the flags it "
+            "started with"
+        )
+
+
+def _one_epoch(examples: int, batch_size: int, grad_accum: int, processes: int) -> int:
+    """Optimizer steps of one pass over `examples`, as the Trainer counts an epoch: batches per
+    process, then micro-batches per step, each rounded up."""
+    batches = math.ceil(examples / (batch_size * processes))
+    return max(1, math.ceil(batches / grad_accum))
+
+
+def _finetune_inputs(args: argparse.Namespace, tokenizer: Any) -> tuple[Any, Any, str]:
+    """The tokenized training and eval sets (None without --eval-file) and the data's form."""
+    records, form = read_records(args.corpus, args.text_field)
+    keep = {"text_field": args.text_field, "max_length": args.max_length}
+    dataset = tokenize_records(records, tokenizer, source=str(args.corpus), **keep)
+    log.info("%s: %d training examples (%s)", args.corpus, len(dataset), form.replace("_", "/"))
+    if args.eval_file is None:
+        return dataset, None, form
+    eval_records, _ = read_records(args.eval_file, args.text_field)
+    evaluation = tokenize_records(eval_records, tokenizer, source=str(args.eval_file), **keep)
+    log.info("%s: %d eval examples", args.eval_file, len(evaluation))
+    return dataset, evaluation, form
+
+
+def _eval_loss_callback(entries: list[dict[str, float]], to_mlflow: bool) -> Any:
+    """A Trainer callback that sends each eval-split loss to the --mlflow run (`to_mlflow`), and
+    at the end puts all of them, from the Trainer's log history (a resume restores it), into
+    `entries`."""
+    from transformers import TrainerCallback  # here: building the parser imports no torch
+
+    class EvalLoss(TrainerCallback):
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            if to_mlflow and state.is_world_process_zero and "eval_loss" in (metrics or {}):
+                import mlflow
+
+                mlflow.log_metric("eval_loss", metrics["eval_loss"], step=state.global_step)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            entries[:] = [
+                {"step": e["step"], "eval_loss": e["eval_loss"]}
+                for e in state.log_history
+                if "eval_loss" in e
+            ]
+
+    return EvalLoss()
+
+
 def cmd_finetune(args: argparse.Namespace) -> None:
-    """Supervised fine-tuning of `--model` on `--data` with one router method attached."""
+    """Supervised fine-tuning of `--model` on `--data` with one router method attached, by the
+    pipeline's training core (`rpb.pipeline.training.run_training`): its checkpoints, resume,
+    multi-process launch and atomic model folder."""
+    import shutil
+
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainingArguments
+    from accelerate import PartialState
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rpb.artifacts import write_text
     from rpb.eval_routing import save_eval_routing
-    from rpb.methods import make_method
     from rpb.pipeline.tracking import method_params
-    from rpb.pipeline.training import RightPadCollator, unseen_token_ids
+    from rpb.pipeline.training import (
+        MethodChoice,
+        TrainSpec,
+        is_main_process,
+        run_training,
+        unseen_token_ids,
+    )
     from rpb.prior import RouterPrior
     from rpb.trainable import select_trainable
-    from rpb.trainer import RouterMethodTrainer, own_router_loss_message
+    from rpb.trainer import own_router_loss_message
 
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(
-            "rpb finetune runs as one process (one GPU, or the CPU); for a multi-process launch "
-            "use rpb.trainer.RouterMethodTrainer in a script (docs/library.md)"
-        )
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    main = is_main_process()
     check_model_dir(args.model)
-    records, form = read_records(args.corpus, args.text_field)
+    check_file(args.corpus, "--data")
+    if args.eval_file is not None:
+        check_file(args.eval_file, "--eval-file")
     if args.prior is not None:
         check_file(args.prior, "--prior")
-    if args.out.resolve() == args.model.resolve():
-        raise ValueError(f"--out {args.out}: is --model itself; give a new folder")
-    if args.out.is_dir() and any(args.out.iterdir()):
-        # A finished model there would be replaced file by file (seen: an rpb model silently
-        # overwritten by an anchor_kl run).
-        held = ", ".join(sorted(p.name for p in args.out.iterdir())[:3])
+    if args.mlflow and "mlflow" in args.report_to.split(","):
         raise ValueError(
-            f"--out {args.out}: not empty (holds {held}, ...); give a new or empty folder"
+            "--report-to mlflow and --mlflow both log to MLflow (transformers' run and rpb's); "
+            "choose one"
         )
     spec = METHOD_SPECS[args.method]
-    options = dict(args.option or [])
+    choice = MethodChoice(args.method, args.strength, dict(args.option or []))
     # The method is built before anything loads: a bad strength or option fails at once.
-    method = make_method(args.method, strength=args.strength, **options)
+    method = choice.build()
+    _check_out(args)
+    resumed_prior = args.out / PRIOR_FILE
+    if processes > 1 and spec.needs_prior and args.prior is None and not resumed_prior.is_file():
+        # Each rank would extract it, and under FSDP's low-memory loading only rank 0 holds
+        # weights to extract it from.
+        raise ValueError(
+            f"method {args.method} needs the base's router prior: under a multi-process launch "
+            "give --prior (from `rpb prior --model ... --data ...`)"
+        )
+    # Every rank has looked at --out before the main process writes into it.
+    state = PartialState()
+    state.wait_for_everyone()
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    dataset, evaluation, form = _finetune_inputs(args, tokenizer)
+    steps = args.steps or _one_epoch(len(dataset), args.batch_size, args.grad_accum, processes)
+    train = TrainSpec(
+        steps=steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        # The schedule's warmup in steps, as given: round(ratio * steps) gives it back exactly.
+        warmup_ratio=args.warmup_steps / steps,
+        scheduler="cosine",
+        max_length=args.max_length,
+        seed=args.seed,
+        log_every=args.log_every,
+        save_every=args.save_steps,
+        threads=torch.get_num_threads(),  # the process's own (the pipeline's jobs set theirs)
+        bf16=args.bf16,
+        trainable=args.trainable,
+        grad_accum=args.grad_accum,
+        eval_every=args.eval_every if evaluation is not None else 0,
+        report_to=args.report_to,
+    )
     label = args.method if args.strength is None else f"{args.method}@{args.strength}"
     params = {
         "model_dir": str(args.model),
         "data": str(args.corpus),
+        "eval_data": str(args.eval_file) if args.eval_file else None,
+        "prior": str(args.prior) if args.prior else None,
         "form": form,
+        "text_field": args.text_field,
         **method_params(
             label,
             {
@@ -428,44 +589,60 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             },
         ),
         "train": {
-            k: getattr(args, k)
-            for k in ("steps", "lr", "batch_size", "grad_accum", "max_length", "seed", "trainable")
+            "steps": steps,
+            **{
+                k: getattr(args, k)
+                for k in (
+                    "lr",
+                    "warmup_steps",
+                    "batch_size",
+                    "grad_accum",
+                    "max_length",
+                    "seed",
+                    "trainable",
+                    "bf16",
+                    "save_steps",
+                )
+            },
+            "eval_every": train.eval_every,
+            "processes": processes,
         },
     }
-    with _mlflow_run(args, "finetune", label, params), _removed_if_left_empty(args.out):
-        tokenizer = AutoTokenizer.from_pretrained(
-            args.model, trust_remote_code=args.trust_remote_code
-        )
+    if (args.out / PARAMS_FILE).is_file():
+        _check_same_run(args.out, params)
+    run = _mlflow_run(args, "finetune", label, params) if main else contextlib.nullcontext()
+    with run, _removed_if_left_empty(args.out):
+        if main:
+            args.out.mkdir(parents=True, exist_ok=True)
+            # Marks an unfinished run (--resume continues it with these settings only); the
+            # finished model's folder replaces it.
+            write_text(args.out / PARAMS_FILE, json.dumps(params, indent=2, sort_keys=True) + "\n")
+        state.wait_for_everyone()
         torch.manual_seed(args.seed)
         model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
         _check_routers(model, args.model)
-        dataset = tokenize_records(
-            records,
-            tokenizer,
-            text_field=args.text_field,
-            max_length=args.max_length,
-            source=str(args.corpus),
-        )
-        log.info("%s: %d training examples (%s)", args.corpus, len(dataset), form.replace("_", "/"))
-        args.out.mkdir(parents=True, exist_ok=True)
         if args.prior is not None:
             prior = RouterPrior.load(args.prior)
             prior.check_compatible(model)
             log.info("router prior: %s", args.prior)
+        elif spec.needs_prior and resumed_prior.is_file():
+            # The interrupted run extracted it: the same prior, without the pass over the data.
+            prior = RouterPrior.load(resumed_prior)
+            prior.check_compatible(model)
+            log.info("router prior: %s (extracted by the interrupted run)", resumed_prior)
         elif spec.needs_prior:
-            prior_path = args.out / PRIOR_FILE
             log.info(
                 "method %s needs the base's router prior and no --prior was given: extracting it "
                 "from %s on %s into %s",
                 args.method,
                 args.model,
                 args.corpus,
-                prior_path,
+                resumed_prior,
             )
             if torch.cuda.is_available():
                 model.to("cuda")
             prior = prior_of(model, tokenizer, dataset, args.corpus, args.model, args.batch_size)
-            prior.save(prior_path)
+            prior.save(resumed_prior)
         else:
             prior = None
         callbacks = []
@@ -474,68 +651,78 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             selection = select_trainable(model, args.trainable, new_token_ids=new_ids)
             if selection.row_scales:
                 callbacks.append(selection.callback(model))
+        evals: list[dict[str, float]] = []
+        if evaluation is not None:
+            callbacks.append(_eval_loss_callback(evals, args.mlflow))
         # A checkpoint whose config asks for router logits adds its own load-balancing loss to
         # the task loss: beside the method's term that is a second router term nobody chose.
         text_config = model.config.get_text_config()
         own_lbl = bool(getattr(text_config, "output_router_logits", False))
         if own_lbl:
             text_config.output_router_logits = False
-            log.warning("%s", own_router_loss_message(model, method.name))
+            if main:
+                log.warning("%s", own_router_loss_message(model, method.name))
         method.attach(model, prior)
         model.train()
-        training = TrainingArguments(
-            output_dir=str(args.out),
-            max_steps=args.steps if args.steps is not None else -1,
-            num_train_epochs=1,
-            per_device_train_batch_size=args.batch_size,
-            gradient_accumulation_steps=args.grad_accum,
-            learning_rate=args.lr,
-            lr_scheduler_type="cosine",
-            warmup_steps=args.warmup_steps,
-            seed=args.seed,
-            data_seed=args.seed,
-            logging_steps=args.log_every,
-            save_strategy="no",
-            report_to="none",
-            use_cpu=not torch.cuda.is_available(),
-            bf16=args.bf16,
-            disable_tqdm=False,
-            remove_unused_columns=False,
-            dataloader_num_workers=0,
-        )
-        # Every expert's share goes to train_history.json and MLflow, as in the pipeline; the
-        # progress bar's line summarises the layers (rpb.trainer.console_logs).
-        trainer = RouterMethodTrainer(
-            model=model,
-            args=training,
-            train_dataset=dataset,
-            data_collator=RightPadCollator(_pad_id(tokenizer)),
-            router_method=method,
-            callbacks=callbacks,
-        )
-        if args.mlflow:
-            from rpb.pipeline.training import MlflowHistoryCallback
 
-            trainer.add_callback(MlflowHistoryCallback(trainer.router_history))
+        def complete(folder: Path) -> None:
+            """The finished folder, before it takes --out's place: what the run keeps beside the
+            model (the prior it extracted, transformers' loggers' files), the checkpoint's own
+            router-logits flag, and the routing a steering method keeps at evaluation."""
+            for path in args.out.iterdir():
+                if path.name not in ("checkpoints", PARAMS_FILE):
+                    copy = shutil.copytree if path.is_dir() else shutil.copy2
+                    copy(path, folder / path.name)
+            runs = args.out / "checkpoints" / "runs"  # tensorboard's default folder
+            if runs.is_dir():
+                shutil.copytree(runs, folder / "runs")
+            if own_lbl:  # the saved config is the checkpoint's own
+                text_config.output_router_logits = True
+                model.config.to_json_file(folder / "config.json")
+            save_eval_routing(folder, method, prior)
+
         log.info("fine-tuning with %r", method)
-        with method:  # detached afterwards: the saved model routes natively
-            trainer.train()
-        trainer.model.eval()
-        if own_lbl:  # the saved config is the checkpoint's own
-            text_config.output_router_logits = True
-        trainer.model.save_pretrained(args.out)
-        tokenizer.save_pretrained(args.out)
-        # A method that steers at evaluation too (keep_bias_at_eval, hard) travels with the model.
-        steering = save_eval_routing(args.out, method, prior)
-        history = {"history": trainer.router_history, "params": params}
-        write_text(args.out / HISTORY_FILE, json.dumps(history, indent=2, sort_keys=True) + "\n")
-        if args.mlflow:
-            import mlflow
+        history = run_training(
+            model,
+            tokenizer,
+            dataset,
+            method,
+            train,
+            args.out,
+            save_to=args.out,
+            callbacks=callbacks,
+            complete_model=complete,
+            eval_dataset=evaluation,
+        )
+        if main:
+            record = {"history": history, "params": params}
+            if evaluation is not None:
+                record["eval"] = evals
+            text = json.dumps(record, indent=2, sort_keys=True) + "\n"
+            write_text(args.out / HISTORY_FILE, text)
+            if args.mlflow:
+                import mlflow
 
-            mlflow.log_artifact(str(args.out / HISTORY_FILE))
-    if steering is not None:
-        log.info("the model steers at evaluation with %s (rpb.eval_routing loads it)", steering)
-    log.info("model and tokenizer saved to %s", args.out)
+                mlflow.log_artifact(str(args.out / HISTORY_FILE))
+        state.wait_for_everyone()
+    if main and (args.out / "eval_routing").is_dir():
+        log.info(
+            "the model steers at evaluation with %s (rpb.eval_routing loads it)",
+            args.out / "eval_routing",
+        )
+    if main:
+        log.info("model and tokenizer saved to %s", args.out)
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The epilog as written, and every optional flag's default in its help (a help that says
+    what its default means keeps its own words)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.required or "(default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def add_finetune(sub: Any) -> argparse.ArgumentParser:
@@ -544,9 +731,9 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         "finetune",
         help="fine-tune a Hugging Face MoE checkpoint on a JSONL file with a router method",
         description="Supervised fine-tuning of a Hugging Face MoE checkpoint folder on a JSONL "
-        "file with one router method attached (transformers' Trainer).",
+        "file with one router method attached (transformers' Trainer, as the pipeline trains).",
         epilog=FINETUNE_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     one_line_errors(p)
     p.set_defaults(func=cmd_finetune)
@@ -557,14 +744,18 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         "--data", dest="corpus", type=Path, required=True, metavar="FILE", help=DATA_HELP
     )
     p.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="folder for the fine-tuned model"
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="folder for the fine-tuned model: new or empty (with --resume: an interrupted run's)",
     )
     p.add_argument(
         "--method",
         type=method_arg,
         default="rpb",
         metavar="NAME",
-        help=f"router method: {', '.join(METHOD_SPECS)} (default: rpb)",
+        help=f"router method: {', '.join(METHOD_SPECS)}",
     )
     p.add_argument(
         "--strength",
@@ -578,15 +769,16 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         type=option_arg,
         action="append",
         metavar="KEY=VALUE",
-        help="a method option, e.g. bias_on=logits (repeatable; docs/methods.md)",
+        help="a method option, e.g. bias_on=logits (repeatable; docs/methods.md) (default: the "
+        "method's own)",
     )
     p.add_argument(
         "--prior",
         type=Path,
         default=None,
         metavar="FILE",
-        help="router prior from `rpb prior` (default: extracted from --model on --data when the "
-        "method needs one)",
+        help="router prior from `rpb prior` (default: extracted from --model on --data when "
+        "the method needs one; a multi-process launch needs it given)",
     )
     p.add_argument(
         "--steps",
@@ -598,17 +790,27 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
     p.add_argument(
         "--lr", type=float, default=1e-5, metavar="X", help="peak learning rate (cosine decay)"
     )
-    p.add_argument("--warmup-steps", type=int, default=0, metavar="N")
     p.add_argument(
-        "--batch-size", type=_positive_int, default=8, metavar="N", help="examples per step"
+        "--warmup-steps", type=_count, default=0, metavar="N", help="linear warmup steps"
     )
     p.add_argument(
-        "--grad-accum", type=_positive_int, default=1, metavar="N", help="gradient accumulation"
+        "--batch-size",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="examples per micro-batch and process",
+    )
+    p.add_argument(
+        "--grad-accum",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="micro-batches per optimizer step",
     )
     p.add_argument(
         "--max-length", type=_positive_int, default=1024, metavar="N", help="tokens per example"
     )
-    p.add_argument("--seed", type=int, default=0, metavar="N")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="model, data order, dropout")
     p.add_argument(
         "--trainable",
         choices=list(TRAINABLE),
@@ -618,6 +820,42 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--bf16", action="store_true", help="bf16 mixed precision")
     p.add_argument(
         "--log-every", type=_positive_int, default=10, metavar="N", help="steps between logs"
+    )
+    p.add_argument(
+        "--save-steps",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="steps between checkpoints in OUT/checkpoints, the last one kept (0: none); "
+        "--resume continues from it",
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted run in --out from its last complete checkpoint, with "
+        "the flags it started with (from the start if it saved none)",
+    )
+    p.add_argument(
+        "--eval-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="eval split, JSONL as --data: its loss (the task loss alone) is logged and kept in "
+        "train_history.json (default: none)",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=_count,
+        default=0,
+        metavar="N",
+        help="steps between evaluations of --eval-file (0: at the last step only)",
+    )
+    p.add_argument(
+        "--report-to",
+        default="none",
+        metavar="NAMES",
+        help="transformers' loggers, comma-separated (TrainingArguments.report_to: tensorboard, "
+        "wandb, mlflow, ...); each gets every log with rpb's metrics. --mlflow is rpb's own run",
     )
     p.add_argument(
         "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
