@@ -238,6 +238,21 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "section_wrong_type": (_set("tracking", value="mlflow"), "tracking:", "not of type 'object'"),
     "zero_lr": (_set("posttrain", "lr", value=0), "posttrain.lr:", "less than or equal to"),
     "zero_steps": (_set("posttrain", "steps", value=0), "posttrain.steps:", "minimum of 1"),
+    "lr_by_base_unknown_model": (
+        _set("posttrain", "lr_by_base", value={"tinyC": {"base0": 1e-4}}),
+        "posttrain.lr_by_base.tinyC:",
+        "not a model of the config; did you mean 'tinyB'?",
+    ),
+    "lr_by_base_unknown_base": (
+        _set("posttrain", "lr_by_base", value={"tinyA": {"base2": 1e-4}}),
+        "posttrain.lr_by_base.tinyA.base2:",
+        "models.tinyA has bases ['base0', 'base1']",
+    ),
+    "lr_by_base_zero": (
+        _set("posttrain", "lr_by_base", value={"tinyA": {"base1": 0}}),
+        "posttrain.lr_by_base.tinyA.base1:",
+        "less than or equal to",
+    ),
     "max_length_over_positions": (
         _set("posttrain", "max_length", value=200),
         "posttrain.max_length:",

@@ -126,6 +126,20 @@ def test_runs_span_every_base_and_name_their_base(plan: Plan) -> None:
     )
 
 
+def test_a_base_trains_at_its_own_rate_where_lr_by_base_names_it() -> None:
+    config = _checked(
+        "config.yaml",
+        results_dir="R",
+        posttrain={"lr": 3e-4, "lr_by_base": {"tinyA": {"base1": 6e-4}}},
+    )
+    plan = Plan(PipelineConfig.parse(config))
+    rates = {run: plan.posttrain_spec("tinyA", run)["lr"] for run in plan.runs("tinyA", [0, 2])}
+    assert rates == {0: 3e-4, 2: 3e-4, 1000: 6e-4, 1002: 6e-4}
+    assert plan.posttrain_spec("tinyB", 1002)["lr"] == 3e-4  # another model's base1
+    spec = plan.posttrain_spec("tinyA", 1002)
+    assert "lr_by_base" not in spec and spec["seed"] == 1002  # what TrainSpec.from_dict takes
+
+
 def test_the_permuted_control_trains_with_its_own_bases_permuted_prior(plan: Plan) -> None:
     assert plan.permuted_prior_labels == ["rpb_permuted"]
     assert plan.method_prior("tinyA", "math", "rpb_permuted", 1001) == (

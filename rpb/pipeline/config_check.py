@@ -339,6 +339,21 @@ def _check_lengths(config: Mapping[str, Any]) -> None:
             )
 
 
+def _check_lr_by_base(config: Mapping[str, Any]) -> None:
+    """`posttrain.lr_by_base` names bases that exist: a model's base0 and one per replicate."""
+    models = config["models"]
+    for model, rates in (config["posttrain"].get("lr_by_base") or {}).items():
+        where = f"posttrain.lr_by_base.{model}"
+        if model not in models or "replicate_of" in models[model]:
+            known = [n for n, e in models.items() if "replicate_of" not in e]
+            hint = _suggest(model, known) or f"known: {', '.join(known)}"
+            raise ConfigError(f"{where}: not a model of the config; {hint.rstrip()}")
+        bases = [f"base{k}" for k in range(1 + len(models[model].get("replicates") or []))]
+        for base in rates:
+            if base not in bases:
+                raise ConfigError(f"{where}.{base}: models.{model} has bases {bases}")
+
+
 def _check_architecture(name: str, model_type: str, arch: Mapping[str, Any]) -> None:
     """Settings that cannot build (or cannot route) a model; caught here, not inside a job."""
     where = f"models.{name}.architecture"
@@ -510,6 +525,7 @@ def _cross_key_errors(config: Mapping[str, Any]) -> None:
             f"table1.corpus: '{table1['corpus']}' must be {where} ({', '.join(known)})"
         )
     _check_lengths(config)
+    _check_lr_by_base(config)
     _check_diagnostics(config, known, where)
     _check_report_keys(config)
     _check_controls(config)

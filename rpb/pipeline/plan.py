@@ -527,9 +527,16 @@ class Plan:
     def method_entry(self, label: str) -> dict[str, Any]:
         return self.config.methods[label].job_entry()
 
-    def posttrain_spec(self, run: Any) -> dict[str, Any]:
-        """The TrainSpec of a post-training job; its threads come from `--threads`."""
-        return plain(self.config.posttrain) | {"seed": int(run)}
+    def posttrain_spec(self, model: str, run: Any) -> dict[str, Any]:
+        """The TrainSpec of a post-training job of config entry `model`; its threads come from
+        `--threads`. `posttrain.lr_by_base` gives a base its own learning rate (testbed v3: a
+        rate per base, docs/testbed.md); any other base trains at `posttrain.lr`."""
+        spec = plain(self.config.posttrain)
+        by_base = spec.pop("lr_by_base", None) or {}
+        base = f"base{run_fields(run)['base']}"
+        if base in by_base.get(model, {}):
+            spec["lr"] = by_base[model][base]
+        return spec | {"seed": int(run)}
 
     def base_identity(self, model: str) -> dict[str, Any]:
         """What decides the bytes of config entry `model`'s pretrained base (rpb.pipeline.bases)."""
@@ -796,7 +803,7 @@ class Plan:
         )
 
     def diagnostic_spec(self, run: Any) -> dict[str, Any]:
-        return self.posttrain_spec(run) | {
+        return self.posttrain_spec(self.config.diagnostics.regime.model, run) | {
             "trainable": plain(self.config.diagnostics.regime.trainable)
         }
 

@@ -29,7 +29,7 @@ rule posttrain:
         corpus=post_corpus,
         out=parent_dir("history"),
         method=lambda wc: as_json(PLAN.method_entry(wc.method)),
-        spec=lambda wc: as_json(PLAN.posttrain_spec(run_of(wc))),
+        spec=lambda wc: as_json(PLAN.posttrain_spec(wc.model, run_of(wc))),
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
@@ -84,7 +84,7 @@ if ONE_PROCESS_PER_RUN:
             corpus=post_corpus,
             out=parent_dir("history"),
             method=lambda wc: as_json(PLAN.method_entry(wc.method)),
-            spec=lambda wc: as_json(PLAN.posttrain_spec(run_of(wc))),
+            spec=lambda wc: as_json(PLAN.posttrain_spec(wc.model, run_of(wc))),
             trust=trust_remote_code_flag,
             experts=experts_flag,
             eval_dir=EVAL_DIR,
