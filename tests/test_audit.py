@@ -115,3 +115,33 @@ def test_a_supported_p_target_part_needs_exact_match_to_agree() -> None:
     assert alone.verdict == NOT_SUPPORTED and alone.em_estimate == down.estimate
     with pytest.raises(ValueError, match="needs exact match's estimate"):
         judged_part("x - y", up, "direction", 5.0, "e", metric="p_target")
+
+
+def test_an_ood_part_the_design_could_not_power_reads_underpowered_by_design() -> None:
+    """Testbed v3: an OOD part whose pre-registered design MDE exceeds its margin (the headroom)
+    reads "underpowered by design" whatever its interval shows, the rule's verdict in the note;
+    a failed check still reads as a failed check; without a design statement nothing changes."""
+    from types import SimpleNamespace
+
+    from rpb.report.claims import by_design
+    from rpb.report.verdicts import UNDERPOWERED_BY_DESIGN
+
+    up = paired_runs([60.0, 62.0, 61.0, 63.0], [40.0, 41.0, 40.5, 42.0])
+    part = judged_part("x - y", up, "direction", 1.89, "e", metric="p_target", exact_match=up)
+    assert part.verdict == SUPPORTED
+    design = SimpleNamespace(ood_margin=1.89, ood_design_mde=2.27)
+    judged = by_design(part, design)
+    assert judged.verdict == UNDERPOWERED_BY_DESIGN
+    assert judged.note == (
+        "design MDE 2.27 pp > margin 1.89 pp, the most a router method can undo here; the "
+        "interval alone reads supported"
+    )
+    assert (judged.estimate, judged.low, judged.high) == (part.estimate, part.low, part.high)
+    powered = SimpleNamespace(ood_margin=1.89, ood_design_mde=1.5)
+    assert by_design(part, powered) is part
+    assert by_design(part, SimpleNamespace(ood_margin=5.0, ood_design_mde=None)) is part
+    failed = Check("M1", "lbl flattens routing", False, "none")
+    untestable = judged_part(
+        "x - y", up, "direction", 1.89, "e", [failed], metric="p_target", exact_match=up
+    )
+    assert by_design(untestable, design).verdict == NOT_TESTABLE

@@ -11,6 +11,7 @@ from rpb.report.verdicts import (
     NOT_TESTABLE,
     PREMISE_NOT_MET,
     SUPPORTED,
+    UNDERPOWERED_BY_DESIGN,
     combine,
     direction_verdict,
     equivalence_verdict,
@@ -86,6 +87,9 @@ def test_combine_and_bad_input() -> None:
     assert combine([NOT_TESTABLE, NOT_SUPPORTED]) == NOT_SUPPORTED  # a testable part refutes it
     assert combine([NOT_TESTABLE, PREMISE_NOT_MET, SUPPORTED]) == PREMISE_NOT_MET
     assert combine([PREMISE_NOT_MET, NOT_SUPPORTED]) == NOT_SUPPORTED
+    assert combine([UNDERPOWERED_BY_DESIGN, UNDERPOWERED_BY_DESIGN]) == UNDERPOWERED_BY_DESIGN
+    assert combine([UNDERPOWERED_BY_DESIGN, SUPPORTED]) == INCONCLUSIVE
+    assert combine([UNDERPOWERED_BY_DESIGN, NOT_SUPPORTED]) == NOT_SUPPORTED
     with pytest.raises(ValueError, match="at least one"):
         combine([])
     with pytest.raises(ValueError, match="unknown verdict 'maybe'"):

@@ -275,6 +275,12 @@ class Audit:
         self.partial = partial
         self.method, self.reference = spec["method"], spec["reference"]
         self.margin = float(spec["margin"])
+        # OOD parts' margin and the design MDE they were judged underpowered by before any
+        # method ran (testbed v3: the screen's headroom; null: the in-domain margin, no design).
+        ood_margin = spec.get("ood_margin")
+        self.ood_margin = self.margin if ood_margin is None else float(ood_margin)
+        design = spec.get("ood_design_mde")
+        self.ood_design_mde = None if design is None else float(design)
         self.nmi_margin = float(spec["nmi_margin"])
         self.rho_margin = float(spec.get("rho_margin", 0.5))
         self.confidence = float(spec["confidence"])

@@ -64,6 +64,7 @@ from rpb.report.verdicts import (
     NOT_TESTABLE,
     PREMISE_NOT_MET,
     SUPPORTED,
+    UNDERPOWERED_BY_DESIGN,
     combine,
 )
 from rpb.specs import base_index
@@ -151,16 +152,34 @@ def _direction_part(
     checks = list(checks)
     if with_headroom and metric == "in_domain":
         checks.append(audit.headroom(f"{model}/{corpus}", other, b))
-    return judged_part(
+    ood = metric == "ood"
+    part = judged_part(
         where,
         diff,
         "direction",
-        audit.margin,
+        audit.ood_margin if ood else audit.margin,
         measures_text(where, audit.measure, judged, em),
         checks,
         metric=audit.measure,
         exact_match=em[2] if em else None,
     )
+    return by_design(part, audit) if ood else part
+
+
+def by_design(part: Part, audit: Audit) -> Part:
+    """An OOD part the pre-registered design could not power (`claims.ood_design_mde` above
+    `claims.ood_margin`) reads "underpowered by design", its rule's verdict in the note; a failed
+    check still reads as such."""
+    design = audit.ood_design_mde
+    if design is None or design <= audit.ood_margin:
+        return part
+    if part.verdict in (NOT_TESTABLE, PREMISE_NOT_MET):
+        return part
+    note = (
+        f"design MDE {design:g} pp > margin {audit.ood_margin:g} pp, the most a router method "
+        f"can undo here; the interval alone reads {part.detail}"
+    )
+    return replace(part, verdict=UNDERPOWERED_BY_DESIGN, note=note)
 
 
 def _premises(audit: Audit, model: str, other: str) -> list[Check]:

@@ -26,7 +26,17 @@ NOT_SUPPORTED = "not supported"
 INCONCLUSIVE = "inconclusive"
 NOT_TESTABLE = "not testable"
 PREMISE_NOT_MET = "premise not met"
-VERDICTS = (SUPPORTED, NOT_SUPPORTED, INCONCLUSIVE, NOT_TESTABLE, PREMISE_NOT_MET)
+# Decided before any method ran: the design's MDE exceeds the most a method could change (the
+# OOD headroom of the premise screen, docs/testbed.md); the interval is still reported.
+UNDERPOWERED_BY_DESIGN = "underpowered by design"
+VERDICTS = (
+    SUPPORTED,
+    NOT_SUPPORTED,
+    INCONCLUSIVE,
+    NOT_TESTABLE,
+    PREMISE_NOT_MET,
+    UNDERPOWERED_BY_DESIGN,
+)
 PREMISE_CHECK = "M0"  # the testbed's premise; a failed one reads PREMISE_NOT_MET
 CONFIRMATORY = "confirmatory"
 EXPLORATORY = "exploratory"
@@ -93,8 +103,8 @@ def exceeds_verdict(low: float, high: float, threshold: float) -> str:
 
 def combine(verdicts: Sequence[str]) -> str:
     """A claim from its parts: any part not supported -> not supported; else any premise not met
-    -> premise not met; else any not testable -> not testable; all supported -> supported;
-    otherwise inconclusive."""
+    -> premise not met; else any not testable -> not testable; all supported -> supported; all
+    underpowered by design -> underpowered by design; otherwise inconclusive."""
     if not verdicts:
         raise ValueError("a claim needs at least one part")
     unknown = [v for v in verdicts if v not in VERDICTS]
@@ -108,4 +118,6 @@ def combine(verdicts: Sequence[str]) -> str:
         return NOT_TESTABLE
     if all(v == SUPPORTED for v in verdicts):
         return SUPPORTED
+    if all(v == UNDERPOWERED_BY_DESIGN for v in verdicts):
+        return UNDERPOWERED_BY_DESIGN
     return INCONCLUSIVE
