@@ -115,3 +115,16 @@ def test_a_supported_p_target_part_needs_exact_match_to_agree() -> None:
     assert alone.verdict == NOT_SUPPORTED and alone.em_estimate == down.estimate
     with pytest.raises(ValueError, match="needs exact match's estimate"):
         judged_part("x - y", up, "direction", 5.0, "e", metric="p_target")
+
+
+def test_a_check_reads_as_what_it_means_never_as_a_failure() -> None:
+    """Issue 48: "M1 ...: FAILED" read as a pipeline failure; the landing page words a check by
+    what its outcome means."""
+    m1 = Check("M1", "lbl flattens routing vs none (tinyA)", False, "entropy +0.05",
+               "lbl did not flatten routing vs none (tinyA)")  # fmt: skip
+    assert m1.outcome() == "not met: lbl did not flatten routing vs none (tinyA)"
+    assert Check("M5", "headroom above none", True, "5%").outcome() == "met: headroom above none"
+    m2 = Check("M2", "the rpb reading anchors", False, "undetermined: 2 runs not built", "x")
+    assert m2.undetermined and m2.outcome() == "undetermined: the rpb reading anchors"
+    assert Check("M9", "p holds", False, "0.1").outcome() == "not met: not: p holds"
+    assert "FAILED" not in m1.outcome() and m1.text().endswith("FAILED (entropy +0.05)")
