@@ -14,10 +14,13 @@ mouse clicks. From the rendered DOM it asserts that
 
 1. the experiment opens in the model-training view and its description names the project;
 2. each invocation is one row whose expander shows the job runs nested under it;
-3. grouping the chart view by `method` (docs/results.md's three clicks) gives one group per
-   method of table 1, and the compare page of table 1's eval and analysis runs lists its params
-   and metrics;
-4. report.html lists table 1 and its figure, and shows both when opened.
+3. grouping the chart view by `method` takes at most three clicks (docs/results.md's) and gives
+   one group per method of table 1, each method's runs carry one colour of their own (the colours
+   MLflow draws for the groups are printed), table 1's chart titles are whole at 1400 px, and
+   the compare page of table 1's eval and analysis runs lists its params and metrics;
+4. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
+   with the verdicts of C1 and C2 and the checks as a list, none reading FAILED), lists table 1
+   and its figure, and shows both when opened.
 
 Screenshots go to a new temporary folder (its path is printed), or to `--screenshots DIR` when
 given (`docs/img` refreshes the documentation's). The server is stopped with SIGINT (SIGTERM
@@ -55,7 +58,7 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-WINDOW = (1600, 1000)
+WINDOW = (1400, 900)  # issue 48: chart titles legible at 1400 px
 
 
 class CheckFailed(AssertionError):
@@ -104,7 +107,7 @@ class Page:
     """One browser tab, driven through the DevTools protocol."""
 
     def __init__(self, ws: Any):
-        self.ws, self.calls = ws, 0
+        self.ws, self.calls, self.clicks = ws, 0, 0
 
     async def call(self, method: str, **params: Any) -> dict[str, Any]:
         self.calls += 1
@@ -156,6 +159,7 @@ class Page:
         if not box:
             raise CheckFailed(f"nothing to click: {element}")
         x, y = box
+        self.clicks += 1
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
             extra = {"button": "left", "clickCount": 1} if kind != "mouseMoved" else {}
             await self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, **extra)
@@ -332,6 +336,52 @@ async def close_assistant(page: Page) -> None:
         await page.click(close)
 
 
+GROUP_DOTS = (
+    "[...document.querySelectorAll('*')].filter(e => e.children.length === 0"
+    " && /^Group: /.test(e.textContent.trim())).map(e => { let row = e;"
+    " for (let i = 0; i < 6 && row; i++) { const dot = [...row.querySelectorAll('*')].find(x => {"
+    " const r = x.getBoundingClientRect(), c = getComputedStyle(x).backgroundColor;"
+    " return r.width > 4 && r.width <= 16 && r.height <= 16 && c !== 'rgba(0, 0, 0, 0)'"
+    " && c !== 'rgb(255, 255, 255)'; });"
+    " if (dot) return [e.textContent.trim().slice(7), getComputedStyle(dot).backgroundColor];"
+    " row = row.parentElement; } return [e.textContent.trim().slice(7), null]; })"
+)
+
+
+def _hex(rgb: str) -> str:
+    parts = [int(v) for v in rgb[rgb.index("(") + 1 : rgb.index(")")].split(",")[:3]]
+    return "#" + "".join(f"{v:02x}" for v in parts)
+
+
+async def check_colours(page: Page, facts: dict[str, Any], methods: list[str]) -> None:
+    """Each method's runs carry one colour of their own (tag `mlflow.runColor`, which MLflow
+    draws for a run); the colours MLflow 3.17 draws for the groups are reported beside them: it
+    colours a group by a hash of `param.method.<label>` and reads no run's tag for it."""
+    by_method: dict[str, set[str]] = {}
+    for run in facts["table1_runs"]:
+        color = run.data.tags.get("mlflow.runColor")
+        by_method.setdefault(run.data.params.get("method", "?"), set()).add(str(color).lower())
+    one_each = all(len(c) == 1 for c in by_method.values())
+    distinct = {m: next(iter(c)) for m, c in by_method.items()}
+    check(
+        one_each and len(set(distinct.values())) == len(methods) == len(distinct),
+        f"one colour per method, all distinct (mlflow.runColor): {distinct}",
+    )
+    groups = dict(await page.js(GROUP_DOTS) or [])
+    drawn = {m: _hex(c) if c else None for m, c in groups.items()}
+    shared = len({c for c in drawn.values()}) < len(drawn)
+    print(
+        f"     MLflow draws the groups in {drawn}"
+        + (
+            ": groups share a colour (MLflow 3.17 hashes the group's key `param.method.<label>`"
+            " into its palette; a click on a group's colour dot picks another, kept in the"
+            " browser)"
+            if shared
+            else ""
+        )
+    )
+
+
 async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -> None:
     experiment = facts["experiment_id"]
     # What a first visit shows: the home page `make ui` prints, then the experiment's link there.
@@ -386,12 +436,19 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     await page.screenshot(out / "mlflow_runs_nested.png")
 
     # Table 1 in three clicks: chart view, Group by, method (a param of eval and analysis runs).
+    clicks = page.clicks
     await page.click("document.querySelector('input[value=CHART]').closest('label')")
     await page.click(f"{BUTTONS}.find(b => b.innerText.trim().startsWith('Group by'))")
     # The menu lists Attributes, Tags, then Params; `method` is a param only (no tag of the name).
     items = "[...document.querySelectorAll('[role=menuitemcheckbox]')]"
     named = f"{items}.filter(e => e.innerText.trim() === 'method')"
     check(await page.wait_for(f"{named}.length", 10) == 1, "Group by lists `method` once")
+    listed = await page.js(f"{items}.map(e => e.innerText.trim())")
+    firsts = [n for n in listed if n in ("method", "base", "seed", "model", "corpus")]
+    print(
+        f"     Group by lists {len(listed)} entries; method, base, seed, model, corpus at "
+        f"{[listed.index(n) + 1 for n in firsts]} ({firsts})"
+    )
     await page.click(f"{named}[0]")
     await page.js("document.activeElement && document.activeElement.blur()")
     await page.call("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape")
@@ -399,9 +456,12 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     groups = json.dumps([f"Group: {m}" for m in methods])
     grouped = await page.wait_for(f"{groups}.every(g => document.body.innerText.includes(g))", 20)
     check(grouped, f"grouped by method: one group per method of table 1 {methods}")
+    used = page.clicks - clicks
+    check(used <= 3, f"grouping by method took {used} clicks (at most three)")
+    await check_colours(page, facts, methods)
     # Table 1's columns show without typing into the chart search.
     title = "[...document.querySelectorAll('*')].some(e => e.children.length === 0"
-    for metric in ("accuracy/in_domain", "accuracy/ood_mean", "coactivation/coact_cosine"):
+    for metric in ("accuracy/in_domain", "accuracy/ood_mean", "coact/cosine"):
         # On screen in the first view: a chart below the training metrics' sections needs
         # scrolling or the search, which is what this check is for.
         visible = "e.getBoundingClientRect().top > 0 && e.getBoundingClientRect().top < innerHeight"
@@ -409,9 +469,19 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
         shown = await page.wait_for(f"{title} && {named} && {visible})", 20)
         check(shown, f"the chart of {metric} by method shows without typing")
     await page.screenshot(out / "mlflow_grouped_no_typing.png")
+    # Each chart title of table 1's sections whole, not cut with an ellipsis ("ac..." at 1400 px).
+    titles = (
+        "[...document.querySelectorAll('h4')].filter(e => /^(accuracy|coact)\\//"
+        ".test(e.textContent.trim()))"
+    )
+    cut = await page.js(
+        f"{titles}.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim())"
+    )
+    shown = await page.js(f"{titles}.map(e => e.textContent.trim())")
+    check(shown and not cut, f"chart titles whole at {WINDOW[0]} px: {shown} (cut: {cut})")
     search = "document.querySelector('input[placeholder=\"Search metric charts\"]')"
     check(await page.wait_for(f"!!{search}", 10), "the chart view has its metric search")
-    for metric in ("accuracy/in_domain", "coactivation/coact_cosine"):
+    for metric in ("accuracy/in_domain", "coact/cosine"):
         await page.click(search)
         await page.js(f"{search}.select()")
         await page.call("Input.insertText", text=metric)
@@ -436,7 +506,7 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     check(await page.wait_text("accuracy/in_domain"), "the compare page of table 1's runs opens")
     text = await page.text()
     wanted = ["kind", "strength", "options", "seed", "accuracy/in_domain", "accuracy/ood_mean"]
-    wanted += [f"coactivation/{c}" for c in ("community_nmi", "coact_cosine", "modularity")]
+    wanted += [f"coact/{c}" for c in ("nmi", "cosine", "modularity")]
     missing = [name for name in wanted if name not in text]
     check(not missing, f"the compare page lists table 1's params and metrics (missing: {missing})")
     # MLflow 3.17 renders the first rows of a long metric list only (the ood/<task> rows may come
@@ -447,8 +517,43 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     await page.screenshot(out / "mlflow_compare_table1_runs.png")
 
 
+async def check_landing(page: Page, results: Path, out: Path) -> None:
+    """report.html's first screen, before any click: table 1's headline and its verdicts."""
+    import pandas as pd
+
+    landing = "document.querySelector('.rpb-landing')"
+    check(await page.wait_for(f"!!{landing}", 30), "report.html opens on table 1's landing page")
+    await asyncio.sleep(1)
+    text = await page.js(f"{landing}.innerText")
+    check(text.startswith("Table 1"), f"the landing page's title is table 1's: {text[:60]!r}")
+    methods = pd.read_csv(results / "table1.csv")["method"].astype(str).tolist()
+    rows = await page.js(
+        f"[...{landing}.querySelectorAll('table.headline tbody tr')]"
+        ".map(r => r.cells[0].innerText.trim())"
+    )
+    check(rows == methods, f"its headline table has one row per method of table1.csv {rows}")
+    lead = await page.js(f"{landing}.querySelector('p.lead').innerText")
+    check("C1 (" in lead and "C2 (" in lead, f"its lead states the verdicts of C1 and C2: {lead}")
+    box = await page.js(
+        f"(() => {{ const r = {landing}.querySelector('table.headline').getBoundingClientRect();"
+        " return [r.left, r.top, r.right, r.bottom, innerWidth, innerHeight]; })()"
+    )
+    left, top, right, bottom, width, height = box
+    check(
+        left >= 0 and right <= width and top >= 0 and bottom <= height,
+        f"the headline table is on the first screen, whole ({box})",
+    )
+    checks = await page.js(f"[...{landing}.querySelectorAll('ul.checks li')].map(l => l.innerText)")
+    check(checks, f"the checks are a list ({len(checks)})")
+    check("FAILED" not in text, "no check reads as a failure (met / not met / undetermined)")
+    for line in checks:
+        print(f"     {line}")
+    await page.screenshot(out / "report_landing.png")
+
+
 async def check_report(page: Page, report: Path, results: Path, out: Path) -> None:
     await page.goto(report.resolve().as_uri())
+    await check_landing(page, results, out)
     link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === {!r})"
     check(await page.wait_for("!!" + link.format("Results")), "report.html opens")
     category = None

@@ -17,23 +17,14 @@ import re
 import sys
 from pathlib import Path
 
+from rpb.report.claims import SHORT_STATEMENTS, verdict_meaning
+
 ROOT = Path(__file__).resolve().parents[1]
+
 START, END = "<!-- TABLE1 -->", "<!-- /TABLE1 -->"
-CLAIMS = {
-    "C1": "RPB beats re-applied LBL and plain fine-tuning in-domain",
-    "C2": "RPB keeps more out-of-domain skill than LBL and plain fine-tuning",
-}
-# What a claim's verdict word means, for a reader who has not read docs/claims.md.
-MEANING = {
-    "supported": "supported on this testbed",
-    "not supported": "not supported on this testbed",
-    "inconclusive": "inconclusive: the interval spans both outcomes",
-    "underpowered by design": "not testable here: the effect it needs is below what these runs "
-    "can detect",
-    "premise not met": "not judged: the testbed's premise is not met (no post-training setting "
-    "of these bases both learns the task and leaves routing a real share of the forgetting; "
-    "docs/testbed.md), so the ordering above is evidence neither way",
-}
+# The claims in a few words and what each verdict means: rpb.report.claims, which the report's
+# landing page shares.
+CLAIMS = SHORT_STATEMENTS
 
 
 def _cell(row: dict[str, str], key: str) -> str:
@@ -73,8 +64,7 @@ def block(results: Path) -> str:
         verdict = next((v for v in meta["verdicts"] if v.startswith(f"{claim} ")), None)
         if verdict is None:
             continue
-        word = next((w for w in MEANING if verdict[len(claim) + 1 :].startswith(w)), None)
-        lines.append(f"- **{claim}** ({text}): {MEANING.get(word, verdict)}.")
+        lines.append(f"- **{claim}** ({text}): {verdict_meaning(verdict[len(claim) + 1 :])}.")
     return "\n".join(lines)
 
 

@@ -145,3 +145,16 @@ def test_an_ood_part_the_design_could_not_power_reads_underpowered_by_design() -
         "x - y", up, "direction", 1.89, "e", [failed], metric="p_target", exact_match=up
     )
     assert by_design(untestable, design).verdict == NOT_TESTABLE
+
+
+def test_a_check_reads_as_what_it_means_never_as_a_failure() -> None:
+    """Issue 48: "M1 ...: FAILED" read as a pipeline failure; the landing page words a check by
+    what its outcome means."""
+    m1 = Check("M1", "lbl flattens routing vs none (tinyA)", False, "entropy +0.05",
+               "lbl did not flatten routing vs none (tinyA)")  # fmt: skip
+    assert m1.outcome() == "not met: lbl did not flatten routing vs none (tinyA)"
+    assert Check("M5", "headroom above none", True, "5%").outcome() == "met: headroom above none"
+    m2 = Check("M2", "the rpb reading anchors", False, "undetermined: 2 runs not built", "x")
+    assert m2.undetermined and m2.outcome() == "undetermined: the rpb reading anchors"
+    assert Check("M9", "p holds", False, "0.1").outcome() == "not met: not: p holds"
+    assert "FAILED" not in m1.outcome() and m1.text().endswith("FAILED (entropy +0.05)")

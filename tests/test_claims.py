@@ -559,3 +559,18 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
     unmet = table_verdicts(results, _spec(premise_not_met={"tinyA": "L 0.39 < 0.50"}))
     assert unmet[1].startswith("C1 premise not met: ")
     assert "M0 the testbed's premise holds for tinyA: FAILED (L 0.39 < 0.50)" in unmet[-1]
+
+
+def test_a_verdict_reads_as_one_plain_sentence() -> None:
+    """The landing page's lead and the README's verdict lines: one sentence per claim, saying
+    what the verdict means (README's wording for "premise not met" is unchanged)."""
+    from rpb.report.claims import verdict_meaning, verdict_sentence
+
+    sentence = verdict_sentence("C1", "not testable")
+    assert sentence.startswith("C1 (RPB beats re-applied LBL and plain fine-tuning in-domain): ")
+    assert "not testable here" in sentence and sentence.count(". ") == 0
+    assert verdict_meaning("premise not met: tinyA/math ...").startswith("not judged: the testbed")
+    assert verdict_meaning("something new") == "something new"
+    assert verdict_sentence("C3", SUPPORTED) == (
+        "C3 (RPB beats LBL in-domain also on family B): supported on this testbed."
+    )

@@ -446,3 +446,29 @@ def test_every_reported_table_is_rendered_and_every_run_has_its_figure() -> None
 
 def _page_items(items: list[tuple[str, str, str]]) -> list[tuple[str, str, str]]:
     return [(p.removesuffix(".html"), c, cat) for p, c, cat in items if p.endswith(".html")]
+
+
+def test_landing_html_leads_with_the_verdicts_and_lists_the_checks() -> None:
+    from rpb.report.report_html import landing_html
+
+    headline = pd.DataFrame({"method": ["none", "rpb<"], "in-domain": ["1.00 [0.50, 1.50]", "2"]})
+    per_task = pd.DataFrame({"": ["OOD facts"], "none": ["5.00 / 0.08"], "rpb<": ["1 / 2"]})
+    checks = [
+        ("M1", "not met: lbl did not flatten routing", "entropy +0.05", False),
+        ("M2", "undetermined: the rpb reading anchors", "undetermined: `snakemake all`", False),
+        ("M5", "met: headroom above none", "0.0%", True),
+    ]
+    lead = ["C1 (RPB beats LBL): not testable here.", "C2 (RPB keeps more): not testable here."]
+    text = landing_html("Table 1 (smoke)", lead, headline, per_task, checks, ["C1 rpb - none"])
+    page = _Page(text)
+    assert text.index("C1 (RPB beats LBL)") < text.index("<table") < text.index("M1")
+    assert text.index("M1") < text.index("OOD facts")  # the per-task table last
+    assert "rpb&lt;" in text and "FAILED" not in text
+    for kind in ("not-met", "undetermined", "met"):
+        assert f'<li class="{kind}">' in text
+    assert "<b>M1 not met:</b> lbl did not flatten routing" in text
+    assert "<code>snakemake all</code>" in text
+    assert list(page.tables[0].columns) == ["method", "in-domain"]
+    assert page.tables[0].iloc[1].tolist() == ["rpb<", "2"]
+    assert not text.lstrip().startswith("<!DOCTYPE"), "a fragment, included in the report's page"
+    assert "No claim is judged" in landing_html("T", [], headline, per_task)

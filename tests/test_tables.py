@@ -20,12 +20,16 @@ from safetensors.torch import save_file
 from scipy import stats
 
 from rpb.report.tables import (
+    PAPER_ROW,
     PAPER_TABLE1,
     build_table1,
     build_table2,
     build_table3,
     build_table4,
     build_table5,
+    headline_frame,
+    per_task_frame,
+    with_interval,
 )
 from rpb.specs import analysis_path, eval_path
 
@@ -491,3 +495,63 @@ def test_a_failed_table_job_leaves_none_of_the_old_table(
     assert main(argv) == 2
     assert [p.name for p in group if p.exists()] == []
     assert not (results / ".integrity" / "table1.meta.json.json").exists()
+
+
+# --- table 1's landing page ---------------------------------------------------------------------
+
+
+def test_landing_headline_gives_the_ood_mean_its_interval_over_runs(
+    table: tuple[pd.DataFrame, dict, Path],
+) -> None:
+    """The headline's OOD mean carries the t-interval of the runs' OOD means (table 1 has none),
+    beside table 1's own in-domain cell; a wrong pooling (items, or tasks as runs) fails."""
+    frame, written, out = table
+    headline = headline_frame(out.parent, SPEC, frame).set_index("method")
+    assert list(headline.columns) == [
+        "runs",
+        "in-domain exact match",
+        "in-domain p(target)",
+        "OOD mean exact match",
+        "OOD mean p(target)",
+    ]
+    runs = [np.mean([100 * np.mean(written["rpb"][s]["tasks"][t]) for t in OOD]) for s in (0, 1)]
+    low, high = stats.t.interval(0.95, 1, loc=np.mean(runs), scale=stats.sem(runs))
+    low, high = max(0.0, low), min(100.0, high)
+    assert headline.loc["rpb", "OOD mean exact match"] == (
+        f"{np.mean(runs):.2f} [{low:.2f}, {high:.2f}]"
+    )
+    row = frame.set_index("method").loc["rpb"]
+    assert headline.loc["rpb", "in-domain exact match"] == with_interval(
+        row["in_domain"], row["in_domain_ci_low"], row["in_domain_ci_high"]
+    )
+    # The base row is one run per base: its interval is over that run's items, not [x, x].
+    cell = headline.loc["base", "OOD mean exact match"]
+    estimate, low, high = map(float, re.findall(r"[\d.]+", cell))
+    assert low < estimate < high
+
+
+def test_landing_per_task_table_puts_methods_in_columns(
+    table: tuple[pd.DataFrame, dict, Path],
+) -> None:
+    frame, _, out = table
+    per_task = per_task_frame(SPEC, frame).set_index("")
+    assert list(per_task.columns) == ["base", "none", "lbl", "rpb"]
+    assert list(per_task.index) == [
+        "in-domain math",
+        "OOD addition",
+        "OOD facts",
+        "modularity",
+        "community NMI with the base",
+        "co-activation cosine with the base",
+        PAPER_ROW,
+    ]
+    row = frame.set_index("method").loc["lbl"]
+    assert per_task.loc["OOD facts", "lbl"] == f"{row['ood_facts']:.2f} / {row['ood_facts_p']:.2f}"
+    assert per_task.loc[PAPER_ROW, "base"] == ""  # the paper reports no base number
+    landing = out.with_suffix(".landing.html").read_text()
+    assert "OOD mean exact match" in landing and "OOD facts" in landing
+
+
+def test_with_interval_leaves_a_missing_interval_out() -> None:
+    assert with_interval(12.345, 10.0, 15.0) == "12.35 [10.00, 15.00]"
+    assert with_interval(12.345, math.nan, math.nan) == "12.35"

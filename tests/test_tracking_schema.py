@@ -192,7 +192,10 @@ def test_table1_metrics_open_the_chart_view() -> None:
     assert names[:3] == ["accuracy/in_domain", "accuracy/ood_mean", "ood/addition"]
     assert tracking.table1_metric("topk_overlap_with_base") == "topk_overlap_with_base"
     table1 = {n.rsplit("/", 1)[0] for n in names if "/" in n} - {"ood"}
-    assert table1 == {"accuracy", "coactivation"}
+    assert table1 == {"accuracy", "coact"}
+    # Each title legible in its chart at 1400 px (issue 48: "coactivation/com..." was cut).
+    long = [n for n in names if len(n) > tracking.CHART_TITLE_CHARS]
+    assert not long, f"chart titles cut with an ellipsis: {long}"
     # What training logs (rpb.trainer's router statistics: per layer and their mean).
     training = {"layer0", "layer11", "layer0/load", "mean"}
     assert max(table1, key=str.casefold).casefold() < min(training, key=str.casefold).casefold()

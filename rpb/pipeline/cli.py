@@ -489,14 +489,16 @@ def cmd_table1(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.pipeline.tracking import log_table_run, tracked_run
-    from rpb.report.claims import table_verdicts
+    from rpb.report.claims import judge_table
     from rpb.report.render import clear_table
     from rpb.report.tables import build_table1
 
     spec = args.spec
     clear_table(args.out)  # a failure below leaves no old meta.json beside a missing CSV
-    # Table 1's own claims (C1, C2) judged from its runs open its caption.
-    verdicts = table_verdicts(args.results, args.claims_spec) if args.claims_spec else []
+    # Table 1's own claims (C1, C2) judged from its runs open its caption and its landing page.
+    judged = judge_table(args.results, args.claims_spec) if args.claims_spec else None
+    verdicts = judged.lines() if judged else []
+    landing = judged.landing() if judged else {}
     with tracked_run(
         stage="table1",
         model=spec["model"],
@@ -505,7 +507,7 @@ def cmd_table1(args: argparse.Namespace) -> None:
         run_dir=args.out.parent / "table1.run",
         **_track_kwargs(args),
     ):
-        build_table1(args.results, spec, args.out, verdicts)
+        build_table1(args.results, spec, args.out, verdicts, **landing)
         log_table_run("table1", args.out)
         for suffix in (".csv", ".md", ".meta.json"):
             mlflow.log_artifact(str(args.out.with_suffix(suffix)))

@@ -882,19 +882,30 @@ def task_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 # training runs' (`layer0/...`, `mean/...`): the UI orders named sections alphabetically and puts
 # names without a `/` ("Model metrics") after all of them, so table 1's charts open the chart view
 # grouped by method with no typing or scrolling (docs/tracking.md, "Table 1 in the UI").
-STRUCTURE_COLUMNS = ("community_nmi", "coact_cosine", "modularity")
+# A chart's title is its metric's full name, cut with an ellipsis where it is wider than its
+# card: at a 1400 px window MLflow 3.17 lays a section's charts three to a row, with room for 18
+# characters of title (measured by bench/browser_check.py; `coactivation/community_nmi` read
+# "coactivation/com..."). Table 1's names keep to that.
+CHART_TITLE_CHARS = 18
+STRUCTURE_METRICS = {
+    "community_nmi": "coact/nmi",
+    "coact_cosine": "coact/cosine",
+    "modularity": "coact/modularity",
+}
+STRUCTURE_COLUMNS = tuple(STRUCTURE_METRICS)
 
 
 def table1_metric(column: str) -> str:
     """The run metric holding table 1's `column` for one run: `accuracy/in_domain`,
-    `accuracy/ood_mean`, `ood/<task>` for `ood_<task>`, `coactivation/<column>` for the structure
-    columns; any other name is its own."""
+    `accuracy/ood_mean`, `ood/<task>` for `ood_<task>`, `coact/<short name>` for the structure
+    columns (`STRUCTURE_METRICS`: `coact/cosine` for `coact_cosine`); any other name is its
+    own."""
     if column in ("in_domain", "ood_mean"):
         return f"accuracy/{column}"
     if column.startswith("ood_"):
         return f"ood/{column.removeprefix('ood_')}"
-    if column in STRUCTURE_COLUMNS:
-        return f"coactivation/{column}"
+    if column in STRUCTURE_METRICS:
+        return STRUCTURE_METRICS[column]
     return column
 
 
@@ -947,7 +958,7 @@ def log_eval_summary(result: Mapping[str, Any], corpus: str) -> dict[str, float]
 
 def log_analysis_summary(summary: Mapping[str, Any]) -> dict[str, float]:
     """Log an analysis output's layer means (`topk_overlap_with_base`, `kl_to_base`, ...), table
-    1's structure columns named by `table1_metric` (`coactivation/coact_cosine`); non-finite
+    1's structure columns named by `table1_metric` (`coact/cosine`); non-finite
     values are left out, as table 1 shows them empty."""
     import math
 

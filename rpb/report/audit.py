@@ -52,6 +52,7 @@ from rpb.report.verdicts import (
 from rpb.specs import analysis_path
 
 NONE = "none"  # the unanchored plain fine-tuning every check compares against
+UNDETERMINED = "undetermined"  # how a check's value starts when its runs could not judge it
 
 
 # --- checks and parts ---------------------------------------------------------------------------
@@ -69,9 +70,27 @@ class Check:
     premise: str
     passed: bool
     value: str
+    # What a check that did not hold means, in words ("lbl did not flatten routing vs none
+    # (tinyA)"); empty: "not <premise>".
+    negation: str = ""
 
     def text(self) -> str:
         return f"{self.id} {self.premise}: {'passed' if self.passed else 'FAILED'} ({self.value})"
+
+    @property
+    def undetermined(self) -> bool:
+        """Not judged: the runs it needs are missing, or a number it reads is."""
+        return not self.passed and self.value.startswith(UNDETERMINED)
+
+    def outcome(self) -> str:
+        """The check as a reader takes it, never as a pipeline failure: "met: <premise>", "not
+        met: <what that means>" or "undetermined: <premise>" (`value` says why, or with what
+        numbers)."""
+        if self.passed:
+            return f"met: {self.premise}"
+        if self.undetermined:
+            return f"undetermined: {self.premise}"
+        return f"not met: {self.negation or 'not: ' + self.premise}"
 
 
 @dataclass(frozen=True)
@@ -353,12 +372,13 @@ class Audit:
             if ent is None or mod is None:
                 return Check("M1", premise, False, "undetermined: entropy or modularity missing")
             passed = bool(ent.low > 0 or mod.high < 0)
+            negation = f"{self.reference} did not flatten routing vs none ({model})"
             value = (
                 f"{model}/{corpus} {self.reference} - none usage entropy {ent.estimate:+.4f} "
                 f"[{fmt(ent.low, 4)}, {fmt(ent.high, 4)}], modularity {mod.estimate:+.4f} "
                 f"[{fmt(mod.low, 4)}, {fmt(mod.high, 4)}] over {ent.n_seeds} seeds"
             )
-            return Check("M1", premise, passed, value)
+            return Check("M1", premise, passed, value, negation)
 
         return self._cached(("M1", model), compute)
 
@@ -407,7 +427,12 @@ class Audit:
                     else f"{m} position undefined ({upper} does not exceed {lower})"
                 )
             passed = all(math.isfinite(p) and p >= min_gain for p in positions)
-            return Check("M2", premise, passed, ", ".join(texts) + f" (needs >= {min_gain:g})")
+            value = ", ".join(texts) + f" (needs >= {min_gain:g})"
+            negation = (
+                f"the configured {self.method} reading does not anchor (readings rule, "
+                f"{model}/{corpus})"
+            )
+            return Check("M2", premise, passed, value, negation)
 
         return self._cached(("M2",), compute)
 
@@ -418,7 +443,13 @@ class Audit:
             hard = hard_labels(t5)
             premise = "hard routes exactly as the base at evaluation"
             if not hard:
-                return Check("M3", premise, False, "no hard-routing method in table 5")
+                return Check(
+                    "M3",
+                    premise,
+                    False,
+                    "no hard-routing method in table 5",
+                    "table 5 has no hard-routing method to check",
+                )
             texts, passed = [], True
             for h in hard:
                 overlap = self._metric(
@@ -429,7 +460,8 @@ class Audit:
                 texts.append(
                     f"{h} top-k overlap with the base per seed {np.round(overlap, 6).tolist()}"
                 )
-            return Check("M3", premise, passed, "; ".join(texts))
+            negation = "hard does not route exactly as the base at evaluation"
+            return Check("M3", premise, passed, "; ".join(texts), negation)
 
         return self._cached(("M3",), compute)
 
@@ -446,7 +478,8 @@ class Audit:
                 f"{diff.estimate:+.4f} [{fmt(diff.low, 4)}, {fmt(diff.high, 4)}] over "
                 f"{diff.n_seeds} seeds"
             )
-            return Check("M4", premise, bool(diff.high < 0), value)
+            negation = f"{anchor} did not reduce router drift vs none"
+            return Check("M4", premise, bool(diff.high < 0), value, negation)
 
         return self._cached(("M4", anchor), compute)
 
@@ -463,7 +496,11 @@ class Audit:
             self._cached(
                 (PREMISE_CHECK, model),
                 lambda: Check(
-                    PREMISE_CHECK, f"the testbed's premise holds for {model}", False, reason
+                    PREMISE_CHECK,
+                    f"the testbed's premise holds for {model}",
+                    False,
+                    reason,
+                    f"the testbed's premise does not hold for {model}",
                 ),
             )
         ]
@@ -481,6 +518,7 @@ class Audit:
                 bool(score <= ceiling),
                 f"{label} in-domain {fmt(score)}% ({MEASURE_NAMES[self.measure]}), an effect of "
                 f"{self.margin:g} pp needs <= {ceiling:g}%",
+                f"no headroom above {label} ({where})",
             ),
         )
 
@@ -509,6 +547,8 @@ class Audit:
                     premise,
                     False,
                     f"{head}; split-half NMI undetermined (no {path.name} entry)",
+                    f"the base {model} router's community structure is not shown stable "
+                    f"(no {path.name} entry)",
                 )
             halves = [float(r["split_half_nmi"]) for r in structure["layers"]]
             halves = [h for h in halves if math.isfinite(h)]
@@ -520,6 +560,7 @@ class Audit:
                 f"{head}; split-half NMI {fmt(split, 3)} vs uniform routing {fmt(uniform, 3)} "
                 f"(needs >= {min_split:g})"
             )
-            return Check("M6", premise, bool(modular and stable), value)
+            negation = f"the base {model} router has no stable community structure"
+            return Check("M6", premise, bool(modular and stable), value, negation)
 
         return self._cached(("M6",), compute)

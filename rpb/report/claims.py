@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -572,27 +572,97 @@ def judge_claims(
     return judged
 
 
+@dataclass(frozen=True)
+class TableJudgement:
+    """Claims judged from one table's runs alone (`judge_table`): each claim's parts, and every
+    check they depended on."""
+
+    measure: str
+    parts: dict[str, list[Part]]
+    checks: list[Check]
+
+    def verdict(self, claim: str) -> str:
+        return combine([p.verdict for p in self.parts[claim]])
+
+    def lines(self, digits: int = 1) -> list[str]:
+        """The lines that open the table's caption (`table_verdicts`)."""
+        lines = [f"Verdicts ({_measure_name(self.measure)}, docs/claims.md):"]
+        for claim, parts in self.parts.items():
+            shown = "; ".join(part_text(p, digits) for p in parts)
+            lines.append(f"{claim} {self.verdict(claim)}: {shown}.")
+        lines.append("Checks: " + "; ".join(c.text() for c in self.checks) + ".")
+        return lines
+
+    def sentences(self) -> list[str]:
+        """One plain sentence per claim's verdict (`verdict_sentence`): a table's lead."""
+        return [verdict_sentence(claim, self.verdict(claim)) for claim in self.parts]
+
+    def landing(self) -> dict[str, Any]:
+        """What the table's landing page shows of it (`rpb.report.tables.build_table1`): the lead,
+        the checks, and each part as its caption states it."""
+        comparisons = [f"{claim} {part_text(p)}" for claim, ps in self.parts.items() for p in ps]
+        return {"lead": self.sentences(), "checks": self.checks, "comparisons": comparisons}
+
+
+def part_text(p: Part, digits: int = 1) -> str:
+    """A part as a caption states it: its name, verdict, estimate, interval and MDE."""
+    return (
+        f"{p.name}: {p.verdict} ({p.estimate:+.{digits}f} pp "
+        f"[{fmt(p.low, digits)}, {fmt(p.high, digits)}], MDE {fmt(p.mde, digits)})"
+    )
+
+
+def judge_table(
+    results: Path, spec: dict[str, Any], claims: Sequence[str] = ("C1", "C2")
+) -> TableJudgement:
+    """`claims` judged from one table's runs alone. A check whose runs the table lacks (M2 needs
+    the readings runs) is undetermined, so the parts it guards read "not testable" unless a
+    premise (M0) already decides them; `results/claims.md` of `all` judges them all."""
+    audit = Audit(Path(results), spec, partial=True)
+    parts = {claim: CLAIMS[claim](audit) for claim in claims}
+    return TableJudgement(audit.measure, parts, audit.checks)
+
+
 def table_verdicts(
     results: Path, spec: dict[str, Any], claims: Sequence[str] = ("C1", "C2")
 ) -> list[str]:
-    """`claims` judged from one table's runs alone, as lines for that table's caption: each
-    claim's verdict, each part's verdict with its estimate and interval on the judged measure,
-    then every check the parts depended on with its outcome. A check whose runs the table lacks
-    (M2 needs the readings runs) is undetermined, so the parts it guards read "not testable"
-    unless a premise (M0) already decides them; `results/claims.md` of `all` judges them all."""
-    audit = Audit(Path(results), spec, partial=True)
-    digits = 1
-    lines = [f"Verdicts ({_measure_name(audit.measure)}, docs/claims.md):"]
-    for claim in claims:
-        parts = CLAIMS[claim](audit)
-        shown = "; ".join(
-            f"{p.name}: {p.verdict} ({p.estimate:+.{digits}f} pp "
-            f"[{fmt(p.low, digits)}, {fmt(p.high, digits)}], MDE {fmt(p.mde, digits)})"
-            for p in parts
-        )
-        lines.append(f"{claim} {combine([p.verdict for p in parts])}: {shown}.")
-    lines.append("Checks: " + "; ".join(c.text() for c in audit.checks) + ".")
-    return lines
+    """`claims` judged from one table's runs alone (`judge_table`), as lines for that table's
+    caption: each claim's verdict, each part's verdict with its estimate and interval on the
+    judged measure, then every check the parts depended on with its outcome."""
+    return judge_table(results, spec, claims).lines()
+
+
+# A claim in a few words, for a lead that a newcomer reads (README, the report's first page).
+SHORT_STATEMENTS = {
+    "C1": "RPB beats re-applied LBL and plain fine-tuning in-domain",
+    "C2": "RPB keeps more out-of-domain skill than LBL and plain fine-tuning",
+}
+# What a claim's verdict means, for a reader who has not read docs/claims.md.
+VERDICT_MEANING = {
+    SUPPORTED: "supported on this testbed",
+    NOT_SUPPORTED: "not supported on this testbed",
+    INCONCLUSIVE: "inconclusive: the interval spans both outcomes",
+    "underpowered by design": "not testable here: the effect it needs is below what these runs "
+    "can detect",
+    NOT_TESTABLE: "not testable here: a check it depends on did not hold or could not be judged "
+    "from these runs, so the ordering is evidence neither way",
+    PREMISE_NOT_MET: "not judged: the testbed's premise is not met (no post-training setting "
+    "of these bases both learns the task and leaves routing a real share of the forgetting; "
+    "docs/testbed.md), so the ordering above is evidence neither way",
+}
+
+
+def verdict_meaning(verdict: str) -> str:
+    """`VERDICT_MEANING` of a verdict (or of the verdict a caption line starts with); the verdict
+    itself where it has none."""
+    word = next((w for w in VERDICT_MEANING if verdict.startswith(w)), None)
+    return VERDICT_MEANING[word] if word is not None else verdict
+
+
+def verdict_sentence(claim: str, verdict: str) -> str:
+    """One sentence: the claim in a few words and what its verdict means."""
+    statement = SHORT_STATEMENTS.get(claim) or STATEMENTS.get(claim, claim)
+    return f"{claim} ({statement}): {verdict_meaning(verdict)}."
 
 
 def _measure_name(measure: str) -> str:

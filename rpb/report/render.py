@@ -39,14 +39,15 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 # A table's own files beside its CSV: one group, written together by `write_table`.
-TABLE_SUFFIXES = (".csv", ".md", ".html", ".meta.json")
+# `.landing.html`: table 1's landing page (rpb.report.tables.write_landing).
+TABLE_SUFFIXES = (".csv", ".md", ".html", ".meta.json", ".landing.html")
 
 
 def clear_table(out_csv: Path) -> list[Path]:
     """Delete a table's files (`TABLE_SUFFIXES`) before its job builds it again, so that a job that
     fails leaves none of the old ones beside a missing CSV. Snakemake deletes the declared ones
-    itself, but not `<stem>.meta.json` (no rule declares it), and nothing does for a job run by
-    hand. Returns the files deleted."""
+    itself, but not `<stem>.meta.json` and `<stem>.landing.html` (no rule declares them), and
+    nothing does for a job run by hand. Returns the files deleted."""
     out_csv = Path(out_csv)
     paths = [out_csv.with_suffix(suffix) for suffix in TABLE_SUFFIXES]
     return [path for path in paths if remove_artifact(path)]

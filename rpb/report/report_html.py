@@ -34,6 +34,7 @@ from rpb.report.run_records import named_runs
 __all__ = [
     "CLAIMS_BY_TABLE",
     "claims_pages",
+    "landing_html",
     "page",
     "table_html",
     "verdict_class",
@@ -155,6 +156,96 @@ def write_table_html(
     section as a table (the same sections and number format as its Markdown)."""
     rendered = [(h, table_html(named_runs(frame), floatfmt)) for h, frame in sections]
     return write_text(Path(path), page(title, note, rendered))
+
+
+# --- table 1's landing page ----------------------------------------------------------------------
+
+# The fragment is the Snakemake report's first screen (workflow/report/workflow.rst includes it).
+# Snakemake 9 shows that text in a box 32rem wide (`prose max-w-lg`) beside the rule graph, in a
+# pane that centres its content vertically (a tall page's top is then out of reach): the first
+# two rules widen the box and start the pane at its top, the code rule drops the backticks that
+# the box's typography draws around code.
+LANDING_STYLE = """<style>
+.prose:has(.rpb-landing) { max-width: none; }
+.items-center:has(.rpb-landing) { align-items: flex-start; }
+.rpb-landing code::before, .rpb-landing code::after { content: none; }
+.rpb-landing { max-width: 62rem; font-size: 14px; line-height: 1.45; color: #1f2328; }
+.rpb-landing h2 { font-size: 1.3em; margin: 0 0 0.4em; }
+.rpb-landing h3 { font-size: 1.05em; margin: 1em 0 0.3em; }
+.rpb-landing p, .rpb-landing ul { margin: 0.3em 0; }
+.rpb-landing p.lead { font-size: 1.05em; }
+.rpb-landing p.note { color: #57606a; font-size: 0.92em; }
+.rpb-landing table { border-collapse: collapse; margin: 0.4em 0; width: auto; }
+.rpb-landing th, .rpb-landing td { border: 1px solid #d0d7de; padding: 2px 7px; }
+.rpb-landing th { background: #f6f8fa; text-align: center; }
+.rpb-landing td.num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
+.rpb-landing li .value { color: #57606a; font-size: 0.92em; }
+.rpb-landing li.met::marker { color: #1a7f37; }
+.rpb-landing li.not-met::marker { color: #cf222e; }
+.rpb-landing li.undetermined::marker { color: #9a6700; }
+</style>"""
+
+
+def _landing_table(frame: pd.DataFrame, css_class: str) -> str:
+    """A small table of text cells: the first column names the row, the others are numbers."""
+    head = "".join(f"<th>{_escape(str(c))}</th>" for c in frame.columns)
+    rows = []
+    for values in frame.itertuples(index=False, name=None):
+        cells = [
+            f"<td>{_escape(str(v))}</td>" if i == 0 else f'<td class="num">{_escape(str(v))}</td>'
+            for i, v in enumerate(values)
+        ]
+        rows.append("<tr>" + "".join(cells) + "</tr>")
+    return (
+        f'<table class="{css_class}">\n<thead><tr>{head}</tr></thead>\n<tbody>\n'
+        + "\n".join(rows)
+        + "\n</tbody></table>"
+    )
+
+
+def landing_html(
+    title: str,
+    lead: Sequence[str],
+    headline: pd.DataFrame,
+    per_task: pd.DataFrame,
+    checks: Sequence[tuple[str, str, str, bool]] = (),
+    comparisons: Sequence[str] = (),
+    notes: tuple[str, str] = ("", ""),
+) -> str:
+    """Table 1's landing page, an HTML fragment (no <html>: it is included in another page):
+    its title, the `lead` (one sentence per verdict), the headline table and its note, the checks
+    as a list (id, outcome as `rpb.report.audit.Check.outcome` words it, the numbers, passed),
+    the comparisons behind the verdicts, and the per-task table with its note."""
+    body = [f'<div class="rpb-landing">\n{LANDING_STYLE}', f"<h2>{_escape(title)}</h2>"]
+    if lead:
+        body.append('<p class="lead">' + " ".join(_inline(s) for s in lead) + "</p>")
+    else:
+        body.append(
+            '<p class="lead">No claim is judged on this table (the config has no claims).</p>'
+        )
+    body.append(_landing_table(headline, "headline"))
+    if notes[0]:
+        body.append(f'<p class="note">{_inline(notes[0])}</p>')
+    if checks:
+        body.append('<h3>Checks (the premises the verdicts depend on)</h3>\n<ul class="checks">')
+        for check_id, outcome, value, passed in checks:
+            kind = "met" if passed else outcome.split(":", 1)[0].replace(" ", "-")
+            word, _, rest = outcome.partition(": ")
+            body.append(
+                f'<li class="{kind}"><b>{_escape(check_id)} {_escape(word)}:</b> '
+                f'{_escape(rest)} <span class="value">({_inline(value)})</span></li>'
+            )
+        body.append("</ul>")
+    if comparisons:
+        body.append('<h3>The comparisons behind the verdicts</h3>\n<ul class="comparisons">')
+        body += [f"<li>{_inline(c)}</li>" for c in comparisons]
+        body.append("</ul>")
+    body.append("<h3>Per task</h3>")
+    body.append(_landing_table(per_task, "per-task"))
+    if notes[1]:
+        body.append(f'<p class="note">{_inline(notes[1])}</p>')
+    body.append("</div>")
+    return "\n".join(body) + "\n"
 
 
 # --- the claims audit ----------------------------------------------------------------------------

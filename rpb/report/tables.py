@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rpb.artifacts import write_text
 from rpb.report.registry import DATA, TABLE1_HEADLINE, Output, ReportJob, table_outputs
 from rpb.report.render import table_figures, write_table
 from rpb.report.run_records import (
@@ -323,6 +324,24 @@ def measures_text(spec: dict[str, Any]) -> str:
 # --- the rows every table shares -----------------------------------------------------------------
 
 
+def _score_interval(
+    evals: Sequence[tuple[Path, dict[str, Any]]],
+    tasks: Sequence[str],
+    measure: str,
+    level: dict[str, float],
+) -> tuple[float, float, float]:
+    """The mean over runs `evals` of each run's score on `tasks` (the mean of its task means) and
+    its interval: a t-interval over the runs, or for a single run the interval of its items."""
+    if len(evals) == 1:
+        path, result = evals[0]
+        items = [measure_items(result, t, path, measure) for t in tasks]
+        return item_interval(items, level["confidence"])
+    scores = [measure_score(result, tasks, path, measure)[0] for path, result in evals]
+    interval = run_interval(scores, **level)
+    # A score lies in [0, 100]; so does its interval (cutting it there loses no coverage).
+    return interval.estimate, max(0.0, interval.low), min(100.0, interval.high)
+
+
 def _accuracy_cells(
     evals: Sequence[tuple[Path, dict[str, Any]]],
     tasks: Sequence[str],
@@ -332,24 +351,15 @@ def _accuracy_cells(
 ) -> dict[str, float]:
     """One measure's cells of a method row over its runs' eval outputs `evals`."""
     s = SUFFIX[measure]
-    scores: list[float] = []
     per_task: dict[str, list[float]] = {t: [] for t in tasks}
     ood_means: dict[str, list[float]] = {t: [] for t in ood}
     for path, result in evals:
-        score, means, _ = measure_score(result, tasks, path, measure)
-        scores.append(score)
+        _, means, _ = measure_score(result, tasks, path, measure)
         for task, value in means.items():
             per_task[task].append(value)
         for task in ood:
             ood_means[task].append(measure_score(result, [task], path, measure)[0])
-    if len(evals) == 1:
-        path, result = evals[0]
-        items = [measure_items(result, t, path, measure) for t in tasks]
-        estimate, low, high = item_interval(items, level["confidence"])
-    else:
-        interval = run_interval(scores, **level)
-        # A score lies in [0, 100]; so does its interval (cutting it there loses no coverage).
-        estimate, low, high = interval.estimate, max(0.0, interval.low), min(100.0, interval.high)
+    estimate, low, high = _score_interval(evals, tasks, measure, level)
     cells = {f"in_domain{s}": estimate, f"in_domain{s}_ci_low": low, f"in_domain{s}_ci_high": high}
     for task, values in per_task.items():
         cells[f"in_domain_{task}{s}"] = float(np.mean(values))
@@ -502,10 +512,7 @@ def build_method_table(
     write_table(
         out_csv,
         table,
-        title=(
-            f"{title} ({spec.get('scale')} scale, model {spec['model']}, corpus "
-            f"{spec['corpus']}, {runs_text(spec['seeds'])})"
-        ),
+        title=_title(title, spec),
         note=provenance["note"],
         meta=provenance,
         floatfmt=".2f",
@@ -515,12 +522,159 @@ def build_method_table(
 
 
 def build_table1(
-    results: Path, spec: dict[str, Any], out_csv: Path, verdicts: Sequence[str] = ()
+    results: Path,
+    spec: dict[str, Any],
+    out_csv: Path,
+    verdicts: Sequence[str] = (),
+    lead: Sequence[str] = (),
+    checks: Sequence[Any] = (),
+    comparisons: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Write table1 (CSV, Markdown, and a provenance side file) from this run's outputs, its
     caption opened by `verdicts`; a spec's `title` names another table of the same rows (the
-    diagnostic table 1)."""
-    return build_method_table(results, spec, out_csv, spec.get("title", "Table 1"), verdicts)
+    diagnostic table 1). Beside them its landing page `<stem>.landing.html` (`write_landing`):
+    `lead` (a sentence per verdict), the headline table, `checks` (rpb.report.audit.Check) and
+    `comparisons` (the parts behind the verdicts), and the per-task table
+    (`rpb.report.claims.TableJudgement.landing` gives the three)."""
+    title = spec.get("title", "Table 1")
+    table = build_method_table(results, spec, out_csv, title, verdicts)
+    write_landing(
+        Path(out_csv).with_suffix(LANDING_SUFFIX),
+        _title(title, spec),
+        headline_frame(results, spec, table),
+        per_task_frame(spec, table),
+        lead=lead,
+        checks=checks,
+        comparisons=comparisons,
+        notes=(headline_note(spec), per_task_note(spec)),
+    )
+    return table
+
+
+# --- table 1's landing page: the verdicts, the headline, the checks, the tasks ------------------
+
+LANDING_SUFFIX = ".landing.html"  # beside the table's CSV (rpb.report.render.TABLE_SUFFIXES)
+HEADLINE_METRICS = {"in_domain": "in-domain", "ood_mean": "OOD mean"}
+STRUCTURE_NAMES = {
+    "modularity": "modularity",
+    "community_nmi": "community NMI with the base",
+    "coact_cosine": "co-activation cosine with the base",
+}
+PAPER_ROW = "paper in-domain (Moonlight-16B-A3B)"
+
+
+def _title(title: str, spec: dict[str, Any]) -> str:
+    return (
+        f"{title} ({spec.get('scale')} scale, model {spec['model']}, corpus {spec['corpus']}, "
+        f"{runs_text(spec['seeds'])})"
+    )
+
+
+def _number(value: Any, digits: int = 2) -> str:
+    """A cell's number, or nothing for a missing one (NaN, None)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return f"{float(value):.{digits}f}"
+
+
+def with_interval(estimate: float, low: float, high: float, digits: int = 2) -> str:
+    """ "12.50 [10.00, 15.00]"; the estimate alone where the interval is missing."""
+    if any(v is None or math.isnan(v) for v in (low, high)):
+        return _number(estimate, digits)
+    return f"{_number(estimate, digits)} [{_number(low, digits)}, {_number(high, digits)}]"
+
+
+def headline_frame(results: Path, spec: dict[str, Any], table: pd.DataFrame) -> pd.DataFrame:
+    """Table 1's headline columns, one row per method of `table` (its frame): the runs, then in
+    each measure in-domain and the OOD mean, each with its interval as text. In-domain's is
+    table 1's own; the OOD mean's is computed here the same way (`_score_interval`: a t-interval
+    over the runs' OOD means, a single run's over its items), table 1 having none."""
+    results = Path(results)
+    level = _level_kwargs(spec)
+    rows = []
+    for _, row in table.iterrows():
+        label = str(row["method"])
+        seeds = base_runs(spec["seeds"]) if label == "base" else list(spec["seeds"])
+        paths = [eval_path(results, spec["model"], spec["corpus"], label, s) for s in seeds]
+        evals = [(path, read_json(path)) for path in paths]
+        cells: dict[str, Any] = {"method": label, "runs": int(row["n_seeds"])}
+        for column, name in HEADLINE_METRICS.items():
+            for measure in measures(spec):
+                s = SUFFIX[measure]
+                if column == "in_domain":
+                    low, high = row[f"in_domain{s}_ci_low"], row[f"in_domain{s}_ci_high"]
+                else:
+                    _, low, high = _score_interval(evals, spec["ood"], measure, level)
+                cells[f"{name} {MEASURE_NAMES[measure]}"] = with_interval(
+                    float(row[f"{column}{s}"]), float(low), float(high)
+                )
+        rows.append(cells)
+    return pd.DataFrame(rows)
+
+
+def headline_note(spec: dict[str, Any]) -> str:
+    tasks = in_domain_tasks(spec, spec["corpus"])
+    judged = MEASURE_NAMES[primary_measure(spec)]
+    return (
+        f"Percent; {_interval(spec, 'runs')} (a run is a base and a seed; the base row, one run "
+        f"per base; a single run: the {_interval(spec, 'its items', ITEM_INTERVAL)}). In-domain: "
+        f"{_in_domain_text(tasks)}; OOD mean: the mean of {', '.join(spec['ood'])}. Claims are "
+        f"judged on {judged}."
+    )
+
+
+def per_task_frame(spec: dict[str, Any], table: pd.DataFrame) -> pd.DataFrame:
+    """Table 1's other columns turned on their side, one column per method: a row per in-domain
+    benchmark and per OOD task (its measures' means as "exact match / p(target)"), the structure
+    metrics, and the paper's in-domain number where table 1 has one."""
+    tasks = in_domain_tasks(spec, spec["corpus"])
+    suffixes = [SUFFIX[m] for m in measures(spec)]
+    stems = [
+        ("in-domain " + t, "in_domain" if len(tasks) == 1 else f"in_domain_{t}") for t in tasks
+    ]
+    stems += [(f"OOD {t}", f"ood_{t}") for t in spec["ood"]]
+    methods = [str(m) for m in table["method"]]
+    rows = []
+    for name, stem in stems:
+        cells = [
+            " / ".join(_number(r[f"{stem}{s}"]) for s in suffixes) for _, r in table.iterrows()
+        ]
+        rows.append({"": name, **dict(zip(methods, cells, strict=True))})
+    for column, name in STRUCTURE_NAMES.items():
+        if column in table.columns:
+            rows.append({"": name, **dict(zip(methods, map(_number, table[column]), strict=True))})
+    if "paper_in_domain" in table.columns and table["paper_in_domain"].notna().any():
+        paper = map(_number, table["paper_in_domain"])
+        rows.append({"": PAPER_ROW, **dict(zip(methods, paper, strict=True))})
+    return pd.DataFrame(rows, columns=["", *methods])
+
+
+def per_task_note(spec: dict[str, Any]) -> str:
+    shown = " / ".join(MEASURE_NAMES[m] for m in measures(spec))
+    return (
+        f"Each task's mean over the method's runs, in percent ({shown}); the structure metrics "
+        "are the layer means of the runs' co-activation analysis; the paper's number is the "
+        "in-domain accuracy arXiv:2609.08115 reports (family A only)."
+    )
+
+
+def write_landing(
+    path: Path,
+    title: str,
+    headline: pd.DataFrame,
+    per_task: pd.DataFrame,
+    *,
+    lead: Sequence[str] = (),
+    checks: Sequence[Any] = (),
+    comparisons: Sequence[str] = (),
+    notes: tuple[str, str] = ("", ""),
+) -> Path:
+    """The landing page's HTML fragment (`rpb.report.report_html.landing_html`) at `path`."""
+    from rpb.report.report_html import landing_html
+
+    shown = [(c.id, c.outcome(), c.value, c.passed) for c in checks]
+    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes)
+    return write_text(Path(path), text)
 
 
 def build_table2(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
