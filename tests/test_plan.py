@@ -52,7 +52,7 @@ def test_the_parsed_config_is_frozen_and_typed(plan: Plan) -> None:
         config.tables["table2"].entry["methods"] = ["x"]  # type: ignore[index]
     with pytest.raises(TypeError):
         config.tables["table9"] = config.tables["table2"]  # type: ignore[index]
-    assert config.seeds == (0, 1, 2)
+    assert config.seeds == (0, 1, 2, 3, 4, 5)
     # Every section is typed: a table's runs, the claims' pair, the sweep's curves, diagnostics.
     table3 = config.tables["table3"]
     assert (table3.models, table3.corpus, table3.corpora) == (
@@ -155,7 +155,7 @@ def test_table4_reads_the_base_on_its_first_corpus_only(plan: Plan) -> None:
     assert "R/eval/tinyA/math/base/base1/seed0.json" in paths
     assert not any("/math2/base/" in p for p in paths)
     methods = plan.config.tables["table4"].methods
-    runs = 2 * len(methods) * 2 * 3 + 2  # corpora x methods x bases x seeds, + each base once
+    runs = 2 * len(methods) * 2 * 2 + 2  # corpora x methods x bases x seeds, + each base once
     assert len(paths) == 2 * runs  # an eval and an analysis output each
 
 
@@ -181,7 +181,7 @@ def test_the_claims_read_the_tables_runs_controls_and_testbed_once(plan: Plan) -
     runs = plan.claims_runs()
     assert runs == sorted(set(runs))
     assert "R/testbed.json" in runs
-    assert "R/eval/tinyA/math/placebo/base1/seed2.json" in runs  # control P1
+    assert "R/eval/tinyA/math/placebo/base1/seed1.json" in runs  # control P1
     assert "R/analysis/tinyA/math/hard/base0/seed0.json" in runs  # readings' upper bound (M2)
     paper = Plan(PipelineConfig.parse(_checked("config.yaml", "paper.yaml")))
     assert not any(p.endswith("testbed.json") for p in paper.claims_runs())

@@ -642,8 +642,8 @@ VERDICT_MEANING = {
     SUPPORTED: "supported on this testbed",
     NOT_SUPPORTED: "not supported on this testbed",
     INCONCLUSIVE: "inconclusive: the interval spans both outcomes",
-    "underpowered by design": "not testable here: the effect it needs is below what these runs "
-    "can detect",
+    UNDERPOWERED_BY_DESIGN: "underpowered by design: the most a router method can change here is "
+    "smaller than what these runs can detect, as the design predicted before any method ran",
     NOT_TESTABLE: "not testable here: a check it depends on did not hold or could not be judged "
     "from these runs, so the ordering is evidence neither way",
     PREMISE_NOT_MET: "not judged: the testbed's premise is not met (no post-training setting "
