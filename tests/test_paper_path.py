@@ -250,6 +250,7 @@ FAST_TRAINING = {("qwen3", "rpb"), ("moonlight", "anchor_kl")}
 def test_two_training_steps_per_method(paper_models, name, method):
     paths = paper_models[name]
     raw = dict(PAPER["posttrain"], steps=2, batch_size=4, max_length=64, log_every=1, save_every=0)
+    raw.pop("lr_by_base")  # the planner's (Plan.posttrain_spec), not a training setting
     spec = TrainSpec.from_dict(raw)
     assert spec.bf16 and spec.gradient_checkpointing  # the paper settings run here too
     base = AutoModelForCausalLM.from_pretrained(paths["base"])

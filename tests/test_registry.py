@@ -202,7 +202,7 @@ def test_a_new_table_is_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"]}
     check_config(config, ROOT / "workflow" / "schemas" / "config.schema.yaml")
     plan = Plan(PipelineConfig.parse(copy.deepcopy(config)))
-    assert "results/eval/tinyA/math/rpb/base1/seed2.json" in plan.table_inputs("mytable")
+    assert "results/eval/tinyA/math/rpb/base1/seed1.json" in plan.table_inputs("mytable")
     spec = json.loads(json.dumps(plan.table_spec("mytable")))
     assert spec["methods"] == ["none", "rpb"]
     build = getattr(importlib.import_module(job.module), job.builder)

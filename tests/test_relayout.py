@@ -140,7 +140,9 @@ def _relaid(paths: list[str]) -> list[str]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("name", ["default-all", "smoke-all", "paper-all"])
+# default-all is not among them: testbed v3 changed the default's seeds and sweep (other jobs, not
+# other names), so the first layout's default plan is not today's; smoke and paper still are.
+@pytest.mark.parametrize("name", ["smoke-all", "paper-all"])
 def test_the_move_maps_the_first_layouts_plan_onto_the_current_one(name: str) -> None:
     """Every job of the first layout's plan is a job of the current plan once its outputs and
     inputs are moved, and no job is added: the layouts differ in names alone. One fix rides
