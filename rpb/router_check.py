@@ -23,8 +23,8 @@ from rpb.router_specs import RouterSpec, UnsupportedRouter, class_path
 from rpb.routing_core import (
     Registered,
     RouterHandle,
-    _make_handle,
     build_output,
+    make_handle,
     parse_output,
     route,
     router_logits,
@@ -73,7 +73,7 @@ def checked_spec(module: nn.Module, entry: Registered, parent: nn.Module | None)
             CHECKED[key] = spec
             return spec
         failures.append(problem)
-    name = _router_name(type(module))
+    name = describe_router_class(type(module))
     if len(candidates) == 1:
         raise ValueError(f"{name}: {failures[0]}")
     closest = max(failures, key=_progress)
@@ -160,7 +160,7 @@ def _probe_copy(module: nn.Module) -> nn.Module:
     return clone.eval()
 
 
-def _max_diff(a: Tensor, b: Tensor) -> float:
+def max_abs_diff(a: Tensor, b: Tensor) -> float:
     if a.shape != b.shape:
         return math.inf
     if not a.dtype.is_floating_point:
@@ -191,11 +191,11 @@ def check_router(
     """
     problem = _check(module, spec, seed)
     if problem is not None and raise_error:
-        raise ValueError(f"{_router_name(type(module))}: {problem}")
+        raise ValueError(f"{describe_router_class(type(module))}: {problem}")
     return problem
 
 
-def _router_name(cls: type) -> str:
+def describe_router_class(cls: type) -> str:
     """`router class X (family)`: the built-in family of the class, or the transformers model
     folder it comes from (`cohere2_moe`); just `router class X` for a class of one's own."""
     path = class_path(cls)
@@ -217,7 +217,7 @@ def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
     except Exception as err:  # an exotic module that cannot be copied
         return f"it could not be copied for the probe ({_one_line(err)})"
     try:
-        handle = _make_handle("probe", clone, None, spec, 0, 0)
+        handle = make_handle("probe", clone, None, spec, 0, 0)
     except ValueError as e:
         return str(e)
     g = torch.Generator().manual_seed(seed)
@@ -239,7 +239,7 @@ def _check(module: nn.Module, spec: RouterSpec, seed: int) -> str | None:
         for dtype in dtypes:
             if dtype != weight.dtype:
                 clone = clone.to(dtype)
-                handle = _make_handle("probe", clone, None, spec, 0, 0)
+                handle = make_handle("probe", clone, None, spec, 0, 0)
                 if _native_fails(clone, hidden.to(dtype), kwargs):
                     continue  # the router itself does not run in this dtype
             # Both modes: a router that samples while training (or otherwise changes) fails.
@@ -372,7 +372,7 @@ def _compare(
     if z.dtype != logits.dtype or not torch.equal(z, logits):
         return (
             f"rpb's router logits differ from the module's (max |diff| "
-            f"{_max_diff(z, logits):.3g}, dtype {z.dtype} vs {logits.dtype}; "
+            f"{max_abs_diff(z, logits):.3g}, dtype {z.dtype} vs {logits.dtype}; "
             "RouterSpec.weight, router_bias, linear_float32, logits_float32)"
         )
     zeros = torch.zeros(handle.num_experts)
@@ -400,7 +400,7 @@ def _compare(
             if not torch.equal(dense, ref):
                 bad = (dense != ref).any(-1)
                 return (
-                    f"gate scores differ (max |diff| {_max_diff(dense, ref):.3g} in "
+                    f"gate scores differ (max |diff| {max_abs_diff(dense, ref):.3g} in "
                     f"{int((dense != ref).sum())}/{dense.numel()} entries, {label}; "
                     f"{_groups(rows, bad)})"
                 )
@@ -414,7 +414,7 @@ def _compare(
         if spec.output != "scores_logits" and not torch.equal(got_w, ref_w):
             bad = (got_w != ref_w).any(-1)
             return (
-                f"gate weights differ (max |diff| {_max_diff(got_w, ref_w):.3g}, {label}; "
+                f"gate weights differ (max |diff| {max_abs_diff(got_w, ref_w):.3g}, {label}; "
                 f"{_groups(rows, bad)})"
             )
         if not extra and not _same_output(rebuilt, native):
@@ -423,7 +423,7 @@ def _compare(
 
 
 def _same_output(a: Any, b: Any) -> bool:
-    xs, ys = _flat(a), _flat(b)
+    xs, ys = as_output_list(a), as_output_list(b)
     if len(xs) != len(ys):
         return False
     for x, y in zip(xs, ys, strict=True):
@@ -437,5 +437,5 @@ def _same_output(a: Any, b: Any) -> bool:
     return True
 
 
-def _flat(output: Any) -> list[Any]:
+def as_output_list(output: Any) -> list[Any]:
     return list(output) if isinstance(output, tuple | list) else [output]

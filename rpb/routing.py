@@ -28,16 +28,21 @@ from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from rpb.families import BUILTIN_ROUTERS, supported_families
-from rpb.router_check import CHECKED, _flat, _max_diff, _router_name, checked_spec
+from rpb.router_check import (
+    CHECKED,
+    as_output_list,
+    checked_spec,
+    describe_router_class,
+    max_abs_diff,
+)
 from rpb.router_specs import RouterSpec, UnsupportedRouter, class_path
 from rpb.routing_core import (
-    _DEFAULT,
+    UNSET,
     Registered,
     RouterHandle,
-    _make_handle,
-    _refuse,
     build_output,
     handle_selection_scores,
+    make_handle,
     parse_output,
     route,
     route_spec,
@@ -45,6 +50,7 @@ from rpb.routing_core import (
     routing_log_probs,
     routing_probs,
     selection_scores,
+    unsupported_router_error,
 )
 
 __all__ = [
@@ -176,7 +182,7 @@ def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
         if entry is None:
             continue
         if isinstance(entry, UnsupportedRouter):
-            raise _refuse(type(module), entry.reason)
+            raise unsupported_router_error(type(module), entry.reason)
         parent = parents.get(name)
         first = entry[0] if isinstance(entry, tuple) else entry
         if first.parent is not None and type(parent).__name__ != first.parent:
@@ -184,7 +190,7 @@ def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
         spec = checked_spec(module, entry, parent) if check else first
         ordinal = len(handles)
         handles.append(
-            _make_handle(
+            make_handle(
                 name, module, parent, spec, ordinal, _decoder_layer_index(model, name, ordinal)
             )
         )
@@ -437,7 +443,7 @@ class RouterControl:
         return cached
 
     def _live_bias(self, record: RouterRecord) -> Any:
-        return _DEFAULT if record.correction_bias is None else record.correction_bias
+        return UNSET if record.correction_bias is None else record.correction_bias
 
     def _base_fp32(self, layer: int, device: torch.device) -> Tensor:
         # A cache of its own: `_base_on` follows the logits' dtype (bf16 under autocast).
@@ -589,7 +595,7 @@ def check_zero_bias_forward(
         finally:
             for spy in spies:
                 spy.remove()
-        return out.logits if hasattr(out, "logits") else _flat(out)[0]
+        return out.logits if hasattr(out, "logits") else as_output_list(out)[0]
 
     def zeros(record: RouterRecord) -> Tensor:
         return torch.zeros_like(record.logits)
@@ -598,12 +604,12 @@ def check_zero_bias_forward(
     with RouterControl(model, keep_at_eval=True) as control:
         control.set_policy(logit_bias=zeros, selection_bias=zeros)
         got = run(outputs[1])  # spies registered after rpb's hooks: they see the steered output
-    problem = f"model logits max |diff| {_max_diff(got, ref):.3g}"
+    problem = f"model logits max |diff| {max_abs_diff(got, ref):.3g}"
     for (i, steered), (_, native) in zip(outputs[1], outputs[0], strict=True):
         differ = _output_difference(steered, native)
         if differ is not None:
             h = handles[i]
-            problem = f"{_router_name(type(h.module))} at {h.name}: {differ}; {problem}"
+            problem = f"{describe_router_class(type(h.module))} at {h.name}: {differ}; {problem}"
             break
     else:
         if torch.equal(got, ref):
@@ -616,13 +622,12 @@ def check_zero_bias_forward(
 
 def _output_difference(a: Any, b: Any) -> str | None:
     """How router output `a` differs from `b` (entries and largest difference), or None."""
-    for x, y in zip(_flat(a), _flat(b), strict=True):
+    for x, y in zip(as_output_list(a), as_output_list(b), strict=True):
         if not isinstance(x, Tensor):
             if x != y:
                 return "output differs (RouterSpec.output)"
         elif x.dtype != y.dtype or not torch.equal(x, y):
             n_bad = int((x != y).sum()) if x.shape == y.shape else x.numel()
-            return (
-                f"output differs in {n_bad}/{x.numel()} entries (max |diff| {_max_diff(x, y):.3g})"
-            )
+            worst = max_abs_diff(x, y)
+            return f"output differs in {n_bad}/{x.numel()} entries (max |diff| {worst:.3g})"
     return None

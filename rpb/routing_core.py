@@ -105,25 +105,31 @@ class RouterHandle:
         return self.spec.correction_bias is not None
 
 
-def _refuse(cls: type, reason: str) -> ValueError:
+def unsupported_router_error(cls: type, reason: str) -> ValueError:
     return ValueError(f"router class {cls.__name__} is not supported by rpb: {reason}")
 
 
-def _make_handle(
+def make_handle(
     name: str, module: nn.Module, parent: nn.Module | None, spec: RouterSpec, ordinal: int, d: int
 ) -> RouterHandle:
     cls = type(module)
     weight = _get_path(module, parent, spec.weight)
     if not isinstance(weight, Tensor) or weight.dim() != 2:
-        raise _refuse(cls, f"no [experts, hidden] weight at {spec.weight!r} (RouterSpec.weight)")
+        raise unsupported_router_error(
+            cls, f"no [experts, hidden] weight at {spec.weight!r} (RouterSpec.weight)"
+        )
     rows = int(weight.shape[0])
     n_experts = rows if spec.num_experts is None else getattr(module, spec.num_experts, rows)
     if not isinstance(n_experts, int) or n_experts != rows:
         # e.g. zero-compute experts: more logit columns than routed experts
-        raise _refuse(cls, f"its weight has {rows} rows but {spec.num_experts} is {n_experts}")
+        raise unsupported_router_error(
+            cls, f"its weight has {rows} rows but {spec.num_experts} is {n_experts}"
+        )
     top_k = getattr(module, spec.top_k, None)
     if not isinstance(top_k, int):
-        raise _refuse(cls, f"no integer top-k at attribute {spec.top_k!r} (RouterSpec.top_k)")
+        raise unsupported_router_error(
+            cls, f"no integer top-k at attribute {spec.top_k!r} (RouterSpec.top_k)"
+        )
     return RouterHandle(
         moe_layer=ordinal,
         decoder_layer=d,
@@ -264,7 +270,7 @@ def route_spec(
     return logits, weights, indices
 
 
-_DEFAULT = object()
+UNSET = object()
 
 
 def _settings(handle: RouterHandle) -> dict[str, Any]:
@@ -287,7 +293,7 @@ def route(
     handle: RouterHandle,
     logits: Tensor,
     *,
-    correction_bias: Any = _DEFAULT,
+    correction_bias: Any = UNSET,
     logit_bias: Tensor | None = None,
     selection_bias: Tensor | None = None,
     forced_indices: Tensor | None = None,
@@ -299,7 +305,7 @@ def route(
     without one ignore it. `input_dtype`: the dtype of the router's input, for families whose
     gate weights follow it (default: the logits' dtype).
     """
-    bias = handle.correction_bias if correction_bias is _DEFAULT else correction_bias
+    bias = handle.correction_bias if correction_bias is UNSET else correction_bias
     if not handle.has_correction_bias:
         bias = None
     return route_spec(

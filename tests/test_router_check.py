@@ -27,7 +27,7 @@ from rpb.routing import (
     find_routers,
     register_router,
 )
-from rpb.routing_core import _make_handle
+from rpb.routing_core import make_handle
 
 # family -> (a wrong description, what the one-line refusal must say)
 WRONG = {
@@ -136,7 +136,7 @@ def test_the_probe_holds_near_ties_and_extreme_norms(model_type):
     and below the random rows', and a zero row."""
     handle = find_routers(family_base_copy(model_type))[0]
     clone = _probe_copy(handle.module)
-    probe = _make_handle("probe", clone, None, handle.spec, 0, 0)
+    probe = make_handle("probe", clone, None, handle.spec, 0, 0)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         probe.weight.copy_(torch.randn(probe.weight.shape, generator=g) / 8)
