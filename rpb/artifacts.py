@@ -1,6 +1,6 @@
 """Pipeline artifacts: atomic writes, integrity records, the check of a results folder before any
 job runs, the one-invocation-per-results-folder lock, and one-line descriptions of the failures a
-user can meet reading or writing them (docs/reliability.md, sections 8-11).
+user can meet reading or writing them (docs/records/reliability.md, sections 8-11).
 
 - **Atomic writes.** `atomic_path` hands the writer a temporary file in the target's own folder
   and moves it over the target (`os.replace`) only once it is complete and flushed, so a full

@@ -6,7 +6,7 @@ reproduces the module, and caches the result per class and configuration. rpb.ro
 for every router it finds, so every method's attach, prior extraction and analysis is checked.
 The check routes with rpb.routing_core, never rpb.routing (which imports this module). The
 whole-model check, a forward with a zero-bias policy on every router bit-identical to the
-library's, is `rpb.routing.check_zero_bias_forward` (docs/reliability.md, section 13).
+library's, is `rpb.routing.check_zero_bias_forward` (docs/records/reliability.md, section 13).
 """
 
 from __future__ import annotations

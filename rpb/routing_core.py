@@ -184,7 +184,8 @@ def _unless_zero(selection_bias: Tensor, native: Tensor, biased: Tensor) -> Tens
     """The biased selection, except for tokens whose selection bias is all zero: they keep the
     library's own. Ranking logits rather than softmax scores, or filling masked groups with -inf,
     agrees with the library except where its scores tie exactly (near-ties, saturated or
-    near-uniform softmax), which the library breaks by position (docs/reliability.md, 13)."""
+    near-uniform softmax), which the library breaks by position (docs/records/reliability.md,
+    section 13)."""
     zero = (selection_bias == 0).all(dim=-1, keepdim=True)
     return torch.where(zero, native, biased)
 

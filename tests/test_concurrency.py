@@ -192,7 +192,7 @@ def test_every_tracked_job_waits_for_tracking_init(tmp_path: Path, configfile: s
     assert len(nodes) > 10
 
 
-# --- one invocation per results folder (docs/reliability.md) --------------------------------------
+# --- one invocation per results folder (docs/records/reliability.md, section 11) -----------------
 
 # An invocation holding a results folder: the lock the workflow takes at parse time, then it waits.
 HOLDER = """

@@ -362,7 +362,8 @@ def test_no_checkpoint_at_the_last_step(world: dict, tmp_path: Path) -> None:
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["checkpoint-2"]
 
 
-# --- damaged inputs: one line naming the file, no finished output lost (docs/reliability.md) ---
+# --- damaged inputs: one line naming the file, no finished output lost ------------------------
+# (docs/records/reliability.md, section 8)
 
 # What an invocation itself changes (its store, logs, timings, records, lock); everything else
 # under a finished results folder is finished work.
@@ -445,7 +446,7 @@ def test_a_truncated_prior_stops_the_invocation_and_loses_nothing(
     assert all(torch.equal(rebuilt[k], source[k]) for k in source)
     again = _finished(smoke_copy)
     # Only the prior job's own outputs changed: its run record (a new MLflow run), and the prior's
-    # metadata and JSON side file, which name its folder (docs/reliability.md, section 5).
+    # metadata and JSON side file, which name its folder (docs/records/reliability.md, section 5).
     job = {damaged, "priors/tinyA/base0/math.json", "priors/tinyA/base0/math.run/mlflow_run.json"}
     assert {n for n in before if again.get(n) != before[n]} <= job
 

@@ -394,7 +394,8 @@ def test_smoke_datasets_and_training_metric_names(smoke_run: Path) -> None:
     assert any("/" in n for n in names) and names <= logged, names - logged
 
 
-# --- a locked store: wait up to RPB_TRACKING_WAIT_S, then one line (docs/reliability.md) ----------
+# --- a locked store: wait up to RPB_TRACKING_WAIT_S, then one line ------------------------------
+# (docs/records/reliability.md, section 10)
 
 _HOLD = """
 import sqlite3, sys, time

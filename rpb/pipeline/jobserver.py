@@ -8,10 +8,10 @@ environment and standard streams (passed over a Unix socket), runs the job as a 
 would, and exits; the client exits with its status. SIGTERM/SIGINT to the client are forwarded to
 the child, so cancelling a job still ends its MLflow run KILLED.
 
-The server serves its owner only (docs/reliability.md, "Job server: who may run a job"): its
-socket is a file in a directory only the owner can enter (`private_dir`: 0700, owned by the user,
-checked; anything else is refused), and it refuses every connection whose peer credentials
-(SO_PEERCRED) name another uid before reading a byte of it.
+The server serves its owner only (docs/records/reliability.md, section 12): its socket is a file
+in a directory only the owner can enter (`private_dir`: 0700, owned by the user, checked; anything
+else is refused), and it refuses every connection whose peer credentials (SO_PEERCRED) name
+another uid before reading a byte of it.
 
 The socket's name depends on the user, the value of `RPB_JOB_SERVER` and the interpreter only,
 never on where `rpb` was imported from: the client computes it and starts the server with its own

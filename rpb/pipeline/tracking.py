@@ -187,7 +187,7 @@ def _store_gone(uri: str) -> str | None:
     """For a job of a pipeline invocation (`INVOCATION_ENV`), whose store the invocation's start
     created: the line saying its sqlite store is gone (deleted, or an empty file left where it
     was). MLflow would create the schema again in every job at once, and they race (section 4
-    of docs/reliability.md); a job started by hand may still create its store."""
+    of docs/records/reliability.md); a job started by hand may still create its store."""
     path = _sqlite_path(uri)
     if path is None or not os.environ.get(INVOCATION_ENV):
         return None
