@@ -4,6 +4,7 @@ not change behaviour (issue 33): same files, and every table, claim, figure and 
     python bench/compare_results.py BEFORE/results/smoke AFTER/results/smoke
     python bench/compare_results.py --relayout config/smoke.yaml BEFORE/results/smoke AFTER/...
     python bench/compare_results.py --record RECORD.json results   # digests of every output
+    python bench/compare_results.py --record RECORD.json results --plan PLAN.json   # of a target's
     python bench/compare_results.py --against RECORD.json results  # a folder against them
 
 Compared: every CSV, Markdown, HTML, PNG, PDF, JSON and safetensors file outside MLflow's store,
@@ -105,9 +106,25 @@ def digest(root: Path, relative: str) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def record_digests(results: Path, out: Path, about: dict[str, Any]) -> int:
-    """Write every output's digest (and `about`: where and how it was made) to `out`."""
-    record = {**about, "files": {name: digest(results, name) for name in outputs(results)}}
+def planned(names: list[str], plan: Path) -> list[str]:
+    """`names` that one target's jobs write: at or under an output of a plan snapshot
+    (tests/data/plan_snapshot/<case>.json), so a folder that also holds other targets' outputs
+    records only what a fresh run of that target makes."""
+    declared = {
+        path.removeprefix("<results>/")
+        for job in json.loads(plan.read_text())["jobs"]
+        for path in job["output"]
+    }
+    return [n for n in names if any(n == d or n.startswith(d.rstrip("/") + "/") for d in declared)]
+
+
+def record_digests(
+    results: Path, out: Path, about: dict[str, Any], plan: Path | None = None
+) -> int:
+    """Write every output's digest (and `about`: where and how it was made) to `out`; with
+    `plan`, only the outputs of that plan's jobs."""
+    names = outputs(results) if plan is None else planned(outputs(results), plan)
+    record = {**about, "files": {name: digest(results, name) for name in names}}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
     print(f"{out}: {len(record['files'])} outputs of {results}")
@@ -212,6 +229,9 @@ class Relaid:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--against"] and len(argv) == 3:
         return check_digests(Path(argv[1]), Path(argv[2]))
+    plan = None
+    if argv[:1] == ["--record"] and len(argv) == 5 and argv[3] == "--plan":
+        plan, argv = Path(argv[4]), argv[:3]
     if argv[:1] == ["--record"] and len(argv) == 3:
         from rpb.numerics import cpu_model
         from rpb.pipeline.tracking import git_commit
@@ -220,7 +240,7 @@ def main(argv: list[str]) -> int:
         lock = Path(__file__).resolve().parents[1] / "requirements" / "lock.txt"
         if lock.exists():
             about["lock_sha256"] = hashlib.sha256(lock.read_bytes()).hexdigest()
-        return record_digests(Path(argv[2]), Path(argv[1]), about)
+        return record_digests(Path(argv[2]), Path(argv[1]), about, plan)
     relaid = None
     if argv[:1] == ["--relayout"] and len(argv) > 1:
         relaid, argv = Relaid(argv[1]), argv[2:]

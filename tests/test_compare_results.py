@@ -35,3 +35,18 @@ def test_a_folder_matches_its_record_across_cpus_and_not_across_numbers(tmp_path
     assert compare_results.main(["--against", str(record), str(intel)]) == 0
     drifted = _results(tmp_path / "drifted", "Intel(R) Xeon(R)", "96.5")
     assert compare_results.main(["--against", str(record), str(drifted)]) == 1
+
+
+def test_a_record_with_a_plan_keeps_only_that_targets_outputs(tmp_path: Path) -> None:
+    """A folder that also holds another target's runs records what a fresh run of the planned
+    target makes (a file, or any file under a declared folder), so that run misses nothing."""
+    results = _results(tmp_path / "amd", "AMD EPYC", "97.0")
+    (results / "runs" / "model").mkdir()
+    (results / "runs" / "model" / "config.json").write_text("{}")
+    (results / "rpb_readings.csv").write_text("method\nnone\n")  # another target's
+    plan = tmp_path / "plan.json"
+    jobs = [{"output": ["<results>/table1.csv", "<results>/runs/model"]}]
+    plan.write_text(json.dumps({"jobs": jobs}))
+    record = tmp_path / "record.json"
+    assert compare_results.main(["--record", str(record), str(results), "--plan", str(plan)]) == 0
+    assert set(json.loads(record.read_text())["files"]) == {"table1.csv", "runs/model/config.json"}
