@@ -583,20 +583,28 @@ def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) 
     from rpb.report import registry
 
     config = _merged("config.yaml", "smoke.yaml")
-    config["tables"]["mytable"] = {"model": "tinyA", "corpus": "math", "methods": ["none", "rbp"]}
-    with pytest.raises(ConfigError, match=r"^tables\.mytable: unknown table"):
+    config["tables"]["tablex_unregistered"] = {
+        "model": "tinyA",
+        "corpus": "math",
+        "methods": ["none", "rbp"],
+    }
+    with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)
     monkeypatch.setitem(
         registry.REPORT_JOBS,
-        "mytable",
-        registry.ReportJob("mytable", "build_table2", "my table", module="rpb.report.tables"),
+        "tablex_unregistered",
+        registry.ReportJob(
+            "tablex_unregistered", "build_table2", "my table", module="rpb.report.tables"
+        ),
     )
-    with pytest.raises(ConfigError, match=r"^tables\.mytable\.methods: 'rbp' is not a key"):
+    with pytest.raises(
+        ConfigError, match=r"^tables\.tablex_unregistered\.methods: 'rbp' is not a key"
+    ):
         check_config(copy.deepcopy(config), SCHEMA)
-    config["tables"]["mytable"]["methods"] = ["none", "rpb"]
+    config["tables"]["tablex_unregistered"]["methods"] = ["none", "rpb"]
     check_config(config, SCHEMA)
-    config["tables"]["mytable"]["extra"] = 1
-    with pytest.raises(ConfigError, match=r"^tables\.mytable\.extra: unknown key"):
+    config["tables"]["tablex_unregistered"]["extra"] = 1
+    with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered\.extra: unknown key"):
         check_config(config, SCHEMA)
 
 
