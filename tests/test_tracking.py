@@ -299,7 +299,7 @@ def _finished_by_name(runs: list[Any]) -> dict[str, Any]:
 def _job_name(stage: str, model: str, corpus: str, method: str, run_id: int) -> str:
     """The run name of a job on results run id `run_id` (1000 * base + seed)."""
     schema = tracking.schema_params(model=model, corpus=corpus, method=method, **run_fields(run_id))
-    return tracking.run_name(stage, schema)
+    return tracking.mlflow_run_name(stage, schema)
 
 
 @pytest.mark.slow

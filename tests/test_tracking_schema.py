@@ -125,7 +125,7 @@ def test_a_schema_name_with_two_values_is_refused(uri: str) -> None:
 
 def test_schema_params_leave_out_missing_parts() -> None:
     schema = tracking.schema_params(model="m", method="-", seed=None, corpus="")
-    assert schema == {"model": "m"} and tracking.run_name("eval", schema, "diagnostic") == (
+    assert schema == {"model": "m"} and tracking.mlflow_run_name("eval", schema, "diagnostic") == (
         "diagnostic/eval/m"
     )
 

@@ -470,7 +470,7 @@ def schema_params(
     return {k: str(v) for k, v in given.items() if v not in _MISSING}
 
 
-def run_name(stage: str, schema: Mapping[str, str], group: str | None = None) -> str:
+def mlflow_run_name(stage: str, schema: Mapping[str, str], group: str | None = None) -> str:
     """`[group/]stage/model/corpus/method/base<b>/seed<s>`, the parts the run has:
     `corpora`, `pretrain/tinyA/base1`, `train/tinyA/math/rpb/base1/seed1`."""
     parts = [group, stage, schema.get("model"), schema.get("corpus"), schema.get("method")]
@@ -538,10 +538,10 @@ def tracked_run(
     """One MLflow run for one job; ends FAILED (and re-raises) if the job raises, KILLED on SIGTERM.
 
     `model`, `base`, `method`, `corpus` and `seed` are the schema's params (`SCHEMA_PARAMS`; a
-    part given as None or "-" is left out) and name the run (`run_name`); `params` are the job's
-    own besides them. `group` (e.g. "diagnostic") names runs outside the main tables: it prefixes
-    the run name and is the `rpb.group` tag, so a diagnostic run of `none` never passes for table
-    1's `none`.
+    part given as None or "-" is left out) and name the run (`mlflow_run_name`); `params` are the
+    job's own besides them. `group` (e.g. "diagnostic") names runs outside the main tables: it
+    prefixes the run name and is the `rpb.group` tag, so a diagnostic run of `none` never passes
+    for table 1's `none`.
 
     `parents` maps a role (e.g. "base", "prior") to the run id of the job whose output this one
     consumed; they become `parent.<role>` tags, the run's lineage. Runs of the same job left
@@ -557,7 +557,7 @@ def tracked_run(
     mlflow.set_tracking_uri(uri)
     found = mlflow.set_experiment(experiment)
     schema = schema_params(model=model, base=base, method=method, corpus=corpus, seed=seed)
-    name = run_name(stage, schema, group)
+    name = mlflow_run_name(stage, schema, group)
     job_dir = str(Path(run_dir).resolve()) if run_dir is not None else "-"
     end_stale_runs(mlflow.MlflowClient(), found.experiment_id, name, job_dir)
     params = dict(params or {})
