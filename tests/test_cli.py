@@ -336,8 +336,8 @@ def _flags(help_text: str) -> set[str]:
 
 def test_people_s_prior_help_lists_the_user_s_flags_only() -> None:
     """`rpb prior --help` shows the user's flags, not the pipeline job's; `rpb pipeline prior`
-    keeps them; the people's form parses to cmd_prior's form without --name."""
-    from rpb.pipeline.cli import cmd_prior
+    keeps them; the two forms are two functions, and the pipeline's needs --name."""
+    from rpb.pipeline.user_cli import cmd_prior
 
     top = _commands(build_parser())
     people = _flags(top["prior"].format_help())
@@ -349,7 +349,11 @@ def test_people_s_prior_help_lists_the_user_s_flags_only() -> None:
     args = build_parser().parse_args(
         ["prior", "--model", "m", "--data", "d.jsonl", "--out", "p.safetensors", "--mlflow"]
     )
-    assert args.func is cmd_prior and args.name is None
+    assert args.func is cmd_prior and not hasattr(args, "name")
+    with pytest.raises(SystemExit):  # the job's form without the job's --name
+        build_parser().parse_args(
+            ["pipeline", "prior", "--model", "m", "--corpus", "d", "--out", "p"]
+        )
     assert (args.tracking_uri, args.experiment, args.mlflow) == (None, "rpb", True)
     with pytest.raises(SystemExit):
         build_parser().parse_args(

@@ -239,11 +239,8 @@ def _fixed_bases_root() -> Path:
 
 
 def cmd_prior(args: argparse.Namespace) -> None:
-    if args.name is None:  # `rpb prior --model DIR --data FILE --out ...` (rpb.pipeline.user_cli)
-        from rpb.pipeline.user_cli import cmd_prior as prior_for_people
-
-        prior_for_people(args)
-        return
+    """`rpb pipeline prior --name ...`: the rules' prior job (the people's `rpb prior` is
+    rpb.pipeline.user_cli.cmd_prior)."""
     import mlflow
 
     from rpb.pipeline.analysis import extract_prior_from_corpus
@@ -724,14 +721,13 @@ def _add_tracking(p: argparse.ArgumentParser) -> None:
 
 
 def _add_prior(p: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
-    """The flags of the router-prior command (`cmd_prior` serves both forms): the pipeline's
-    `rpb pipeline prior` takes the job's `--name` and the base's place as well; the people's
-    `rpb prior` (`pipeline=False`) has the user's flags alone, so its `--help` lists no job's."""
+    """The flags of the two router-prior commands: the pipeline's `rpb pipeline prior`
+    (`cmd_prior`) takes the job's `--name` and the base's place as well; the people's `rpb prior`
+    (`pipeline=False`, `user_cli.cmd_prior`) has the user's flags alone, so its `--help` lists no
+    job's."""
     from rpb.pipeline import user_cli
 
-    p.set_defaults(func=cmd_prior)
-    if not pipeline:
-        p.set_defaults(name=None)  # cmd_prior: the people's form
+    p.set_defaults(func=cmd_prior if pipeline else user_cli.cmd_prior)
     user_cli.one_line_errors(p)
     p.add_argument(
         "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
@@ -749,9 +745,9 @@ def _add_prior(p: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
     if pipeline:
         p.add_argument(
             "--name",
-            default=None,
-            help="the model's name in the config: the job then runs as the rules run it, an "
-            "MLflow run over a prompt/completion corpus (without it: `rpb prior`'s form)",
+            required=True,
+            help="the model's name in the config: the job runs as the rules run it, an MLflow "
+            "run over a prompt/completion corpus (`rpb prior` is the form without it)",
         )
         _add_base_of(p)
     p.add_argument(
