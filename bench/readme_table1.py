@@ -64,8 +64,16 @@ def block(results: Path) -> str:
         verdict = next((v for v in meta["verdicts"] if v.startswith(f"{claim} ")), None)
         if verdict is None:
             continue
-        lines.append(f"- **{claim}** ({text}): {verdict_meaning(verdict[len(claim) + 1 :])}.")
+        parts = "; ".join(f"{m['a']} - {m['b']} {m['numbers']}" for m in PART.finditer(verdict))
+        lines.append(
+            f"- **{claim}** ({text}): {verdict_meaning(verdict[len(claim) + 1 :])}"
+            + (f" (p(target), {parts})." if parts else ".")
+        )
     return "\n".join(lines)
+
+
+# A part of a caption's verdict line: `model/corpus metric a - b: verdict (+x pp [lo, hi], MDE m)`.
+PART = re.compile(r"\S+ (?:in_domain|ood) (?P<a>\w+) - (?P<b>\w+): [^(;]*\((?P<numbers>[+-][^)]*)\)")
 
 
 def main(argv: list[str]) -> int:
