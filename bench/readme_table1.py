@@ -73,7 +73,9 @@ def block(results: Path) -> str:
 
 
 # A part of a caption's verdict line: `model/corpus metric a - b: verdict (+x pp [lo, hi], MDE m)`.
-PART = re.compile(r"\S+ (?:in_domain|ood) (?P<a>\w+) - (?P<b>\w+): [^(;]*\((?P<numbers>[+-][^)]*)\)")
+PART = re.compile(
+    r"\S+ (?:in_domain|ood) (?P<a>\w+) - (?P<b>\w+): [^(;]*\((?P<numbers>[+-][^)]*)\)"
+)
 
 
 def main(argv: list[str]) -> int:
