@@ -516,17 +516,25 @@ def markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def parse_arguments(
+    argv: Sequence[str] | None, description: str | None, work: Path
+) -> argparse.Namespace:
+    """The screens' command line (v2's and v3's: each its own `work` cache), logging set up."""
     ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--results", type=Path, default=ROOT / "results")
-    ap.add_argument("--work", type=Path, default=HERE / "work")
+    ap.add_argument("--work", type=Path, default=work)
     ap.add_argument("--out", type=Path, default=HERE / "results")
     ap.add_argument("--families", default="A,B")
     ap.add_argument("--jobs", type=int, default=2)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_arguments(argv, __doc__, HERE / "work")
     prepare_data(args.results, args.work)
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     with ProcessPoolExecutor(args.jobs, mp_context=get_context("spawn")) as pool:

@@ -16,7 +16,6 @@ it stopped; the records and verdicts go to experiments/premise_screen/results/sc
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import threading
@@ -201,16 +200,7 @@ def markdown(record: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    ap.add_argument("--results", type=Path, default=ROOT / "results")
-    ap.add_argument("--work", type=Path, default=HERE / "work_v3")
-    ap.add_argument("--out", type=Path, default=HERE / "results")
-    ap.add_argument("--families", default="A,B")
-    ap.add_argument("--jobs", type=int, default=2)
-    args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = screen.parse_arguments(argv, __doc__, HERE / "work_v3")
     screen.prepare_data(args.results, args.work, levels=(LEVEL,))
     families = [f.strip() for f in args.families.split(",") if f.strip()]
     walks = {f: [BaseWalk(m) for m in screen.FAMILIES[f]] for f in families}

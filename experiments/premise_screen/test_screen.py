@@ -170,3 +170,24 @@ def test_v3_rates_are_the_registered_ones_lowest_first_and_labelled_as_written()
     # v2's cache labels are unchanged by the v3 spelling
     assert screen.Point(400, 2, 1 / 30).label == "S400-L2-lr1of30"
     assert screen_v3.MAX_RUNS_PER_FAMILY >= 2 * (6 * 3 + 2)
+
+
+def test_the_configs_ood_design_is_what_the_v3_record_gives() -> None:
+    """config.yaml's `claims.ood_margin` (the headroom) and `claims.ood_design_mde` (the OOD MDE
+    at table 1's runs per method) are the committed v3 screen record's numbers, not copies that
+    can drift from it."""
+    import json
+
+    import yaml
+
+    from rpb.report.stats import mde
+
+    root = Path(__file__).resolve().parents[2]
+    record = json.loads((Path(__file__).parent / "results" / "screen_v3.json").read_text())
+    config = yaml.safe_load((root / "config" / "config.yaml").read_text())
+    count = record["families"]["A"]["seed_count"]
+    runs = 2 * len(config["seeds"])  # two bases of family A
+    assert config["claims"]["ood_margin"] == round(count["headroom_points"], 2)
+    design = mde(math.sqrt(2) * count["sd_ood"], runs)
+    assert config["claims"]["ood_design_mde"] == round(design, 2)
+    assert design > count["headroom_points"]  # hence "underpowered by design"
