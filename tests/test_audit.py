@@ -36,7 +36,7 @@ def test_judged_part_states_power_and_premises() -> None:
     part = judged_part("x - y", noisy, "direction", 5.0, "evidence", [passed, failed])
     assert part.verdict == NOT_TESTABLE
     assert part.detail == (
-        "not testable: M2 the configured rpb reading anchors failed, position -0.005"
+        "not testable: M2 not met: the configured rpb reading anchors, position -0.005"
     )
     one_seed = judged_part("x - y", run_interval([3.0]), "direction", 5.0, "evidence")
     assert one_seed.verdict == INCONCLUSIVE and "needs at least 2 seeds" in one_seed.detail
@@ -109,7 +109,7 @@ def test_a_supported_p_target_part_needs_exact_match_to_agree() -> None:
         "x - y", up, "direction", 5.0, "e", [failed, unmet], metric="p_target", exact_match=up
     )
     assert part.verdict == PREMISE_NOT_MET and part.checks_waived == SUPPORTED
-    assert part.detail.startswith("premise not met: M1 lbl flattens routing failed")
+    assert part.detail.startswith("premise not met: M1 not met: lbl flattens routing")
     # Exact match judged alone (paper scale): its own numbers are the em_* ones.
     alone = judged_part("x - y", down, "direction", 5.0, "e", metric="exact_match")
     assert alone.verdict == NOT_SUPPORTED and alone.em_estimate == down.estimate
@@ -156,5 +156,7 @@ def test_a_check_reads_as_what_it_means_never_as_a_failure() -> None:
     assert Check("M5", "headroom above none", True, "5%").outcome() == "met: headroom above none"
     m2 = Check("M2", "the rpb reading anchors", False, "undetermined: 2 runs not built", "x")
     assert m2.undetermined and m2.outcome() == "undetermined: the rpb reading anchors"
-    assert Check("M9", "p holds", False, "0.1").outcome() == "not met: not: p holds"
-    assert "FAILED" not in m1.outcome() and m1.text().endswith("FAILED (entropy +0.05)")
+    assert Check("M9", "p holds", False, "0.1").outcome() == "not met: p holds"
+    # Captions and claims.csv (`text`) word it the same way, with the numbers.
+    assert m1.text() == "M1 not met: lbl did not flatten routing vs none (tinyA) (entropy +0.05)"
+    assert [c.state for c in (m1, m2)] == ["not met", "undetermined"]

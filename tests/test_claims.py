@@ -179,8 +179,8 @@ def test_paper_world_supports_every_claim(paper_audit: Path) -> None:
     assert accuracy["em_estimate"].astype(float).notna().all()
     nmi = table[table["name"] == "hard - rpb community NMI"].iloc[0]
     assert nmi.metric == "community_nmi" and nmi.em_estimate == ""  # no exact-match twin
-    assert "M1 lbl flattens" in c1.checks and "M2 the configured rpb" in c1.checks
-    assert "M5 headroom above lbl" in c1.checks and "FAILED" not in c1.checks
+    assert "M1 met: lbl flattens" in c1.checks and "M2 met: the configured rpb" in c1.checks
+    assert "M5 met: headroom above lbl" in c1.checks and "FAILED" not in c1.checks
     assert "45.77" in c1.paper
     assert table[table["claim"] == "C3"]["paper"].eq("").all()
     assert set(table["kind"]) == {"confirmatory"}
@@ -306,11 +306,12 @@ def test_a_reading_that_does_not_anchor_makes_rpb_claims_not_testable(tmp_path: 
     assert verdicts["C6"] == SUPPORTED  # its parts do not rest on the rpb reading
     detail = table[table["claim"] == "C1"]["verdict_detail"].iloc[1]
     assert re.match(
-        r"not testable: M2 the configured rpb reading anchors .*failed, "
+        r"not testable: M2 not met: the configured rpb reading does not anchor .*, "
         r"topk_overlap_with_base position 0.000",
         detail,
     )
-    assert "M2 the configured rpb reading anchors" in (tmp_path / "claims.md").read_text()
+    md = (tmp_path / "claims.md").read_text()
+    assert "M2 not met: the configured rpb reading does not anchor" in md
 
 
 @world_of_its_own
@@ -325,21 +326,21 @@ def test_failed_premises_name_their_check(tmp_path: Path) -> None:
     c1 = table[table["claim"] == "C1"]
     rpb_none, rpb_lbl = c1.iloc[0], c1.iloc[1]
     assert rpb_lbl.verdict == NOT_TESTABLE
-    assert "M1 lbl flattens routing vs none (tinyA) failed" in rpb_lbl.verdict_detail
+    assert "M1 not met: lbl did not flatten routing vs none (tinyA)" in rpb_lbl.verdict_detail
     assert (
-        "M5 headroom above lbl (tinyA/math) failed, lbl in-domain 98.0% (p(target))"
+        "M5 not met: no headroom above lbl (tinyA/math), lbl in-domain 98.0% (p(target))"
         in rpb_lbl.verdict_detail
     )
     assert rpb_none.verdict == SUPPORTED  # judged: none is flattened by nothing
     c5 = table[table["claim"] == "C5"]
     with_kl = c5[c5["name"].str.contains("anchor_kl")]
     assert (with_kl["verdict"] == NOT_TESTABLE).all()
-    assert with_kl["verdict_detail"].str.contains("M4 anchor_kl reduces router drift").all()
+    assert with_kl["verdict_detail"].str.contains("M4 not met: anchor_kl did not reduce router drift").all()
     assert (c5[~c5["name"].str.contains("anchor_kl")]["verdict"] == SUPPORTED).sum() == 3
     c6 = table[table["claim"] == "C6"]
     hard_parts = c6[c6["name"].str.contains("hard")]
     assert len(hard_parts) == 2 and (hard_parts["verdict"] == NOT_TESTABLE).all()
-    assert hard_parts["verdict_detail"].str.contains("M3 hard routes exactly as the base").all()
+    assert hard_parts["verdict_detail"].str.contains("M3 not met: hard does not route exactly as the base").all()
 
 
 @pytest.mark.parametrize(
@@ -360,7 +361,7 @@ def test_c6_association_needs_a_stable_base_structure(
     if expected == NOT_TESTABLE:
         assert (
             association["verdict_detail"]
-            .str.contains("M6 the base tinyA router has stable community structure failed")
+            .str.contains("M6 not met: the base tinyA router has no stable community structure")
             .all()
         )
         assert "split-half NMI 0.300" in association["verdict_detail"].iloc[0]
@@ -491,7 +492,7 @@ def test_a_family_whose_premise_was_not_met_reads_premise_not_met(
     assert c4.filter(like="tinyA").eq(PREMISE_NOT_MET).all()
     assert c4.filter(like="tinyB").eq(SUPPORTED).all()
     detail = table[table["claim"] == "C1"]["verdict_detail"].iloc[0]
-    assert detail.startswith("premise not met: M0 the testbed's premise holds for tinyA failed")
+    assert detail.startswith("premise not met: M0 not met: the testbed's premise does not hold for tinyA")
     assert reason in detail
     assert "premise not met" in (tmp_path / "claims.md").read_text()
     # The numbers' own verdict is kept aside: the same table without the premise.
@@ -545,7 +546,7 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
     assert lines[0] == "Verdicts (judged on p(target), docs/claims.md):"
     assert lines[1].startswith("C1 supported: tinyA/math in_domain rpb - none: supported (")
     assert lines[2].startswith("C2 supported: ")
-    assert "M2 the configured rpb reading anchors" in lines[-1] and "passed" in lines[-1]
+    assert "M2 met: the configured rpb reading anchors" in lines[-1]
     full = table[table["claim"] == "C1"].set_index("name")["estimate"]
     assert f"{float(full['tinyA/math in_domain rpb - lbl']):+.1f} pp" in lines[1]
     # Without the readings' upper end (hard), M2 is undetermined here.
@@ -554,11 +555,14 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
         analysis_path(results, "tinyA", "math", "hard", seed).unlink()
     lines = table_verdicts(results, _spec())
     assert lines[1].startswith("C1 not testable: ")
-    assert "M2 the configured rpb reading anchors (readings rule, tinyA/math): FAILED" in lines[-1]
+    assert "M2 undetermined: the configured rpb reading anchors (readings rule, tinyA/math)" in (
+        lines[-1]
+    )
     assert "undetermined" in lines[-1] and "snakemake all" in lines[-1]
     unmet = table_verdicts(results, _spec(premise_not_met={"tinyA": "L 0.39 < 0.50"}))
     assert unmet[1].startswith("C1 premise not met: ")
-    assert "M0 the testbed's premise holds for tinyA: FAILED (L 0.39 < 0.50)" in unmet[-1]
+    assert "M0 not met: " in unmet[-1] and "(L 0.39 < 0.50)" in unmet[-1]
+    assert "FAILED" not in " ".join(lines + unmet)
 
 
 def test_a_verdict_reads_as_one_plain_sentence() -> None:

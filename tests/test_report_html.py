@@ -314,14 +314,14 @@ def test_claims_pages_carry_every_verdict_and_check(tmp_path: Path) -> None:
         "C1": NOT_TESTABLE,
         "C5": INCONCLUSIVE,
     }
-    assert outcomes[["check", "outcome"]].values.tolist() == [["M1", "FAILED"], ["M4", "passed"]]
+    assert outcomes[["check", "outcome"]].values.tolist() == [["M1", "not met"], ["M4", "met"]]
     assert list(shown["part"]) == list(table["part"])
     assert list(shown["verdict_detail"]) == list(table["verdict_detail"])
     # A part names its checks by premise and outcome (their values: the checks' table).
     assert list(shown["checks"]) == [
         "",
-        "M1 lbl flattens routing vs none (tinyA): FAILED",
-        "M4 anchor_kl reduces router drift vs none: passed",
+        "M1 not met: lbl flattens routing vs none (tinyA)",
+        "M4 met: anchor_kl reduces router drift vs none",
     ]
     text = (tmp_path / "claims.html").read_text()
     assert 'class="text not-testable"' in text and 'class="text supported"' in text
@@ -375,11 +375,15 @@ def test_build_claims_renders_the_audit_with_its_computed_level(tmp_path: Path) 
     _, outcomes, parts, *_ = page.tables
     csv = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
     assert list(parts["verdict_detail"]) == list(csv["verdict_detail"])
-    assert set(outcomes["outcome"]) <= {"passed", "FAILED"} and len(outcomes)
+    assert set(outcomes["outcome"]) <= {"met", "not met", "undetermined"} and len(outcomes)
     # Every premise check of claims.md, with its outcome.
     listed = md.split("## Manipulation checks")[1].split("\n## ")[0].splitlines()
-    shown = [f"- {c} {p}: {o} ({v})" for c, p, o, v in outcomes.itertuples(index=False)]
-    assert shown == [line for line in listed if line.startswith("- ")]
+    items = [line for line in listed if line.startswith("- ")]
+    assert len(items) == len(outcomes)
+    for line, (c, p, o, v) in zip(items, outcomes.itertuples(index=False), strict=True):
+        # A check that holds is stated as its premise; one that does not, as what that means.
+        assert line.startswith(f"- {c} {o}: ") and line.endswith(f"({v})")
+        assert o != "met" or line == f"- {c} met: {p} ({v})"
     pages = sorted(p.name for p in (tmp_path / CLAIMS_BY_TABLE).iterdir())
     assert pages == sorted({f"{m.split()[0]}_claims.html" for m in table["measured_by"]})
     for name in pages:

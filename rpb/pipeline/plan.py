@@ -591,8 +591,25 @@ class Plan:
     # --- table 1 and the testbed -------------------------------------------------------------
 
     def table1_inputs(self) -> list[str]:
+        """Table 1's runs, and the readings runs its check M2 reads where they are on table 1's
+        model and corpus, so that table 1's own verdicts are judged from what its target builds
+        (without them M2 is undetermined and C1/C2 read "not testable" after `make table1`)."""
         t1 = self.config.table1
-        return self.run_outputs(t1.model, t1.corpus, t1.methods, self.config.seeds, base=True)
+        paths = self.run_outputs(t1.model, t1.corpus, t1.methods, self.config.seeds, base=True)
+        readings = self.config.tables.get("readings")
+        if readings is not None and (readings.model, readings.corpus) == (t1.model, t1.corpus):
+            paths += self.readings_check_runs()
+        return list(dict.fromkeys(paths))
+
+    def readings_check_runs(self) -> list[str]:
+        """The runs manipulation check M2 reads: the readings rule's lower end, the configured
+        method and its upper end, at the readings' seeds; none without readings or claims."""
+        readings = self.config.tables.get("readings")
+        if readings is None or self.config.claims is None:
+            return []
+        labels = [readings.lower, self.config.claims.method, readings.upper]
+        seeds = self.table_seeds("readings")
+        return self.run_outputs(readings.model, readings.corpus, labels, seeds)
 
     def table1_spec(self) -> dict[str, Any]:
         config, t1 = self.config, self.config.table1
@@ -738,11 +755,7 @@ class Plan:
         for name in ("table2", "table3", "table4", "table5"):
             paths += self.table_inputs(name)
         paths += self.controls_inputs()
-        readings = self.config.tables.get("readings")
-        if readings is not None and self.config.claims is not None:
-            labels = [readings.lower, self.config.claims.method, readings.upper]
-            seeds = self.table_seeds("readings")
-            paths += self.run_outputs(readings.model, readings.corpus, labels, seeds)
+        paths += self.readings_check_runs()
         if self.config.scale != "paper":
             paths.append(f"{self.results}/testbed.json")
         return sorted(set(paths))

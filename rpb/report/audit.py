@@ -75,22 +75,28 @@ class Check:
     negation: str = ""
 
     def text(self) -> str:
-        return f"{self.id} {self.premise}: {'passed' if self.passed else 'FAILED'} ({self.value})"
+        """The check with its numbers, as captions and claims.csv state it."""
+        return f"{self.id} {self.outcome()} ({self.value})"
 
     @property
     def undetermined(self) -> bool:
         """Not judged: the runs it needs are missing, or a number it reads is."""
         return not self.passed and self.value.startswith(UNDETERMINED)
 
-    def outcome(self) -> str:
-        """The check as a reader takes it, never as a pipeline failure: "met: <premise>", "not
-        met: <what that means>" or "undetermined: <premise>" (`value` says why, or with what
-        numbers)."""
+    @property
+    def state(self) -> str:
+        """"met", "not met" or "undetermined": the check's outcome in a word a reader takes as
+        a premise's, never as a pipeline failure."""
         if self.passed:
-            return f"met: {self.premise}"
-        if self.undetermined:
-            return f"undetermined: {self.premise}"
-        return f"not met: {self.negation or 'not: ' + self.premise}"
+            return "met"
+        return "undetermined" if self.undetermined else "not met"
+
+    def outcome(self) -> str:
+        """The check as a reader takes it: "met: <premise>", "not met: <what that means>" (the
+        premise itself where no `negation` is given) or "undetermined: <premise>" (`value` says
+        why, or with what numbers)."""
+        said = self.negation if self.state == "not met" and self.negation else self.premise
+        return f"{self.state}: {said}"
 
 
 @dataclass(frozen=True)
@@ -240,7 +246,7 @@ def checked(part: Part) -> Part:
     failed = [c for c in part.checks if not c.passed]
     if not failed:
         return part
-    note = "; ".join(f"{c.id} {c.premise} failed, {c.value}" for c in failed)
+    note = "; ".join(f"{c.id} {c.outcome()}, {c.value}" for c in failed)
     premise = any(c.id == PREMISE_CHECK for c in failed)
     verdict = PREMISE_NOT_MET if premise else NOT_TESTABLE
     return replace(part, verdict=verdict, note=note, checks_waived=part.verdict)

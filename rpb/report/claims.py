@@ -812,7 +812,7 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     for claim, judged in parts.items():
         lines += [f"## {claim}: {by_claim[claim]}", "", f"{STATEMENTS[claim]}.", ""]
         for i, p in enumerate(judged, start=1):
-            depends = ", ".join(f"{c.id} {'passed' if c.passed else 'FAILED'}" for c in p.checks)
+            depends = ", ".join(f"{c.id} {c.state}" for c in p.checks)
             lines.append(
                 f"- {claim}.{i} [{KINDS[claim]}] **{p.detail}**: {p.evidence}"
                 + (f" (checks: {depends})" if depends else "")

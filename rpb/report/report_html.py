@@ -259,6 +259,11 @@ class CheckLike(Protocol):
     passed: bool
     value: str
 
+    @property
+    def state(self) -> str: ...
+
+    def outcome(self) -> str: ...
+
     def text(self) -> str: ...
 
 
@@ -295,7 +300,7 @@ def _claims_sections(
     claims = table.drop_duplicates("claim")[[c for c in CLAIM_COLUMNS if c in table.columns]]
     parts = table[[c for c in table.columns if c not in PART_HIDDEN]].copy()
     # A part's checks by premise and outcome; their values are in the checks' own table.
-    short = {c.text(): f"{c.id} {c.premise}: {'passed' if c.passed else 'FAILED'}" for c in checks}
+    short = {c.text(): f"{c.id} {c.outcome()}" for c in checks}
     if "checks" in parts:
         parts["checks"] = [
             "; ".join(short.get(t, t) for t in str(v).split(" | ") if t)
@@ -307,7 +312,7 @@ def _claims_sections(
             {
                 "check": c.id,
                 "premise": c.premise,
-                "outcome": "passed" if c.passed else "FAILED",
+                "outcome": c.state,
                 "value": c.value,
             }
             for c in checks

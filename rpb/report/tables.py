@@ -494,9 +494,8 @@ def build_method_table(
         "note": (
             "".join(f"{line} " for line in verdicts)
             + f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
-            f"{over_runs} (a run per base and seed: run "
-            "1000 k + s is seed s on base k; the base row, one run per base; a single run: the "
-            f"{_interval(spec, 'its items', ITEM_INTERVAL)})"
+            f"{over_runs} (a run is a base and a seed; the base row, one run per base; a single "
+            f"run: the {_interval(spec, 'its items', ITEM_INTERVAL)})"
             + ("; in_domain_p the same for p(target). " if P_TARGET in measures(spec) else ". ")
             + "paper_in_domain: Moonlight-16B-A3B in-domain accuracy reported by "
             "arXiv:2609.08115 (family A only)"
