@@ -66,12 +66,13 @@ def options_class(kind: str) -> type:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """One `methods.<label>` entry: its family (`kind`), strength (None: the family's default),
-    options (the family's options dataclass) and which of them the entry set, and its prior."""
+    """One `methods.<label>` entry: its family (`kind`), strength (None: the family's default;
+    text: `family`, rpb.pipeline.config_check), options (the family's options dataclass) and which
+    of them the entry set, and its prior."""
 
     label: str
     kind: str
-    strength: float | None
+    strength: float | str | None
     options: Any
     given: tuple[str, ...]
     prior: str | None = None
@@ -97,7 +98,7 @@ class ModelConfig:
 
     name: str
     source: str
-    family: str | None
+    family: str
     entry: Mapping[str, Any]
 
     @property
@@ -362,7 +363,7 @@ class PipelineConfig:
             seeds=tuple(config["seeds"]),
             models=MappingProxyType(
                 {
-                    name: ModelConfig(name, e["source"], e.get("family"), frozen(e))
+                    name: ModelConfig(name, e["source"], e["family"], frozen(e))
                     for name, e in config["models"].items()
                 }
             ),

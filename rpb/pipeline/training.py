@@ -49,6 +49,7 @@ from rpb.pipeline.data import (
 )
 from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior
+from rpb.specs import TRAINABLE
 from rpb.trainable import select_trainable
 from rpb.trainer import RouterMethodTrainer, RoutingDriftCallback  # noqa: F401 (public here too)
 
@@ -60,31 +61,87 @@ IGNORE_INDEX = -100
 CHECKPOINT_STATE = "rpb_state.pt"
 
 
+# The key of a TrainSpec field's metadata that says whether, where and how a config sets it.
+CONFIG_SETTING = "config"
+
+
+def _setting(
+    *sections: str, description: str | None = None, fill_default: bool = False, **schema: Any
+) -> dict[str, Any]:
+    """Metadata of a TrainSpec field: the config sections that set it (`posttrain`; `pretrain`,
+    each model's `models.<name>.pretrain`; none: the job or `rpb finetune` sets it), its schema
+    description and JSON-schema keywords beyond its type, and with `fill_default` the schema
+    fills in the field's default. rpb.pipeline.schema writes them into the config schema
+    (`python -m rpb.pipeline.schema --write`), so the schema never lists them by hand."""
+    return {
+        CONFIG_SETTING: {
+            "sections": sections,
+            "description": description,
+            "fill_default": fill_default,
+            "schema": schema,
+        }
+    }
+
+
+_BOTH = ("posttrain", "pretrain")
+
+
 @dataclass
 class TrainSpec:
-    """Optimisation settings of one training job (pretraining or post-training)."""
+    """Optimisation settings of one training job (pretraining or post-training). Each field's
+    metadata says which config sections set it and how the config schema checks it."""
 
-    steps: int
-    batch_size: int
-    lr: float
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    scheduler: str = "cosine"
-    max_length: int = 64
-    seed: int = 0
-    log_every: int = 10
-    save_every: int = 0  # 0: no intermediate checkpoints
-    threads: int = 1
-    bf16: bool = False
-    gradient_checkpointing: bool = False
+    steps: int = field(metadata=_setting(*_BOTH, minimum=1))
+    batch_size: int = field(metadata=_setting(*_BOTH, minimum=1))
+    lr: float = field(metadata=_setting(*_BOTH, exclusiveMinimum=0))
+    weight_decay: float = field(default=0.0, metadata=_setting(*_BOTH, minimum=0))
+    warmup_ratio: float = field(default=0.0, metadata=_setting(*_BOTH, minimum=0, maximum=1))
+    scheduler: str = field(default="cosine", metadata=_setting())
+    max_length: int = field(default=64, metadata=_setting(*_BOTH, minimum=4))
+    # A post-training run's seed is its run id (rpb.pipeline.plan.Plan.posttrain_spec); a base's
+    # is in its identity (rpb.pipeline.bases), so the schema fills it in.
+    seed: int = field(default=0, metadata=_setting("pretrain", minimum=0, fill_default=True))
+    log_every: int = field(default=10, metadata=_setting("posttrain", minimum=1))
+    # 0: no intermediate checkpoints
+    save_every: int = field(default=0, metadata=_setting("posttrain", minimum=0))
+    threads: int = field(default=1, metadata=_setting())  # the job's --threads
+    bf16: bool = field(default=False, metadata=_setting("posttrain"))
+    gradient_checkpointing: bool = field(default=False, metadata=_setting("posttrain"))
     # Which parameters post-training updates (rpb.trainable.TRAINABLE); the others stay bitwise
     # unchanged, or with `trunk_lr_scale` > 0 (trainable `moe` only) train at that fraction of lr.
-    trainable: str = "all"
-    trunk_lr_scale: float = 0.0
+    trainable: str = field(
+        default="all",
+        metadata=_setting(
+            "posttrain",
+            description=(
+                "parameters post-training updates (rpb.trainable): all (the paper's setting); moe "
+                "(the routed experts, the routers and the embedding/output rows of the tokens "
+                "unseen in pretraining); or routed_experts_and_routers (new tokens' rows frozen "
+                "too); the others stay bitwise unchanged unless trunk_lr_scale > 0"
+            ),
+            enum=list(TRAINABLE),
+        ),
+    )
+    trunk_lr_scale: float = field(
+        default=0.0,
+        metadata=_setting(
+            "posttrain",
+            description=(
+                "with trainable moe, the rest of the model (the trunk, and the embedding rows of "
+                "tokens seen in pretraining) trains at this fraction of the learning rate; 0 keeps "
+                "it frozen (docs/testbed.md, the damped-trunk arm)"
+            ),
+            minimum=0,
+            maximum=1,
+        ),
+    )
     # `rpb finetune`'s settings, which the pipeline leaves at these defaults (see `record`).
-    grad_accum: int = 1  # micro-batches per optimizer step
-    eval_every: int = 0  # steps between evaluations of an eval split (0: at the last step only)
-    report_to: str = "none"  # transformers' loggers (TrainingArguments.report_to), comma-separated
+    # Micro-batches per optimizer step.
+    grad_accum: int = field(default=1, metadata=_setting())
+    # Steps between evaluations of an eval split (0: at the last step only).
+    eval_every: int = field(default=0, metadata=_setting())
+    # transformers' loggers (TrainingArguments.report_to), comma-separated.
+    report_to: str = field(default="none", metadata=_setting())
 
     def record(self) -> dict[str, Any]:
         """The settings as recorded in `train_history.json`: the finetune-only fields are left
