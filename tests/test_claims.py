@@ -335,12 +335,20 @@ def test_failed_premises_name_their_check(tmp_path: Path) -> None:
     c5 = table[table["claim"] == "C5"]
     with_kl = c5[c5["name"].str.contains("anchor_kl")]
     assert (with_kl["verdict"] == NOT_TESTABLE).all()
-    assert with_kl["verdict_detail"].str.contains("M4 not met: anchor_kl did not reduce router drift").all()
+    assert (
+        with_kl["verdict_detail"]
+        .str.contains("M4 not met: anchor_kl did not reduce router drift")
+        .all()
+    )
     assert (c5[~c5["name"].str.contains("anchor_kl")]["verdict"] == SUPPORTED).sum() == 3
     c6 = table[table["claim"] == "C6"]
     hard_parts = c6[c6["name"].str.contains("hard")]
     assert len(hard_parts) == 2 and (hard_parts["verdict"] == NOT_TESTABLE).all()
-    assert hard_parts["verdict_detail"].str.contains("M3 not met: hard does not route exactly as the base").all()
+    assert (
+        hard_parts["verdict_detail"]
+        .str.contains("M3 not met: hard does not route exactly as the base")
+        .all()
+    )
 
 
 @pytest.mark.parametrize(
@@ -492,7 +500,9 @@ def test_a_family_whose_premise_was_not_met_reads_premise_not_met(
     assert c4.filter(like="tinyA").eq(PREMISE_NOT_MET).all()
     assert c4.filter(like="tinyB").eq(SUPPORTED).all()
     detail = table[table["claim"] == "C1"]["verdict_detail"].iloc[0]
-    assert detail.startswith("premise not met: M0 not met: the testbed's premise does not hold for tinyA")
+    assert detail.startswith(
+        "premise not met: M0 not met: the testbed's premise does not hold for tinyA"
+    )
     assert reason in detail
     assert "premise not met" in (tmp_path / "claims.md").read_text()
     # The numbers' own verdict is kept aside: the same table without the premise.
@@ -555,8 +565,9 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
         analysis_path(results, "tinyA", "math", "hard", seed).unlink()
     lines = table_verdicts(results, _spec())
     assert lines[1].startswith("C1 not testable: ")
-    assert "M2 undetermined: the configured rpb reading anchors (readings rule, tinyA/math)" in (
-        lines[-1]
+    assert (
+        "M2 undetermined: the configured rpb reading anchors (readings rule, tinyA/math)"
+        in (lines[-1])
     )
     assert "undetermined" in lines[-1] and "snakemake all" in lines[-1]
     unmet = table_verdicts(results, _spec(premise_not_met={"tinyA": "L 0.39 < 0.50"}))

@@ -64,7 +64,11 @@ def test_the_parsed_config_is_frozen_and_typed(plan: Plan) -> None:
     assert (config.claims.method, config.claims.reference) == ("rpb", "lbl")
     assert config.sweep.curves[0].labels[0] == "none"
     assert config.diagnostics.router_swap.parts == ("routers", "routed_experts", "trunk")
-    assert config.diagnostics.regime.trainable == "routed_experts_and_routers"
+    # The damped-trunk arm: the MoE preset, the rest of the model at a tenth of the rate.
+    assert (config.diagnostics.regime.trainable, config.diagnostics.regime.trunk_lr_scale) == (
+        "moe",
+        0.1,
+    )
     assert config.models["tinyA_base1"].replicate_of == "tinyA"  # added by the config check
     assert config.evaluation.tasks == [*config.evaluation.in_domain, *config.evaluation.ood]
 
@@ -206,3 +210,15 @@ def test_specs_are_plain_json_values(plan: Plan) -> None:
         "corpus": "math",
         "methods": ["none", "lbl", "rpb"],
     }
+
+
+def test_the_damped_trunk_arm_trains_only_the_diagnostic_jobs_trunk(plan: Plan) -> None:
+    """The diagnostic regime's runs train the trunk at a tenth of the rate; table 1's keep it
+    frozen; the diagnostic table's title says which regime it is."""
+    run = plan.runs("tinyA", [0])[0]
+    assert plan.diagnostic_spec(run)["trunk_lr_scale"] == 0.1
+    assert plan.diagnostic_spec(run)["trainable"] == "moe"
+    assert plan.posttrain_spec("tinyA", run).get("trunk_lr_scale", 0.0) == 0.0
+    assert "trunk_lr_scale: 0.1" in plan.diagnostic_table1_spec()["title"]
+    # Table 5 states hard's handicap where the trunk is frozen (the default's posttrain).
+    assert plan.table_spec("table5")["trunk_frozen"] is True

@@ -395,6 +395,11 @@ def test_config_diagnostics_errors_name_the_key() -> None:
         check_config(_config(regime=regime | {"methods": ["none", "nope"]}), schema)
     with pytest.raises(ConfigError, match=r"diagnostics.regime.trainable"):
         check_config(_config(regime=regime | {"trainable": "experts", "methods": ["none"]}), schema)
+    # The damped trunk needs the MoE preset (the trunk is what `moe` leaves out).
+    damped = regime | {"methods": ["none"], "trunk_lr_scale": 0.1}
+    with pytest.raises(ConfigError, match=r"diagnostics.regime.trunk_lr_scale: 0.1 needs .*moe"):
+        check_config(_config(regime=damped), schema)
+    check_config(_config(regime=damped | {"trainable": "moe"}), schema)
 
 
 def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_path: Path) -> None:
@@ -453,7 +458,9 @@ def test_diagnostics_join_all_and_leave_the_main_jobs_alone(tmp_path: Path) -> N
     )  # fmt: skip
     commands = [line for line in proc.stdout.splitlines() if " pipeline train --name " in line]
     diagnostic = [c for c in commands if f"{results}/diagnostic/runs/" in c]
-    assert diagnostic and all('"trainable": "routed_experts_and_routers"' in c for c in diagnostic)
+    damped = ('"trainable": "moe"', '"trunk_lr_scale": 0.1')
+    assert diagnostic and all(all(s in c for s in damped) for c in diagnostic)
+    assert not any('"trunk_lr_scale": 0.1' in c for c in commands if c not in diagnostic)
     assert all('"trainable": "all"' in c for c in commands if c not in diagnostic)
     for target in ("router_swap.csv", "diagnostic_table1.csv"):
         assert str(results / target) in proc.stdout

@@ -438,6 +438,10 @@ def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
     assert vs_rpb.loc["in_domain", "diff_p"] == pytest.approx(
         0.96 * vs_rpb.loc["in_domain", "diff"]
     )
+    # With the trunk frozen, the caption says hard is handicapped by construction; else not.
+    assert "handicapped" not in (tmp_path / "table5.md").read_text()
+    build_table5(tmp_path, spec | {"trunk_frozen": True}, tmp_path / "table5.csv")
+    assert "Hard is handicapped by construction" in (tmp_path / "table5.md").read_text()
     assert math.isnan(vs_rpb.loc["community_nmi", "diff_p"])  # NMI has no p(target) twin
     base = pd.read_csv(tmp_path / "table5_base.csv").set_index("layer")
     assert base.loc["mean", "modularity"] > base.loc["mean", "uniform_modularity"]

@@ -558,6 +558,12 @@ def _check_diagnostics(config: Mapping[str, Any], corpora: list[str], corpora_wh
                 f"diagnostics.router_swap.method: '{swap['method']}' keeps its routing at "
                 "evaluation, so swapping its router weights would not swap its routing"
             )
+    regime = diagnostics.get("regime")
+    if regime is not None and regime.get("trunk_lr_scale") and regime["trainable"] != "moe":
+        raise ConfigError(
+            f"diagnostics.regime.trunk_lr_scale: {regime['trunk_lr_scale']} needs "
+            f"diagnostics.regime.trainable: moe, not {regime['trainable']!r}"
+        )
 
 
 def _check_report_keys(config: Mapping[str, Any]) -> None:

@@ -251,18 +251,29 @@ class RouterSwapDiagnostic:
 
 @dataclass(frozen=True)
 class RegimeDiagnostic:
-    """`diagnostics.regime`: table 1's methods post-trained with `trainable` instead."""
+    """`diagnostics.regime`: table 1's methods post-trained with `trainable` (and the rest of
+    the model at `trunk_lr_scale` of the rate) instead."""
 
     model: str
     corpus: str
     methods: tuple[str, ...]
     trainable: Any  # a preset name or a list of parameter patterns, as posttrain.trainable
     seeds: tuple[int, ...] | None
+    trunk_lr_scale: float | None = None  # None: posttrain.trunk_lr_scale
 
     @classmethod
     def parse(cls, e: Mapping[str, Any]) -> RegimeDiagnostic:
         trainable = frozen(e["trainable"])
-        return cls(e["model"], e["corpus"], tuple(e["methods"]), trainable, _own_seeds(e))
+        scale = e.get("trunk_lr_scale")
+        scale = float(scale) if scale is not None else None
+        return cls(e["model"], e["corpus"], tuple(e["methods"]), trainable, _own_seeds(e), scale)
+
+    @property
+    def described(self) -> str:
+        """The regime as a caption names it."""
+        scale = self.trunk_lr_scale
+        damped = f", trunk_lr_scale: {scale:g}" if scale is not None else ""
+        return f"posttrain.trainable: {plain(self.trainable)}{damped}"
 
 
 @dataclass(frozen=True)
@@ -703,7 +714,15 @@ class Plan:
             spec["families"] = {m: config.models[m].family for m in t.models}
         if name == "table5":
             spec["kinds"] = {m: config.methods[m].kind for m in t.methods}
+            spec["trunk_frozen"] = self.trunk_frozen()
         return spec
+
+    def trunk_frozen(self) -> bool:
+        """Whether post-training leaves the non-MoE trunk bitwise unchanged (`trainable` moe or
+        narrower, no `trunk_lr_scale`): `hard`, whose routing is the base's, can then adapt
+        through its routed experts alone, a handicap by construction that table 5 states."""
+        posttrain = plain(self.config.posttrain)
+        return posttrain.get("trainable", "all") != "all" and not posttrain.get("trunk_lr_scale")
 
     def _sweep_labels(self) -> list[str]:
         return list(dict.fromkeys(lb for c in self.config.sweep.curves for lb in c.labels))
@@ -817,15 +836,17 @@ class Plan:
         )
 
     def diagnostic_spec(self, run: Any) -> dict[str, Any]:
-        return self.posttrain_spec(self.config.diagnostics.regime.model, run) | {
-            "trainable": plain(self.config.diagnostics.regime.trainable)
-        }
+        regime = self.config.diagnostics.regime
+        spec = self.posttrain_spec(regime.model, run) | {"trainable": plain(regime.trainable)}
+        if regime.trunk_lr_scale is not None:
+            spec["trunk_lr_scale"] = regime.trunk_lr_scale
+        return spec
 
     def diagnostic_table1_spec(self) -> dict[str, Any]:
         config, regime = self.config, self.config.diagnostics.regime
         return {
             "title": (
-                f"Diagnostic table 1 (posttrain.trainable: {regime.trainable}; the paper's "
+                f"Diagnostic table 1 ({regime.described}; the paper's "
                 "numbers are for full post-training, not this regime)"
             ),
             "model": regime.model,

@@ -85,7 +85,7 @@ class Check:
 
     @property
     def state(self) -> str:
-        """"met", "not met" or "undetermined": the check's outcome in a word a reader takes as
+        """ "met", "not met" or "undetermined": the check's outcome in a word a reader takes as
         a premise's, never as a pipeline failure."""
         if self.passed:
             return "met"

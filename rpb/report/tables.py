@@ -1037,6 +1037,13 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"{_interval(spec, 'runs')} and MDE (community_nmi rows: no p(target) twin). Base: "
         "non-uniformity of the "
         "base router against uniformly random top-k routing with the same experts, k and tokens."
+        + (
+            " Hard is handicapped by construction here: post-training leaves the trunk frozen "
+            "and hard routes as the base, so only its routed experts can adapt (the damped-trunk "
+            "arm, diagnostic table 1, trains the trunk at a tenth of the rate)."
+            if spec.get("trunk_frozen")
+            else ""
+        )
     )
     write_table(
         out_csv,
