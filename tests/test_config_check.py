@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -577,9 +578,9 @@ def test_bad_report_config_is_one_line_naming_the_key(case: str) -> None:
 
 
 def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A table of the plain shape (model, corpus, methods) needs no schema entry: its report job
-    (declared by its module, read by rpb.report.registry) makes it known, and its keys are
-    checked like the others'."""
+    """A table needs no schema entry: its report job's shape (declared by its module, read by
+    rpb.report.registry) makes it known and gives the keys its entry takes, and its keys are
+    checked like the others'. A report job without a shape is no table."""
     from rpb.report import registry
 
     config = _merged("config.yaml", "smoke.yaml")
@@ -590,12 +591,12 @@ def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) 
     }
     with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)
+    job = registry.ReportJob("tablex_unregistered", "build_table2", "t", module="rpb.report.tables")
+    monkeypatch.setitem(registry.REPORTS, "tablex_unregistered", job)
+    with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered: unknown table"):
+        check_config(copy.deepcopy(config), SCHEMA)
     monkeypatch.setitem(
-        registry.REPORT_JOBS,
-        "tablex_unregistered",
-        registry.ReportJob(
-            "tablex_unregistered", "build_table2", "my table", module="rpb.report.tables"
-        ),
+        registry.REPORTS, "tablex_unregistered", replace(job, shape=registry.Shape())
     )
     with pytest.raises(
         ConfigError, match=r"^tables\.tablex_unregistered\.methods: 'rbp' is not a key"
@@ -606,6 +607,45 @@ def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) 
     config["tables"]["tablex_unregistered"]["extra"] = 1
     with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered\.extra: unknown key"):
         check_config(config, SCHEMA)
+    # Another shape, other keys: several corpora and a second list of labels, checked as methods.
+    shape = registry.Shape(("methods", "controls"), corpora=True, spec=("claims",))
+    monkeypatch.setitem(registry.REPORTS, "tablex_unregistered", replace(job, shape=shape))
+    entry = {"model": "tinyA", "corpora": ["math"], "methods": ["rpb"], "controls": ["rbp"]}
+    config["tables"]["tablex_unregistered"] = entry
+    with pytest.raises(
+        ConfigError, match=r"^tables\.tablex_unregistered\.controls: 'rbp' is not a key"
+    ):
+        check_config(copy.deepcopy(config), SCHEMA)
+    entry["controls"] = ["none"]
+    check_config(copy.deepcopy(config), SCHEMA)
+    del config["claims"], config["tables"]["table3"]  # its spec carries the claims' pair
+    with pytest.raises(
+        ConfigError,
+        match=r"^tables\.tablex_unregistered: reads claims\.method and claims\.reference: add",
+    ):
+        check_config(config, SCHEMA)
+
+
+def test_the_schema_names_each_table_as_its_shape_does() -> None:
+    """A table the schema file names keeps its entry there, which takes at least the keys its
+    shape gives (config_check.table_schema); the schema's `$defs/table`, the entry of a table it
+    does not name, is the plain shape's."""
+    from rpb.pipeline.config_check import _load_schema, table_schema
+    from rpb.report.registry import REPORTS, Shape
+
+    schema = _load_schema(SCHEMA)
+    plain = {k: v for k, v in schema["$defs"]["table"].items() if k != "description"}
+    assert plain == table_schema(Shape())
+    named = schema["properties"]["tables"]["properties"]
+    for key, job in REPORTS.items():
+        if job.shape is None or key not in named:
+            continue
+        entry = named[key]
+        entry = schema["$defs"]["table"] if entry.get("$ref") == "#/$defs/table" else entry
+        given = table_schema(job.shape)
+        assert set(given["properties"]) <= set(entry["properties"]), key
+        defaults = {k for k, v in entry["properties"].items() if "default" in v}
+        assert set(given["required"]) <= set(entry.get("required", [])) | defaults, key
 
 
 def test_claims_without_the_tables_they_read_is_named() -> None:

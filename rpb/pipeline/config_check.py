@@ -208,6 +208,46 @@ def _load_schema(schema_path: Path | str) -> dict[str, Any]:
     return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
+def _table_shapes() -> dict[str, Any]:
+    """The shape of every table the pipeline plans, by key (rpb.report.registry: each table's
+    module declares it)."""
+    from rpb.report.registry import REPORTS
+
+    return {key: job.shape for key, job in REPORTS.items() if job.shape is not None}
+
+
+def table_schema(shape: Any) -> dict[str, Any]:
+    """The schema of a `tables.<name>` entry of `shape` (rpb.report.registry.Shape): its `model`
+    or `models`, its `corpus` or `corpora`, each key naming labels a list of them, and for an
+    exploratory table its own `seeds`; nothing else. `Shape()`'s is the schema's `$defs/table`."""
+    names = {"type": "array", "minItems": 1, "uniqueItems": True, "items": {"type": "string"}}
+    properties: dict[str, Any] = {
+        "models" if shape.models else "model": names if shape.models else {"type": "string"},
+        "corpora" if shape.corpora else "corpus": names if shape.corpora else {"type": "string"},
+    }
+    properties |= {key: {"$ref": "#/$defs/labels"} for key in shape.entry_keys}
+    required = list(properties)
+    if shape.exploratory:
+        properties["seeds"] = {"$ref": "#/$defs/exploratory_seeds"}
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": required,
+        "properties": properties,
+    }
+
+
+def _with_table_schemas(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with an entry under `tables` for each table the file names none for, from its
+    shape: a table of any shape is its module (the file keeps the entries it names)."""
+    tables = schema.get("properties", {}).get("tables")
+    if tables is not None:
+        named = tables.setdefault("properties", {})
+        for key, shape in _table_shapes().items():
+            named.setdefault(key, table_schema(shape))
+    return schema
+
+
 def _schema_errors(config: Any, schema: Mapping[str, Any]) -> None:
     errors = list(_Validator(schema).iter_errors(config))
     if not errors:
@@ -593,45 +633,47 @@ def _check_report_keys(config: Mapping[str, Any]) -> None:
                 raise ConfigError(
                     f"evaluation.corpus_tasks.{c}: '{task}' is not in evaluation.in_domain"
                 )
-    from rpb.report.registry import REPORT_JOBS
-
+    shapes = _table_shapes()
     for key, entry in tables.items():
         if key == "seeds" or not isinstance(entry, Mapping):
             continue
-        if key not in REPORT_JOBS:
-            # Every table is a report job of that name: its rule, and its job
+        if key not in shapes:
+            # Every table is a report job of that name with a shape: its rule, and its job
             # `rpb pipeline <name>` (underscores spelled as dashes).
             raise ConfigError(
-                f"tables.{key}: unknown table ({_suggest(key, REPORT_JOBS)}a table is a report "
-                "job, declared by a module of rpb/report in its REPORT_ENTRIES)"
+                f"tables.{key}: unknown table ({_suggest(key, shapes)}a table is a report "
+                "job with a shape, declared by a module of rpb/report in its REPORT_ENTRIES)"
             )
         for m in entry.get("models", [entry.get("model")]):
             model(f"tables.{key}.model", m)
         for c in entry.get("corpora", [entry.get("corpus")]):
             corpus(f"tables.{key}.corpus", c)
-        for field in ("methods", "correlate"):
-            labels(f"tables.{key}.{field}", entry.get(field, []))
-        for field in ("lower", "upper"):
-            if field in entry:
-                labels(f"tables.{key}.{field}", [entry[field]])
-    if "table3" in tables and claims is None:
-        raise ConfigError("tables.table3: compares claims.method and claims.reference: add claims")
+        for field in shapes[key].entry_keys:
+            value = entry.get(field, [])
+            labels(f"tables.{key}.{field}", [value] if isinstance(value, str) else value)
+    for key in tables:
+        roles = shapes[key].claims_roles if key in shapes else ()
+        if roles and claims is None:
+            named = " and ".join(f"claims.{role}" for role in roles)
+            raise ConfigError(f"tables.{key}: reads {named}: add claims")
     if claims is not None:
-        missing = [k for k in ("table2", "table3", "table4", "table5") if k not in tables]
+        # The claims audit reads the audited tables (2-5), and judges its pair on their runs.
+        audited = [key for key, shape in shapes.items() if shape.audited]
+        missing = [key for key in audited if key not in tables]
         if missing:
             raise ConfigError(f"claims: needs tables.{missing[0]}")
         for role in ("method", "reference"):
             labels(f"claims.{role}", [claims[role]])
-        for where, names in (
-            ("table1.methods", config["table1"]["methods"]),
-            ("tables.table2.methods", tables["table2"]["methods"]),
-        ):
-            for role in ("method", "reference"):
+        lists = [("table1.methods", config["table1"]["methods"], ("method", "reference"))]
+        lists += [
+            (f"tables.{key}.methods", tables[key]["methods"], shapes[key].lists_claims)
+            for key in audited
+            if shapes[key].lists_claims
+        ]
+        for where, names, roles in lists:
+            for role in roles:
                 if claims[role] not in names:
                     raise ConfigError(f"{where}: lacks claims.{role} '{claims[role]}'")
-        for key in ("table4", "table5"):
-            if claims["method"] not in tables[key]["methods"]:
-                raise ConfigError(f"tables.{key}.methods: lacks claims.method")
     if sweep is not None:
         model("sweep.model", sweep["model"])
         corpus("sweep.corpus", sweep["corpus"])
@@ -722,7 +764,7 @@ def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> N
     """Validate `config` against the schema at `schema_path`, fill its defaults in place, and
     check cross-key consistency; raise ConfigError (one line, key path first) on the first
     problem."""
-    schema = _load_schema(schema_path)
+    schema = _with_table_schemas(_load_schema(schema_path))
     _schema_errors(config, schema)
     expand_replicates(config)
     _cross_key_errors(config)

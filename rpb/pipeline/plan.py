@@ -20,11 +20,9 @@ from types import MappingProxyType
 from typing import Any
 
 from rpb.pipeline.bases import base_identity, find_fixed_base
+from rpb.report.registry import REPORTS, Shape
 from rpb.specs import METHOD_SPECS, base_of_run, bases_of, results_path, run_fields, run_id, run_ids
 
-# Tables whose runs are exploratory (labelled so in their outputs) may run fewer seeds than the
-# confirmatory tables: their own `seeds` key (docs/claims.md, "Seeds per table").
-EXPLORATORY_TABLES = ("readings", "drift")
 # The diagnostics `all` builds at tiny and smoke scale, by their output.
 DIAGNOSTIC_OUTPUTS = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
 # The router-swap tree below the results folder (rpb.router_swap reads it from the table's spec).
@@ -151,10 +149,11 @@ def _own_seeds(entry: Mapping[str, Any]) -> tuple[int, ...] | None:
 
 @dataclass(frozen=True)
 class TableConfig:
-    """One `tables.<name>` entry. A table of the plain shape reads `methods` on one `model` and
-    `corpus`; table 3 reads several `models`, table 4 several `corpora`, table 5 also the
-    `correlate` labels, the readings also `lower` and `upper`; an exploratory table may run its own
-    `seeds`. `entry` is the entry as the config check left it: its job's spec starts from it."""
+    """One `tables.<name>` entry: its `model` (or `models`), `corpus` (or `corpora`), `methods`,
+    and its own `seeds`. Which of its keys name the labels it reads, and what else it reads, its
+    module declares in its shape (rpb.report.registry.Shape, read by `Plan.table_inputs`); table
+    5's `correlate` and the readings' `lower` and `upper` are kept here for the claims. `entry` is
+    the entry as the config check left it: its job's spec starts from it."""
 
     entry: Mapping[str, Any]
     model: str | None
@@ -521,9 +520,10 @@ class Plan:
         seeds: Sequence[int],
         base: bool = False,
         root: str | None = None,
+        kinds: Sequence[str] = ("eval", "analysis"),
     ) -> list[str]:
-        """Evaluation and analysis outputs of `methods` x `seeds` on one corpus, on every base
-        of `model`, and with `base` each base's own."""
+        """Evaluation and analysis outputs (or other `kinds` of rpb.specs.PATHS) of `methods` x
+        `seeds` on one corpus, on every base of `model`, and with `base` each base's own."""
         root = self.results if root is None else root
         labels = [("base", self.base_run_ids(model))] if base else []
         labels += [(m, self.runs(model, seeds)) for m in methods]
@@ -531,7 +531,7 @@ class Plan:
             f"{root}/{results_path(kind, model=model, corpus=corpus, method=label, run=run)}"
             for label, ids in labels
             for run in ids
-            for kind in ("eval", "analysis")
+            for kind in kinds
         ]
 
     # --- job specs ---------------------------------------------------------------------------
@@ -658,11 +658,23 @@ class Plan:
 
     # --- tables 2-5, readings, drift, the sweep, the claims ------------------------------------
 
+    def table_shape(self, name: str) -> Shape:
+        """What table `name` reads and is given, as its module declares it (rpb.report.registry)."""
+        job = REPORTS.get(name)
+        if job is None or job.shape is None:
+            raise KeyError(f"tables.{name}: no report job declares a table of that name")
+        return job.shape
+
+    @functools.cached_property
+    def audited_tables(self) -> list[str]:
+        """The tables the claims audit reads, in the registry's order (tables 2-5)."""
+        return [key for key, job in REPORTS.items() if job.shape and job.shape.audited]
+
     def table_seeds(self, name: str) -> list[int]:
         """The seeds per base of table `name`: its own `seeds` (exploratory tables only), else
         `tables.seeds`, else the top-level seeds."""
         table = self.config.tables.get(name)
-        own = table.seeds if table is not None and name in EXPLORATORY_TABLES else None
+        own = table.seeds if table is not None and self.table_shape(name).exploratory else None
         return list(own or self.confirmatory_seeds)
 
     @property
@@ -670,51 +682,50 @@ class Plan:
         """The seeds per base of tables 2-5 and the controls: `tables.seeds`, else the top-level."""
         return list(self.config.table_seeds or self.config.seeds)
 
+    def table_labels(self, name: str) -> list[str]:
+        """The method labels whose runs table `name` reads: its shape's `labels`, each a key of
+        its config entry (a list of labels or one) or a claims role, in order, each once."""
+        labels: list[str] = []
+        for key in self.table_shape(name).labels:
+            if key.startswith("claims."):
+                labels.append(getattr(self.config.claims, key.removeprefix("claims.")))
+                continue
+            value = self.config.tables[name].entry.get(key)
+            labels += [value] if isinstance(value, str) else list(value or ())
+        return list(dict.fromkeys(labels))
+
     def table_inputs(self, name: str) -> list[str]:
-        """Every run table `name` reads (a table of the plain shape, `model`, `corpus` and
-        `methods`, reads those methods' runs)."""
-        t = self.config.tables[name]
-        seeds = self.table_seeds(name)
-        outputs = self.run_outputs
-        methods = list(t.methods)
-        if name == "table2":
-            return outputs(t.model, t.corpus, methods, seeds, True)
-        if name == "table3":
-            pair = [self.config.claims.method, self.config.claims.reference]
-            return [p for m in t.models for p in outputs(m, t.corpus, pair, seeds)]
-        if name == "table4":
-            return [
-                p for c in t.corpora for p in outputs(t.model, c, methods, seeds, c == t.corpora[0])
-            ]
-        if name == "table5":
-            labels = list(dict.fromkeys(methods + list(t.correlate)))
-            return outputs(t.model, t.corpus, labels, seeds, True)
-        if name == "readings":
-            return outputs(t.model, t.corpus, [t.lower, *methods, t.upper], seeds)
-        if name == "drift":
-            fields = {"model": t.model, "corpus": t.corpus}
-            return [
-                self.path("train_history", **fields, method=m, run=r)
-                for m in methods
-                for r in self.runs(t.model, seeds)
-            ]
-        return outputs(t.model, t.corpus, methods, seeds)
+        """Every run output table `name` reads, as its shape says: its labels' runs on each of its
+        models and corpora, with its bases' own runs on every corpus or on the first."""
+        t, shape = self.config.tables[name], self.table_shape(name)
+        seeds, labels = self.table_seeds(name), self.table_labels(name)
+        paths = []
+        for model in t.models:
+            for i, corpus in enumerate(t.corpora):
+                base = shape.base == "every corpus" or (shape.base == "first corpus" and i == 0)
+                paths += self.run_outputs(model, corpus, labels, seeds, base, kinds=shape.reads)
+        return paths
 
     def table_spec(self, name: str) -> dict[str, Any]:
-        """The JSON spec a table job gets: the table's config entry, seeds and statistics."""
+        """The JSON spec a table job gets: the table's config entry, seeds and statistics, and
+        what its shape's `spec` adds (rpb.report.registry.SPEC_EXTRAS)."""
         config = self.config
         t = config.tables[name]
         # Runs pooled over each model's bases; config_check gives every pretrained model as many.
         seeds = self.runs(t.models[0], self.table_seeds(name))
         spec = self.common_spec() | plain(t.entry) | {"seeds": seeds}
-        if name == "table2":
-            spec["family"] = config.models[t.model].family
-        if name == "table3":
-            spec |= {"method": config.claims.method, "reference": config.claims.reference}
-            spec["families"] = {m: config.models[m].family for m in t.models}
-        if name == "table5":
-            spec["kinds"] = {m: config.methods[m].kind for m in t.methods}
-            spec["trunk_frozen"] = self.trunk_frozen()
+        extras = {
+            "family": lambda: {"family": config.models[t.model].family},
+            "families": lambda: {"families": {m: config.models[m].family for m in t.models}},
+            "claims": lambda: {
+                "method": config.claims.method,
+                "reference": config.claims.reference,
+            },
+            "kinds": lambda: {"kinds": {m: config.methods[m].kind for m in t.methods}},
+            "trunk_frozen": lambda: {"trunk_frozen": self.trunk_frozen()},
+        }
+        for extra in self.table_shape(name).spec:
+            spec |= extras[extra]()
         return spec
 
     def trunk_frozen(self) -> bool:
@@ -747,7 +758,7 @@ class Plan:
         spec = self.common_spec() | plain(config.claims.entry)
         spec["table1"] = {"model": t1.model, "corpus": t1.corpus, "methods": list(t1.methods)}
         spec["table1"]["seeds"] = self.runs(t1.model, config.seeds)
-        for name in ("table2", "table3", "table4", "table5"):
+        for name in self.audited_tables:
             spec[name] = self.table_spec(name)
         if "readings" in config.tables:  # manipulation check M2 applies the readings rule
             spec["readings"] = self.table_spec("readings")
@@ -768,11 +779,11 @@ class Plan:
         return self.run_outputs(t1.model, t1.corpus, labels, self.confirmatory_seeds)
 
     def claims_runs(self) -> list[str]:
-        """Every run output the claims audit reads, sorted: table 1's and tables 2-5's runs, and
-        what its manipulation checks read beyond them: the readings rule's runs (M2), the
-        testbed report's split-half stability (M6, tiny scale), and the controls."""
+        """Every run output the claims audit reads, sorted: table 1's and the audited tables' (2-5)
+        runs, and what its manipulation checks read beyond them: the readings rule's runs (M2),
+        the testbed report's split-half stability (M6, tiny scale), and the controls."""
         paths = self.table1_inputs()
-        for name in ("table2", "table3", "table4", "table5"):
+        for name in self.audited_tables:
             paths += self.table_inputs(name)
         paths += self.controls_inputs()
         paths += self.readings_check_runs()

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rpb.report.registry import DATA, TABLE, Output, ReportJob, table_outputs
+from rpb.report.registry import DATA, TABLE, Output, ReportJob, Shape, table_outputs
 from rpb.report.render import write_csv, write_table
 from rpb.report.run_records import DRIFT, RETENTION, runs_text, training_history
 from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
@@ -51,7 +51,7 @@ REPORT_ENTRIES = (
         "training-time routing drift curves",
         "Training drift",
         (Output("csv", "drift.csv"), Output("figure", "figures/drift.png", "drift.rst")),
-        planned=True,
+        shape=Shape(reads=("train_history",), exploratory=True),
     ),
     ReportJob(
         "readings",
@@ -64,7 +64,8 @@ REPORT_ENTRIES = (
             Output("figure", "figures/rpb_readings.png", "readings_figure.rst", "Figures"),
             heatmaps=False,
         ),
-        planned=True,
+        # The methods between `lower` (unanchored) and `upper` (hard routing).
+        shape=Shape(("lower", "methods", "upper"), exploratory=True),
     ),
 )
 

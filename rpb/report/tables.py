@@ -42,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import write_text
-from rpb.report.registry import DATA, TABLE1_HEADLINE, Output, ReportJob, table_outputs
+from rpb.report.registry import DATA, TABLE1_HEADLINE, Output, ReportJob, Shape, table_outputs
 from rpb.report.render import table_figures, write_table
 from rpb.report.run_records import (
     ACCURACY,
@@ -92,7 +92,12 @@ REPORT_ENTRIES = (
         "Table 2",
         table_outputs("table2"),
         TABLE1_HEADLINE,
-        planned=True,
+        Shape(
+            base="every corpus",
+            spec=("family",),
+            audited=True,
+            lists_claims=("method", "reference"),
+        ),
     ),
     ReportJob(
         "table3",
@@ -113,7 +118,13 @@ REPORT_ENTRIES = (
                 "p_value_p",
             ),
         ),
-        planned=True,
+        # claims.method against claims.reference on each model.
+        Shape(
+            ("claims.method", "claims.reference"),
+            models=True,
+            spec=("claims", "families"),
+            audited=True,
+        ),
     ),
     ReportJob(
         "table4",
@@ -127,7 +138,7 @@ REPORT_ENTRIES = (
             Output("pairs", "table4_pairs.csv", DATA, "Data"),
         ),
         (("method", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
-        planned=True,
+        Shape(corpora=True, base="first corpus", audited=True, lists_claims=("method",)),
     ),
     ReportJob(
         "table5",
@@ -159,7 +170,13 @@ REPORT_ENTRIES = (
                 "ood_mean",
             ),
         ),
-        planned=True,
+        Shape(
+            ("methods", "correlate"),
+            base="every corpus",
+            spec=("kinds", "trunk_frozen"),
+            audited=True,
+            lists_claims=("method",),
+        ),
     ),
     ReportJob(
         "diagnostic_table1",

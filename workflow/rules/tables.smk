@@ -61,10 +61,10 @@ rule testbed_report:
 
 
 # Tables 2-5, the drift curves, the RPB readings and any other table whose module declares a
-# `planned` report job (rpb.report.registry.REPORTS): one rule each, inputs and spec from the planner,
-# outputs (and how the Snakemake report shows them) from the entry. Each reads the runs it compares
-# and writes its CSV (the table), Markdown, side tables and figures; docs/claims.md says what each
-# measures.
+# report job with a shape (rpb.report.registry.REPORTS): one rule each, inputs and spec from the
+# planner (which reads the shape), outputs (and how the Snakemake report shows them) from the
+# entry. Each reads the runs it compares and writes its CSV (the table), Markdown, side tables and
+# figures; docs/claims.md says what each measures.
 for job in PLANNED_REPORTS:
 
     rule:
