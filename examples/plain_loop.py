@@ -11,9 +11,8 @@ import argparse
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rpb.architectures import random_model
+from rpb.architectures import char_tokenizer, random_model
 from rpb.methods import make_method
-from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.prior import extract_prior
 
 p = argparse.ArgumentParser()
@@ -28,7 +27,7 @@ if args.model:
     tok = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
 else:
-    tok = build_tokenizer()
+    tok = char_tokenizer()
     model = random_model("qwen3_moe", vocab_size=len(tok), pad_token_id=tok.pad_token_id)
 tok.pad_token = tok.pad_token or tok.eos_token
 tok.padding_side = "right"

@@ -114,3 +114,25 @@ def random_model(
                     if bias is not None:
                         bias.normal_(0.0, correction_bias_std)
     return model.eval()
+
+
+def char_tokenizer(alphabet: str = "0123456789+-*=() ") -> Any:
+    """A character-level fast tokenizer over `alphabet` plus `<eos>` and `<pad>` (no BOS, no
+    unknown token, right padding), for a `random_model` in examples and tests: token ids are
+    `<pad>` 0, `<eos>` 1, then the alphabet in order, so `vocab_size=len(tokenizer)`."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = list(dict.fromkeys(alphabet))
+    vocab = {"<pad>": 0, "<eos>": 1} | {c: i + 2 for i, c in enumerate(chars)}
+    backend = Tokenizer(models.WordLevel(vocab))
+    # Specials first so `<eos>` in a text is one token; then every character alone.
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(r"<eos>|<pad>|."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="<eos>",
+        pad_token="<pad>",
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )

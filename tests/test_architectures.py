@@ -125,3 +125,20 @@ def test_router_logit_biases_are_drawn_too():
     assert handles and all(
         h.router_bias is not None and h.router_bias.abs().sum() > 0 for h in handles
     )
+
+
+def test_char_tokenizer_round_trips_and_fits_a_random_model() -> None:
+    """The examples' tokenizer (no pipeline import): one token per character, `<eos>` one token,
+    decode(encode(x)) == x, ids below len(tokenizer) so a random model of that vocabulary takes
+    them, right padding with `<pad>`."""
+    from rpb.architectures import char_tokenizer
+
+    tok = char_tokenizer()
+    text = "12+34=46<eos>"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert len(ids) == len("12+34=46") + 1 and ids[-1] == tok.eos_token_id == 1
+    assert tok.decode(ids) == text and max(ids) < len(tok)
+    batch = tok(["1+1=2", "10+10=20"], padding=True, return_tensors="pt")
+    assert batch["input_ids"][0, -1].item() == tok.pad_token_id == 0
+    with pytest.raises(Exception):  # noqa: B017 - no unknown token: a stray symbol is an error
+        tok("abc", add_special_tokens=False)

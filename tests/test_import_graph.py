@@ -252,3 +252,25 @@ def test_contributing_shows_the_wings_as_they_are():
 
 if __name__ == "__main__":
     print(picture(import_graph(), job_modules()), end="")
+
+
+def test_the_examples_use_the_library_alone():
+    """examples/ show the library as a user installs it (`pip install rpb`, no pipeline extra):
+    no example imports rpb.pipeline or rpb.report."""
+
+    def wings_imported(path: Path) -> set[str]:
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names.add(node.module)
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        return {n.split(".")[1] for n in names if n.startswith("rpb.")} & {PIPELINE, REPORT}
+
+    examples = sorted((ROOT / "examples").glob("*.py"))
+    assert examples and {p.name: wings_imported(p) for p in examples} == {
+        p.name: set() for p in examples
+    }
+    # The check sees what it is for.
+    probe = ROOT / "tests" / "data" / "imports_pipeline.py"
+    assert wings_imported(probe) == {PIPELINE}
