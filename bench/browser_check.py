@@ -17,8 +17,8 @@ mouse clicks. From the rendered DOM it asserts that
 3. the Group-by menu lists the schema's tags `method`, `base`, `seed`, `model`, `corpus` before
    every param, within its first 13 entries (their positions are printed); grouping the chart
    view by `method` takes at most three clicks (docs/results.md's) and gives one group per method
-   of table 1, each method's runs carry one colour of their own, MLflow draws the groups in
-   distinct colours, one per method, the colours of its hash of `tag.method.<label>` (printed),
+   of table 1, MLflow draws the groups in distinct colours, one per method, the colours of its
+   hash of `tag.method.<label>` (printed), which each method's runs carry too (`mlflow.runColor`),
    table 1's chart titles are whole at 1400 px, and the compare page of table 1's eval and
    analysis runs lists its params and metrics;
 4. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
@@ -357,10 +357,10 @@ def _hex(rgb: str) -> str:
 
 
 async def check_colours(page: Page, facts: dict[str, Any], methods: list[str]) -> None:
-    """One colour per method. Each method's runs carry one colour of their own (tag
-    `mlflow.runColor`, which MLflow draws for a run); grouped by `method`, MLflow 3.17 draws each
-    group in a colour of its own: it colours a group by a hash of its key, `tag.method.<label>`
-    (rpb.pipeline.tracking.group_color reproduces it), and reads no run's tag for it."""
+    """One colour per method. Grouped by `method`, MLflow 3.17 draws each group in a colour of its
+    own: it colours a group by a hash of its key, `tag.method.<label>`
+    (rpb.pipeline.tracking.group_color reproduces it), and reads no run's tag for it; each
+    method's runs carry that colour too (tag `mlflow.runColor`, which MLflow draws for a run)."""
     from rpb.pipeline.tracking import group_color
 
     by_method: dict[str, set[str]] = {}
@@ -392,6 +392,7 @@ async def check_colours(page: Page, facts: dict[str, Any], methods: list[str]) -
         drawn == expected,
         "the groups' colours are MLflow's hash of `tag.method.<label>` (tracking.group_color)",
     )
+    check(distinct == drawn, "each method's runs carry their group's colour (tracking.run_color)")
 
 
 # Where the schema's tags (rpb.pipeline.tracking.SCHEMA_TAGS) must be: all before every param,

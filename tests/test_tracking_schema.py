@@ -103,18 +103,19 @@ def test_every_run_kind_logs_the_schema_and_a_plain_name(uri: str) -> None:
     assert pretrain["train.seed"] == "1"
     # One colour per method (MLflow's run colour tag); runs without a method have none.
     colors = {name: run.data.tags.get(tracking.RUN_COLOR_TAG) for name, run in runs.items()}
-    assert colors["train/tinyA/math/rpb/base1/seed1"] == tracking.METHOD_COLORS["rpb"]
-    assert colors["eval/tinyA/math/base/base1/seed0"] == tracking.METHOD_COLORS["base"]
+    assert colors["train/tinyA/math/rpb/base1/seed1"] == tracking.run_color("rpb")
+    assert colors["eval/tinyA/math/base/base1/seed0"] == tracking.run_color("base")
     assert colors["pretrain/tinyA/base1"] is None and colors["table1/tinyA/math"] is None
 
 
-def test_each_method_has_its_own_fixed_colour() -> None:
+def test_a_methods_runs_have_its_groups_colour() -> None:
+    """A run's colour is the one MLflow draws its method's group in: one colour per method, grouped
+    or not; a hash of the label, not a counter, so the same in every store."""
     fixed = [tracking.run_color(m) for m in ("none", "lbl", "rpb", "base")]
     assert len(set(fixed)) == 4
     assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in fixed)
-    other = tracking.run_color("rpb_strong")
-    assert other in tracking.OTHER_COLORS and other not in fixed
-    assert other == tracking.run_color("rpb_strong")  # a hash, not a counter: stable
+    for method in ("none", "lbl", "rpb", "base", "rpb_strong"):
+        assert tracking.run_color(method) == tracking.group_color(f"tag.method.{method}")
     assert tracking.run_color(None) is None and tracking.run_color("-") is None
 
 

@@ -449,12 +449,9 @@ SCHEMA_TAGS = ("method", "base", "seed", "model", "corpus")
 # Nested params logged as one JSON param instead of one param per key: a pretraining run's
 # architecture has some twenty keys, and as `architecture.*` they would crowd the Group-by list.
 JSON_PARAMS = ("architecture",)
-# MLflow's UI draws a run in the colour of this tag (hex); one fixed colour per method, the
-# same in every store, so a method looks the same in every chart.
+# MLflow's UI draws a run in the colour of this tag (hex): the colour it draws the run's method's
+# group in (`run_color`), so a method has one colour, grouped or not, in every store.
 RUN_COLOR_TAG = "mlflow.runColor"
-METHOD_COLORS = {"none": "#1f77b4", "lbl": "#ff7f0e", "rpb": "#2ca02c", "base": "#7f7f7f"}
-# Other labels (rpb_strong, anchor_kl, ...): one of these, by a hash of the label.
-OTHER_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 # The colours of MLflow 3.17's UI (module 28797 of mlflow/server/js/build/static/js/main.*.js:
 # its colour picker's palette), in its order: a group of runs gets one by a hash of its key
 # (`group_color`).
@@ -506,15 +503,12 @@ def method_params(label: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def run_color(method: str | None) -> str | None:
-    """The colour of a method's runs (`RUN_COLOR_TAG`): fixed for none, lbl, rpb and base, and
-    for any other label one of `OTHER_COLORS` by a hash of it, so it never changes between
-    stores or runs; None for a run without a method."""
+    """The colour of a method's runs (`RUN_COLOR_TAG`): the one MLflow's UI draws the method's
+    group in when grouped by `method` (`group_color` of `tag.method.<label>`), so a run looks
+    like its group, and the same in every store; None for a run without a method."""
     if method in _MISSING:
         return None
-    if method in METHOD_COLORS:
-        return METHOD_COLORS[method]
-    index = int(hashlib.sha256(method.encode()).hexdigest(), 16) % len(OTHER_COLORS)
-    return OTHER_COLORS[index]
+    return group_color(f"tag.method.{method}")
 
 
 def group_color(key: str) -> str:
