@@ -14,10 +14,13 @@ mouse clicks. From the rendered DOM it asserts that
 
 1. the experiment opens in the model-training view and its description names the project;
 2. each invocation is one row whose expander shows the job runs nested under it;
-3. grouping the chart view by `method` takes at most three clicks (docs/results.md's) and gives
-   one group per method of table 1, each method's runs carry one colour of their own (the colours
-   MLflow draws for the groups are printed), table 1's chart titles are whole at 1400 px, and
-   the compare page of table 1's eval and analysis runs lists its params and metrics;
+3. the Group-by menu lists the schema's tags `method`, `base`, `seed`, `model`, `corpus` before
+   every param, within its first 13 entries (their positions are printed); grouping the chart
+   view by `method` takes at most three clicks (docs/results.md's) and gives one group per method
+   of table 1, MLflow draws the groups in distinct colours, one per method, the colours of its
+   hash of `tag.method.<label>` (printed), which each method's runs carry too (`mlflow.runColor`),
+   table 1's chart titles are whole at 1400 px, and the compare page of table 1's eval and
+   analysis runs lists its params and metrics;
 4. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
    with the verdicts of C1 and C2 and the checks as a list, none reading FAILED), lists table 1
    and its figure, and shows both when opened.
@@ -354,31 +357,85 @@ def _hex(rgb: str) -> str:
 
 
 async def check_colours(page: Page, facts: dict[str, Any], methods: list[str]) -> None:
-    """Each method's runs carry one colour of their own (tag `mlflow.runColor`, which MLflow
-    draws for a run); the colours MLflow 3.17 draws for the groups are reported beside them: it
-    colours a group by a hash of `param.method.<label>` and reads no run's tag for it."""
+    """One colour per method. Grouped by `method`, MLflow 3.17 draws each group in a colour of its
+    own: it colours a group by a hash of its key, `tag.method.<label>`
+    (rpb.pipeline.tracking.group_color reproduces it), and reads no run's tag for it; each
+    method's runs carry that colour too (tag `mlflow.runColor`, which MLflow draws for a run)."""
+    from rpb.pipeline.tracking import group_color
+
     by_method: dict[str, set[str]] = {}
     for run in facts["table1_runs"]:
         color = run.data.tags.get("mlflow.runColor")
-        by_method.setdefault(run.data.params.get("method", "?"), set()).add(str(color).lower())
+        by_method.setdefault(run.data.tags.get("method", "?"), set()).add(str(color).lower())
     one_each = all(len(c) == 1 for c in by_method.values())
     distinct = {m: next(iter(c)) for m, c in by_method.items()}
     check(
         one_each and len(set(distinct.values())) == len(methods) == len(distinct),
-        f"one colour per method, all distinct (mlflow.runColor): {distinct}",
+        f"one colour per method's runs, all distinct (mlflow.runColor): {distinct}",
     )
-    groups = dict(await page.js(GROUP_DOTS) or [])
-    drawn = {m: _hex(c) if c else None for m, c in groups.items()}
-    shared = len({c for c in drawn.values()}) < len(drawn)
-    print(
-        f"     MLflow draws the groups in {drawn}"
-        + (
-            ": groups share a colour (MLflow 3.17 hashes the group's key `param.method.<label>`"
-            " into its palette; a click on a group's colour dot picks another, kept in the"
-            " browser)"
-            if shared
-            else ""
+    groups = dict(
+        await page.wait_for(
+            f"(() => {{ const g = {GROUP_DOTS}; return g.length >= {len(methods)} && g; }})()", 20
         )
+        or []
+    )
+    drawn = {m: _hex(c) if c else None for m, c in groups.items()}
+    print(f"     MLflow draws the groups in {drawn}")
+    check(
+        set(drawn) == set(methods)
+        and None not in drawn.values()
+        and len(set(drawn.values())) == len(methods),
+        f"{len(methods)} groups in {len(methods)} distinct colours, one per method",
+    )
+    expected = {m: group_color(f"tag.method.{m}") for m in methods}
+    check(
+        drawn == expected,
+        "the groups' colours are MLflow's hash of `tag.method.<label>` (tracking.group_color)",
+    )
+    check(distinct == drawn, "each method's runs carry their group's colour (tracking.run_color)")
+
+
+# Where the schema's tags (rpb.pipeline.tracking.SCHEMA_TAGS) must be: all before every param,
+# within the menu's first 13 entries (of ~70). The menu gathers the tags over the runs, latest
+# first, each run's in the order it logged them: with table 1's run latest, its `model` and
+# `corpus` (entries 2 and 3, after Attributes' Dataset), its seven bookkeeping tags, then the eval
+# runs' `method`, `base`, `seed` (11 to 13). The menu's list shows ten entries before it scrolls.
+# As params they were entries 16 to 53, below every tag.
+SCHEMA_TAGS_WITHIN = 13
+# Each Group-by entry (`ITEMS`: the menu's items): its text, and whether it shows before the
+# menu's list (its nearest scrolling ancestor) is scrolled.
+MENU_ENTRIES = (
+    "ITEMS.map(e => { let p = e.parentElement; while (p && !(p.scrollHeight > p.clientHeight + 1"
+    " && /(auto|scroll)/.test(getComputedStyle(p).overflowY))) p = p.parentElement;"
+    " const r = e.getBoundingClientRect(), c = p ? p.getBoundingClientRect()"
+    " : {top: 0, bottom: innerHeight};"
+    " return [e.innerText.trim(), r.top >= c.top - 1 && r.bottom <= c.bottom + 1]; })"
+)
+
+
+async def check_group_by_menu(page: Page, facts: dict[str, Any], items: str) -> None:
+    """The schema's tags open the Group-by menu: as tags, before every param, within its first
+    `SCHEMA_TAGS_WITHIN` entries (read as it opens, before any scrolling)."""
+    from rpb.pipeline.tracking import SCHEMA_TAGS
+
+    entries = await page.js(MENU_ENTRIES.replace("ITEMS", items))
+    listed = [name for name, _ in entries]
+    params = {k for run in facts["jobs"] for k in run.data.params}
+    at = {n: listed.index(n) + 1 for n in SCHEMA_TAGS if n in listed}
+    first_param = min((i + 1 for i, n in enumerate(listed) if n in params), default=len(listed))
+    screen = sum(1 for _, visible in entries if visible)
+    print(
+        f"     Group by lists {len(listed)} entries, {screen} before its list scrolls; "
+        f"{', '.join(SCHEMA_TAGS)} at {[at.get(n) for n in SCHEMA_TAGS]}; the first param at "
+        f"{first_param}"
+    )
+    check(
+        set(at) == set(SCHEMA_TAGS) and not set(SCHEMA_TAGS) & params,
+        f"Group by lists {', '.join(SCHEMA_TAGS)} as tags, none as a param",
+    )
+    check(
+        max(at.values()) < first_param and max(at.values()) <= SCHEMA_TAGS_WITHIN,
+        f"they are among the first {SCHEMA_TAGS_WITHIN} entries of Group by, before every param",
     )
 
 
@@ -439,16 +496,11 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     clicks = page.clicks
     await page.click("document.querySelector('input[value=CHART]').closest('label')")
     await page.click(f"{BUTTONS}.find(b => b.innerText.trim().startsWith('Group by'))")
-    # The menu lists Attributes, Tags, then Params; `method` is a param only (no tag of the name).
+    # The menu lists Attributes, Tags, then Params; `method` is a tag only (no param of the name).
     items = "[...document.querySelectorAll('[role=menuitemcheckbox]')]"
     named = f"{items}.filter(e => e.innerText.trim() === 'method')"
     check(await page.wait_for(f"{named}.length", 10) == 1, "Group by lists `method` once")
-    listed = await page.js(f"{items}.map(e => e.innerText.trim())")
-    firsts = [n for n in listed if n in ("method", "base", "seed", "model", "corpus")]
-    print(
-        f"     Group by lists {len(listed)} entries; method, base, seed, model, corpus at "
-        f"{[listed.index(n) + 1 for n in firsts]} ({firsts})"
-    )
+    await check_group_by_menu(page, facts, items)
     await page.click(f"{named}[0]")
     await page.js("document.activeElement && document.activeElement.blur()")
     await page.call("Input.dispatchKeyEvent", type="keyDown", key="Escape", code="Escape")

@@ -98,7 +98,7 @@ def test_mlflow_has_one_finished_run_per_job(smoke_results: Path) -> None:
     train = next(r for r in runs if r.info.run_name == "train/tinyA/math/rpb/base0/seed0")
     # Lineage: the training run names the base and prior runs it consumed.
     assert train.data.tags["parent.base"] and train.data.tags["parent.prior"]
-    assert train.data.tags["stage"] == "train" and train.data.params["method"] == "rpb"
+    assert train.data.tags["stage"] == "train" and train.data.tags["method"] == "rpb"
     history = client.get_metric_history(train.info.run_id, "task_loss")
     assert len(history) >= 2, "training should log its loss as it goes"
 

@@ -294,7 +294,8 @@ def test_tracked_run_writes_no_secret_anywhere(
         pass
     (run,) = MlflowClient(tracking_uri=uri).search_runs([experiment_id])
     own = {k: v for k, v in run.data.params.items() if not k.startswith("numerics.")}
-    assert own == {"train.lr": "0.1", "model": "m"}  # numerics.*: the CPU path (rpb.numerics)
+    assert own == {"train.lr": "0.1"}  # numerics.*: the CPU path (rpb.numerics)
+    assert run.data.tags["model"] == "m"  # the schema's (rpb.pipeline.tracking.SCHEMA_TAGS)
     assert FAKE_TOKEN not in repr(run.data.tags) + caplog.text
     # Nor anywhere in the store's file.
     assert FAKE_TOKEN.encode() not in (tmp_path / "m.db").read_bytes()

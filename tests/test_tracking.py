@@ -175,8 +175,8 @@ def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
     assert params["kind"] == "rpb" and params["strength"] == 0.5
     assert json.loads(params["options"]) == {"warmup": 3}
     assert params["limit"] == 5 and params["model_dir"] == str(job / "model")
-    # The schema's params are tracked_run's: none of them here, no `method.<key>` either.
-    assert not set(params) & set(tracking.SCHEMA_PARAMS)
+    # The schema's tags are tracked_run's: none of them here, no `method.<key>` either.
+    assert not set(params) & set(tracking.SCHEMA_TAGS)
     assert not any(k.startswith("method.") for k in params)
     base = tracking.model_job_params(method="base", model_dir=tmp_path / "base" / "model")
     assert base["kind"] == "base" and base["strength"] == "-" and base["options"] == "{}"
@@ -298,7 +298,7 @@ def _finished_by_name(runs: list[Any]) -> dict[str, Any]:
 
 def _job_name(stage: str, model: str, corpus: str, method: str, run_id: int) -> str:
     """The run name of a job on results run id `run_id` (1000 * base + seed)."""
-    schema = tracking.schema_params(model=model, corpus=corpus, method=method, **run_fields(run_id))
+    schema = tracking.schema_tags(model=model, corpus=corpus, method=method, **run_fields(run_id))
     return tracking.mlflow_run_name(stage, schema)
 
 
@@ -330,19 +330,22 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     ood = [c for c in table.columns if c.startswith("ood_") and not c.endswith("_p")]
     accuracy = ["in_domain", "ood_mean", *ood]
     structure = ["community_nmi", "coact_cosine", "modularity"]
+    # Run ids are 1000 * base + seed; each base is evaluated as method `base` under its seed 0.
+    base_ids = sorted({1000 * (s // 1000) for s in spec["seeds"]})
     for method, row in table.iterrows():
-        seeds = [0] if method == "base" else spec["seeds"]
+        seeds = base_ids if method == "base" else spec["seeds"]
         names = [(spec["model"], spec["corpus"], method, s) for s in seeds]
         evals = [latest[_job_name("eval", *name)] for name in names]
         analyses = [latest[_job_name("analysis", *name)] for name in names]
         for run in evals + analyses:
-            params = run.data.params
-            assert (params["model"], params["method"], params["corpus"]) == (
+            params, tags = run.data.params, run.data.tags
+            assert (tags["model"], tags["method"], tags["corpus"]) == (
                 spec["model"],
                 method,
                 spec["corpus"],
             )
-            assert {"kind", "strength", "options", "base", "seed"} <= set(params)
+            assert {"kind", "strength", "options"} <= set(params)
+            assert {"base", "seed"} <= set(tags) and not set(tracking.SCHEMA_TAGS) & set(params)
             assert run.data.tags[tracking.RUN_COLOR_TAG] == tracking.run_color(method)
             if method == "base":
                 assert params["kind"] == "base" and params["strength"] == "-"
@@ -354,7 +357,7 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
             assert mean == pytest.approx(row[column], abs=1e-4, nan_ok=True), (method, column)
         assert all("topk_overlap_with_base" in run.data.metrics for run in analyses)
     kinds = {
-        r.data.params["method"]: r.data.params["kind"]
+        r.data.tags["method"]: r.data.params["kind"]
         for r in latest.values()
         if r.data.tags["stage"] == "eval"
     }

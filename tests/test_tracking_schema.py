@@ -1,7 +1,8 @@
-"""One parameter schema across every run kind (rpb.pipeline.tracking.SCHEMA_PARAMS;
-docs/tracking.md): `model`, `base`, `method`, `corpus` and `seed` under the same names everywhere,
-no placeholder in a run name, no tag named like a param, one unit per metric family, and table runs
-that carry their table and its headline numbers."""
+"""One schema across every run kind (rpb.pipeline.tracking.SCHEMA_TAGS; docs/tracking.md):
+`method`, `base`, `seed`, `model` and `corpus` as tags under the same names everywhere, first in
+MLflow's Group-by menu and one colour per table 1 method when grouped, no placeholder in a run
+name, no tag named like a param, one unit per metric family, and table runs that carry their table
+and its headline numbers."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from rpb.pipeline import tracking
 ARCHITECTURE = {"hidden_size": 32, "num_experts": 8, "rope": {"theta": 10000.0}}
 
 # Each run kind as its job opens it (rpb.pipeline.cli), on results run id 1001 (seed 1 on base 1)
-# where it has one: (kwargs of tracked_run, the run name, the schema params it has).
+# where it has one: (kwargs of tracked_run, the run name, the schema tags it has).
 KINDS: list[tuple[dict[str, Any], str, dict[str, str]]] = [
     ({"stage": "corpora", "params": {"data_seed": 0}}, "corpora", {}),
     (
@@ -81,13 +82,17 @@ def test_every_run_kind_logs_the_schema_and_a_plain_name(uri: str) -> None:
     for kwargs, name, schema in KINDS:
         run = runs[name]
         params, tags = run.data.params, run.data.tags
-        assert {k: params[k] for k in tracking.SCHEMA_PARAMS if k in params} == schema, name
+        assert {k: tags[k] for k in tracking.SCHEMA_TAGS if k in tags} == schema, name
         assert "-" not in name.split("/") and "seed-" not in name, name
         assert not set(tags) & set(params), f"{name}: a tag named like a param"
         assert not any(k.startswith("method.") for k in params), name
         assert tags["stage"] == kwargs["stage"]
+        # The schema's tags first, in SCHEMA_TAGS's order: the UI's Group-by menu lists a run's
+        # tags (but MLflow's own) in the order the store returns them, which is the logged one.
+        own = [k for k in tags if not k.startswith("mlflow.")]
+        assert own[: len(schema)] == [k for k in tracking.SCHEMA_TAGS if k in schema], name
     # No method on runs that have none: the pretraining runs are no `lbl` group.
-    assert "method" not in runs["pretrain/tinyA/base1"].data.params
+    assert "method" not in runs["pretrain/tinyA/base1"].data.tags
     train = runs["train/tinyA/math/rpb/base1/seed1"].data.params
     assert (train["kind"], train["strength"]) == ("rpb", "1.0")
     # The architecture is one JSON param, not twenty `architecture.*` names at the top of the
@@ -98,18 +103,19 @@ def test_every_run_kind_logs_the_schema_and_a_plain_name(uri: str) -> None:
     assert pretrain["train.seed"] == "1"
     # One colour per method (MLflow's run colour tag); runs without a method have none.
     colors = {name: run.data.tags.get(tracking.RUN_COLOR_TAG) for name, run in runs.items()}
-    assert colors["train/tinyA/math/rpb/base1/seed1"] == tracking.METHOD_COLORS["rpb"]
-    assert colors["eval/tinyA/math/base/base1/seed0"] == tracking.METHOD_COLORS["base"]
+    assert colors["train/tinyA/math/rpb/base1/seed1"] == tracking.run_color("rpb")
+    assert colors["eval/tinyA/math/base/base1/seed0"] == tracking.run_color("base")
     assert colors["pretrain/tinyA/base1"] is None and colors["table1/tinyA/math"] is None
 
 
-def test_each_method_has_its_own_fixed_colour() -> None:
+def test_a_methods_runs_have_its_groups_colour() -> None:
+    """A run's colour is the one MLflow draws its method's group in: one colour per method, grouped
+    or not; a hash of the label, not a counter, so the same in every store."""
     fixed = [tracking.run_color(m) for m in ("none", "lbl", "rpb", "base")]
     assert len(set(fixed)) == 4
     assert all(re.fullmatch(r"#[0-9a-f]{6}", c) for c in fixed)
-    other = tracking.run_color("rpb_strong")
-    assert other in tracking.OTHER_COLORS and other not in fixed
-    assert other == tracking.run_color("rpb_strong")  # a hash, not a counter: stable
+    for method in ("none", "lbl", "rpb", "base", "rpb_strong"):
+        assert tracking.run_color(method) == tracking.group_color(f"tag.method.{method}")
     assert tracking.run_color(None) is None and tracking.run_color("-") is None
 
 
@@ -123,11 +129,68 @@ def test_a_schema_name_with_two_values_is_refused(uri: str) -> None:
         pass
 
 
-def test_schema_params_leave_out_missing_parts() -> None:
-    schema = tracking.schema_params(model="m", method="-", seed=None, corpus="")
+def test_a_schema_name_the_run_lacks_is_refused_as_a_param(uri: str) -> None:
+    with (
+        pytest.raises(ValueError, match="'method'"),
+        tracking.tracked_run(
+            stage="table3", model="tinyA", params={"method": "rpb"}, tracking_uri=uri
+        ),
+    ):
+        pass
+
+
+def test_a_report_about_a_method_logs_it_as_a_spec_param(uri: str, tmp_path: Path) -> None:
+    """Table 3's spec names the claim's method; its run is no run of that method: the param
+    `spec.method`, no tag `method`, so grouping by method keeps the table run out of rpb's group."""
+    import argparse
+
+    from mlflow.tracking import MlflowClient
+
+    from rpb.pipeline import cli
+
+    spec = {"models": ["tinyA", "tinyB"], "corpus": "math2", "method": "rpb", "reference": "none"}
+    args = argparse.Namespace(
+        spec=spec, out=tmp_path / "table3.csv", results=tmp_path, tracking_uri=uri, experiment="rpb"
+    )
+    cli._report_job(args, "table3", lambda results, spec, out: None)
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("rpb").experiment_id])
+    assert run.info.run_name == "table3/tinyA,tinyB/math2"
+    assert run.data.params["spec.method"] == "rpb" and run.data.params["reference"] == "none"
+    assert "method" not in run.data.tags and "method" not in run.data.params
+    assert run.data.tags["corpus"] == "math2" and "corpus" not in run.data.params
+
+
+def test_schema_tags_leave_out_missing_parts() -> None:
+    schema = tracking.schema_tags(model="m", method="-", seed=None, corpus="")
     assert schema == {"model": "m"} and tracking.mlflow_run_name("eval", schema, "diagnostic") == (
         "diagnostic/eval/m"
     )
+
+
+# What MLflow 3.17's UI drew for the groups of table 1's methods in bench/browser_check.py while
+# `method` was a param: `base` and `lbl` in one slate grey (rpb.pipeline.tracking.group_color
+# reproduces its hash).
+DRAWN_AS_PARAM = {"none": "#1f272d", "lbl": "#5f7281", "rpb": "#de7921", "base": "#5f7281"}
+
+
+def test_group_colours_of_table1_methods_are_distinct() -> None:
+    """Grouped by the tag `method`, MLflow's UI colours each group by a hash of its key
+    (`tag.method.<label>`), reading no run's colour: table 1's methods (default and smoke) and
+    the base must fall on distinct colours, or two groups read as one. A regression here (another
+    MLflow hash or palette, a renamed tag or label) fails this before the browser check would."""
+    import yaml
+
+    config = Path(__file__).resolve().parents[1] / "config"
+    labels = {"none", "lbl", "rpb", "base"}  # base: each base evaluated as a row of table 1
+    for name in ("config.yaml", "smoke.yaml"):
+        table1 = yaml.safe_load((config / name).read_text()).get("table1") or {}
+        labels |= set(table1.get("methods") or [])
+    colors = {m: tracking.group_color(f"tag.method.{m}") for m in sorted(labels)}
+    assert len(set(colors.values())) == len(colors), colors
+    assert all(c in tracking.UI_PALETTE for c in colors.values())
+    # The hash is MLflow's: it reproduces what the UI drew when `method` was a param.
+    assert {m: tracking.group_color(f"param.method.{m}") for m in DRAWN_AS_PARAM} == DRAWN_AS_PARAM
 
 
 def test_accuracy_metrics_are_percent_with_plain_names() -> None:

@@ -543,18 +543,25 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
     file beside `--out` whose name starts with its stem, and the figures folder)."""
     import mlflow
 
-    from rpb.pipeline.tracking import log_table_run, tracked_run
+    from rpb.pipeline.tracking import SCHEMA_TAGS, log_table_run, tracked_run
     from rpb.report.render import clear_table
 
     spec = args.spec
     clear_table(args.out)  # as cmd_table1: no old table file outlives a failed build
     models = spec.get("models") or [spec.get("model") or spec.get("table1", {}).get("model", "-")]
     corpus = spec.get("corpus") or ",".join(spec.get("corpora", [])) or "-"
+    run = {"model": ",".join(models), "corpus": corpus}
+    # A spec key named like a schema tag but not the run's (the `method` of table 3 and of the
+    # claims: the claim's; of the router-swap table: the label swapped) is what the report is
+    # about, not a tag of its run: param `spec.method`, so grouping by `method` keeps table runs
+    # out of the methods' groups.
+    params = {
+        f"spec.{k}" if k in SCHEMA_TAGS and str(v) != run.get(k) else k: v for k, v in spec.items()
+    }
     with tracked_run(
         stage=stage,
-        model=",".join(models),
-        corpus=corpus,
-        params=spec,
+        **run,
+        params=params,
         run_dir=args.out.parent / f"{args.out.stem}.run",
         **_track_kwargs(args),
     ):
@@ -700,7 +707,7 @@ def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
 
 def _add_base_of(p: argparse.ArgumentParser) -> None:
     """Which family and base a pretrained model is (`tinyA_base1`: family tinyA, base 1), for the
-    tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
+    tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_TAGS)."""
     p.add_argument(
         "--family", default=None, help="the model it is a base of (default: --name itself)"
     )

@@ -82,8 +82,8 @@ def stage_durations(tracking_uri: str, experiment: str = "rpb") -> dict[str, lis
     for run in client.search_runs([found.experiment_id], max_results=5000):
         if run.info.status != "FINISHED" or not run.info.end_time:
             continue
-        # `model` is a param (rpb.pipeline.tracking.SCHEMA_PARAMS); runs logged before it a tag.
-        model = run.data.params.get("model") or run.data.tags.get("model")
+        # `model` is a tag (rpb.pipeline.tracking.SCHEMA_TAGS); runs logged before it a param.
+        model = run.data.tags.get("model") or run.data.params.get("model")
         key = f"{run.data.tags.get('stage')}/{model}"
         durations.setdefault(key, []).append((run.info.end_time - run.info.start_time) / 1000)
     return durations

@@ -434,29 +434,38 @@ def _sigterm_raises() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-# --- one parameter schema for every run --------------------------------------------------------
+# --- one schema for every run -----------------------------------------------------------------
 
-# The params every run kind shares, under these names everywhere (docs/tracking.md, "One schema"):
-# `model` (the family's table model: `tinyA` for its replicate base `tinyA_p1` too), `base` (which
-# of the model's bases, 0 the model itself), `method` (the config's label; no method on corpora,
-# pretraining and prior runs), `corpus` and `seed` (the seed within the base). A run logs those it
-# has; none is ever a placeholder. Stage, lineage and bookkeeping are tags, none named like a param.
-SCHEMA_PARAMS = ("model", "base", "method", "corpus", "seed")
+# What a run is about, the same tags on every run kind (docs/tracking.md, "One schema"): `method`
+# (the config's label; no method on corpora, pretraining and prior runs), `base` (which of the
+# model's bases, 0 the model itself), `seed` (the seed within the base), `model` (the family's
+# table model: `tinyA` for its replicate base `tinyA_p1` too) and `corpus`. A run logs those it
+# has; none is ever a placeholder, and no param is named like one. Tags, not params: MLflow's
+# Group-by menu lists tags before params, each run's tags in the order it logged them (these
+# first, in this order, then the bookkeeping tags), so they sit above every param; and grouped by
+# `method` the UI colours each group by a hash of `tag.method.<label>`, distinct for table 1's
+# methods (`group_color`).
+SCHEMA_TAGS = ("method", "base", "seed", "model", "corpus")
 # Nested params logged as one JSON param instead of one param per key: a pretraining run's
-# architecture has some twenty keys, and as `architecture.*` they would fill the top of MLflow's
-# Group-by list (alphabetical) above the schema's names.
+# architecture has some twenty keys, and as `architecture.*` they would crowd the Group-by list.
 JSON_PARAMS = ("architecture",)
-# MLflow's UI draws a run in the colour of this tag (hex); one fixed colour per method, the
-# same in every store, so a method looks the same in every chart.
+# MLflow's UI draws a run in the colour of this tag (hex): the colour it draws the run's method's
+# group in (`run_color`), so a method has one colour, grouped or not, in every store.
 RUN_COLOR_TAG = "mlflow.runColor"
-METHOD_COLORS = {"none": "#1f77b4", "lbl": "#ff7f0e", "rpb": "#2ca02c", "base": "#7f7f7f"}
-# Other labels (rpb_strong, anchor_kl, ...): one of these, by a hash of the label.
-OTHER_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+# The colours of MLflow 3.17's UI (module 28797 of mlflow/server/js/build/static/js/main.*.js:
+# its colour picker's palette), in its order: a group of runs gets one by a hash of its key
+# (`group_color`).
+UI_PALETTE = (
+    "#a6630c", "#c83243", "#b45091", "#8a63bf", "#434a93", "#137dae", "#04867d", "#308613",
+    "#facb66", "#1f272d", "#445461", "#5f7281", "#8396a5", "#93320b", "#be501e", "#de7921",
+    "#f2be88", "#115026", "#277c43", "#3ba65e", "#8ddda8", "#9e102c", "#c82d4c", "#e65b77",
+    "#f792a6", "#0e538b", "#2272b4", "#4299e0", "#8acaff",
+)  # fmt: skip
 # Placeholders callers used to pass for a part a run does not have; never logged, never named.
 _MISSING = (None, "", "-")
 
 
-def schema_params(
+def schema_tags(
     *,
     model: str | None = None,
     base: int | str | None = None,
@@ -464,10 +473,10 @@ def schema_params(
     corpus: str | None = None,
     seed: int | str | None = None,
 ) -> dict[str, str]:
-    """The schema params a run has (`SCHEMA_PARAMS`), as MLflow stores them; missing parts left
-    out."""
+    """The schema tags a run has (`SCHEMA_TAGS`, in that order), as MLflow stores them; missing
+    parts left out."""
     given = {"model": model, "base": base, "method": method, "corpus": corpus, "seed": seed}
-    return {k: str(v) for k, v in given.items() if v not in _MISSING}
+    return {k: str(given[k]) for k in SCHEMA_TAGS if given[k] not in _MISSING}
 
 
 def mlflow_run_name(stage: str, schema: Mapping[str, str], group: str | None = None) -> str:
@@ -494,29 +503,44 @@ def method_params(label: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
 
 
 def run_color(method: str | None) -> str | None:
-    """The colour of a method's runs (`RUN_COLOR_TAG`): fixed for none, lbl, rpb and base, and
-    for any other label one of `OTHER_COLORS` by a hash of it, so it never changes between
-    stores or runs; None for a run without a method."""
+    """The colour of a method's runs (`RUN_COLOR_TAG`): the one MLflow's UI draws the method's
+    group in when grouped by `method` (`group_color` of `tag.method.<label>`), so a run looks
+    like its group, and the same in every store; None for a run without a method."""
     if method in _MISSING:
         return None
-    if method in METHOD_COLORS:
-        return METHOD_COLORS[method]
-    index = int(hashlib.sha256(method.encode()).hexdigest(), 16) % len(OTHER_COLORS)
-    return OTHER_COLORS[index]
+    return group_color(f"tag.method.{method}")
 
 
-def _merge_params(schema: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, Any]:
-    """`params` (flattened, credentials removed; a `JSON_PARAMS` mapping as one JSON param) with
-    the schema's; a schema name in `params` with another value is a caller's bug (two meanings of
-    one name)."""
+def group_color(key: str) -> str:
+    """The colour MLflow 3.17's UI draws a group of runs in, from the group's key
+    `<tag|param>.<name>.<value>` (`tag.method.rpb` when grouped by the tag `method`): the
+    function exported as `T6` by module 75795 of its bundle (`main.*.js`), a Fletcher-16-like sum
+    over the key's UTF-16 code units into `UI_PALETTE`. The UI reads no run's colour tag for a
+    group, and a colour picked for a group is kept in that browser only."""
+    units = key.encode("utf-16-le")
+    first = second = 0
+    for i in range(0, len(units), 2):
+        first = (first + (units[i] | units[i + 1] << 8)) % 255
+        second = (second + first) % 255
+    return UI_PALETTE[(first | second << 8) % len(UI_PALETTE)]
+
+
+def _job_params(schema: Mapping[str, str], params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` flattened, credentials removed, a `JSON_PARAMS` mapping as one JSON param, and
+    without the schema's names, which are the run's tags: one given in `params` too must agree
+    with the schema (a table's spec names its `model` and `corpus`); one with another value, or
+    one the run does not have, is a caller's bug (two meanings of one name)."""
     whole = {k: v for k, v in params.items() if k in JSON_PARAMS and isinstance(v, Mapping)}
     flat = scrub({k: v for k, v in params.items() if k not in whole})
     for key, value in whole.items():
         flat[key] = json.dumps(scrub_tree(value), sort_keys=True, default=str)
-    for key, value in schema.items():
-        if key in flat and str(flat[key]) != value:
-            raise ValueError(f"param {key!r}: {flat[key]!r} in params, {value!r} in the schema")
-    return {**flat, **schema}
+    for key in SCHEMA_TAGS:
+        if key in flat and str(flat[key]) != schema.get(key):
+            raise ValueError(
+                f"param {key!r}: {flat[key]!r} in params, {schema.get(key)!r} in the schema "
+                "(the schema's names are the run's tags)"
+            )
+    return {k: v for k, v in flat.items() if k not in SCHEMA_TAGS}
 
 
 @contextlib.contextmanager
@@ -537,11 +561,11 @@ def tracked_run(
 ) -> Iterator[Any]:
     """One MLflow run for one job; ends FAILED (and re-raises) if the job raises, KILLED on SIGTERM.
 
-    `model`, `base`, `method`, `corpus` and `seed` are the schema's params (`SCHEMA_PARAMS`; a
-    part given as None or "-" is left out) and name the run (`mlflow_run_name`); `params` are the
-    job's own besides them. `group` (e.g. "diagnostic") names runs outside the main tables: it
-    prefixes the run name and is the `rpb.group` tag, so a diagnostic run of `none` never passes
-    for table 1's `none`.
+    `model`, `base`, `method`, `corpus` and `seed` are the schema's tags (`SCHEMA_TAGS`, logged
+    first; a part given as None or "-" is left out) and name the run (`mlflow_run_name`); `params`
+    are the job's own besides them (a schema name among them must agree, and is left to the tag).
+    `group` (e.g. "diagnostic") names runs outside the main tables: it prefixes the run name and
+    is the `rpb.group` tag, so a diagnostic run of `none` never passes for table 1's `none`.
 
     `parents` maps a role (e.g. "base", "prior") to the run id of the job whose output this one
     consumed; they become `parent.<role>` tags, the run's lineage. Runs of the same job left
@@ -556,13 +580,14 @@ def tracked_run(
         raise TrackingUnavailable(gone)
     mlflow.set_tracking_uri(uri)
     found = mlflow.set_experiment(experiment)
-    schema = schema_params(model=model, base=base, method=method, corpus=corpus, seed=seed)
+    schema = schema_tags(model=model, base=base, method=method, corpus=corpus, seed=seed)
     name = mlflow_run_name(stage, schema, group)
     job_dir = str(Path(run_dir).resolve()) if run_dir is not None else "-"
     end_stale_runs(mlflow.MlflowClient(), found.experiment_id, name, job_dir)
     params = dict(params or {})
-    flat = _merge_params(schema, params)
+    flat = _job_params(schema, params)
     tags = {
+        **schema,  # first: the order of MLflow's Group-by menu (`SCHEMA_TAGS`)
         "stage": stage,
         "git_commit": git_commit(),
         "config_hash": config_hash(params),

@@ -198,7 +198,7 @@ def evaluated_model(wc):
 
 def base_of_flags(wildcards):
     """`--family F --base-index K` of a pretrained base: the tracking schema's `model` and
-    `base` (rpb.pipeline.tracking.SCHEMA_PARAMS)."""
+    `base` (rpb.pipeline.tracking.SCHEMA_TAGS)."""
     return f"--family {wildcards.model} --base-index {wildcards.base}"
 
 
