@@ -2,7 +2,7 @@
 
 A `Family` entry is everything rpb needs to support a family: its router class (by path, so no
 modelling module is imported until a model uses it), what that router computes (a `RouterSpec`,
-checked against the router's own forward before rpb routes with it, rpb.router_check) or why rpb
+checked against the router's own forward before rpb routes with it, rpb.router.check) or why rpb
 refuses it, and a tiny config of its own config class, on which the tests run every method
 (rpb.architectures builds it). Adding a family is adding an entry to `FAMILIES`; the family table
 of docs/families.md, the model types the pipeline accepts and the config check's expert-count
@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from rpb.router_specs import RouterSpec, UnsupportedRouter, describe
+from rpb.router.spec import RouterSpec, UnsupportedRouter, describe
 
 __all__ = [
     "BUILTIN_ROUTERS",

@@ -1,14 +1,16 @@
 """Router control for transformers 5.x MoE models: find routers by class, route exactly as the
 library does (optionally biased or forced), and hook every router to record and steer routing.
 
-Each router class has a `RouterSpec` (rpb.router_specs) describing what its forward computes;
-the routing it describes is rpb.routing_core's (re-exported here). A forward hook on the router
-replaces its output with rpb's routing when a policy steers it; the output adapters turn (logits,
-weights, indices) into whatever the router returns (Llama-4's dense scores, JetMoE's
-expert-sorted tuple). Before rpb routes with a description, rpb checks it against the module's
-own forward on a probe batch (rpb.router_check), bit-exactly, with and without zero biases; a
-description that does not reproduce the module is refused in one line. `check_zero_bias_forward`
-checks a whole model the same way: a forward steered by zero biases must be the library's.
+This module is how rpb controls routers, and the one users import from; what a router is lives in
+rpb.router: each router class has a `RouterSpec` (rpb.router.spec) describing what its forward
+computes, the routing it describes is rpb.router.route's (re-exported here), and before rpb routes
+with a description it checks it against the module's own forward on a probe batch
+(rpb.router.check), bit-exactly, with and without zero biases; a description that does not
+reproduce the module is refused in one line. Here: the registry of router classes, finding the
+routers of a model, and a forward hook on each that replaces its output with rpb's routing when a
+policy steers it (the output adapters turn (logits, weights, indices) into whatever the router
+returns: Llama-4's dense scores, JetMoE's expert-sorted tuple). `check_zero_bias_forward` checks
+a whole model the same way: a forward steered by zero biases must be the library's.
 """
 
 from __future__ import annotations
@@ -28,15 +30,14 @@ from transformers.models.qwen2_moe.modeling_qwen2_moe import Qwen2MoeTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
 from rpb.families import BUILTIN_ROUTERS, supported_families
-from rpb.router_check import (
+from rpb.router.check import (
     CHECKED,
     as_output_list,
     checked_spec,
     describe_router_class,
     max_abs_diff,
 )
-from rpb.router_specs import RouterSpec, UnsupportedRouter, class_path
-from rpb.routing_core import (
+from rpb.router.route import (
     UNSET,
     Registered,
     RouterHandle,
@@ -52,6 +53,7 @@ from rpb.routing_core import (
     selection_scores,
     unsupported_router_error,
 )
+from rpb.router.spec import RouterSpec, UnsupportedRouter, class_path
 
 __all__ = [
     "KINDS",
@@ -171,7 +173,7 @@ def find_routers(model: nn.Module, *, check: bool = True) -> list[RouterHandle]:
     """Every registered router module of `model`, in module order, found by class.
 
     With `check` (the default) each router's description is first verified against the module's
-    own forward (rpb.router_check; cached per class and configuration).
+    own forward (rpb.router.check; cached per class and configuration).
     """
     handles: list[RouterHandle] = []
     parents: dict[str, nn.Module] = {}

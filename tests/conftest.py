@@ -102,7 +102,7 @@ def arch(request: pytest.FixtureRequest) -> str:
 def saved_registry():
     """Restores rpb's router registry (and its checked classes) after a test that registers
     router classes."""
-    from rpb.router_check import CHECKED
+    from rpb.router.check import CHECKED
     from rpb.routing import ROUTER_REGISTRY
 
     saved = dict(ROUTER_REGISTRY)

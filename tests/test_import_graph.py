@@ -4,9 +4,9 @@ module, inside functions and `if TYPE_CHECKING:` blocks too, is an edge of the g
 
 - No cycle except the known ones below. A new cycle fails with its modules in order; a known cycle
   that is gone must be taken off the list.
-- The wings (CONTRIBUTING.md, "Layout"): the library (the modules at the top of rpb/) imports
-  neither of the others; the report (rpb/report/) imports the library alone; the pipeline
-  (rpb/pipeline/) imports both, since it runs the report's jobs.
+- The wings (CONTRIBUTING.md, "Layout"): the library (the modules at the top of rpb/ and in
+  rpb/router/) imports neither of the others; the report (rpb/report/) imports the library alone;
+  the pipeline (rpb/pipeline/) imports both, since it runs the report's jobs.
 - CONTRIBUTING.md's picture of the wings is the graph's: `python tests/test_import_graph.py` prints
   it afresh. It names every module but the report's job modules (those declaring REPORT_ENTRIES,
   rpb.report.registry), and draws an arrow per pair of wings with imports along it, so a new
@@ -212,12 +212,14 @@ def job_modules() -> set[str]:
 
 def picture(graph: dict[str, set[str]], jobs: set[str] = frozenset()) -> str:
     """The wings as a Mermaid flowchart: each wing's modules but the report jobs' (`jobs`: a new
-    table adds one), and one arrow per pair of wings with imports along it (imports inside a wing
-    are left out)."""
+    table adds one), named from the wing (`router.check` for rpb/router/check.py; a package's
+    `__init__` is its modules' heading, not a module of its own), and one arrow per pair of wings
+    with imports along it (imports inside a wing are left out)."""
     lines = ["flowchart TB"]
+    packages = {m.rpartition(".")[0] for m in graph}
     for name, title in ((PIPELINE, "rpb.pipeline"), (REPORT, "rpb.report"), (LIBRARY, "rpb")):
-        modules = [m for m in graph if wing(m) == name and m and m != name]
-        members = sorted(m.rpartition(".")[2] for m in modules if m not in jobs)
+        modules = [m for m in graph if wing(m) == name and m not in packages]
+        members = sorted(m.removeprefix(f"{name}.") for m in modules if m not in jobs)
         members = [m for m in members if f"{m}" not in ENTRY_POINTS]
         rows = [", ".join(members[i : i + 4]) for i in range(0, len(members), 4)]
         count = f"{len(members)} modules"
@@ -240,6 +242,9 @@ def test_the_picture_leaves_out_the_report_jobs_modules_alone():
     graph = {"report.tables": {"prior"}, "report.stats": set(), "prior": set(), "report": set()}
     shown = picture(graph, {"report.tables"})
     assert "stats<br/>+ a module per table" in shown and "tables" not in shown.split("<br/>")[1]
+    # A library subpackage's modules are named from the wing, its __init__ is none of them.
+    nested = picture({"": set(), "router": set(), "router.spec": set(), "routing": {"router.spec"}})
+    assert '"<b>rpb</b> (2 modules)<br/>router.spec, routing"' in nested
     assert "report --> library" in shown and "library -->" not in shown
     assert "report.tables" in job_modules() and "report.registry" not in job_modules()
 

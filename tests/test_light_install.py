@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 BUILD_REQUIRES = tomllib.loads((ROOT / "pyproject.toml").read_text())["build-system"]["requires"]
 
-# The library: what `pip install rpb` is for, every module at the top of the package (the
-# pipeline's and the report's are in rpb/pipeline/ and rpb/report/; rpb.cli and __main__ are the
-# command's entry points). rpb.trl needs the `trl` extra.
+# The library: what `pip install rpb` is for, every module at the top of the package and in
+# rpb/router/ (the pipeline's and the report's are in rpb/pipeline/ and rpb/report/; rpb.cli and
+# __main__ are the command's entry points). rpb.trl needs the `trl` extra.
 LIBRARY = [
     "rpb",
     *sorted(
@@ -37,6 +37,8 @@ LIBRARY = [
         for path in (ROOT / "rpb").glob("*.py")
         if path.stem not in {"__init__", "__main__", "cli", "trl"}
     ),
+    "rpb.router",
+    *sorted(f"rpb.router.{path.stem}" for path in (ROOT / "rpb" / "router").glob("[!_]*.py")),
 ]
 # Import names of the pipeline's packages (the `pipeline` and `analysis` extras, and datasets).
 PIPELINE = [

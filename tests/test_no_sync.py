@@ -67,9 +67,9 @@ KNOWN = {"lbl": "aten.index (boolean mask) at methods.py:sequence_lbl"}
 # library's forward makes too): rpb copies that list to the device (from pinned memory, without
 # blocking, on CUDA) and, when it steers, builds one the same way.
 JETMOE = {
-    "aten.lift_fresh at routing_core.py:parse_output",
-    "Tensor.to: a host tensor moved to the device at routing_core.py:parse_output",
-    "Tensor.tolist: a copy to the host at routing_core.py:build_output",
+    "aten.lift_fresh at route.py:parse_output",
+    "Tensor.to: a host tensor moved to the device at route.py:parse_output",
+    "Tensor.tolist: a copy to the host at route.py:build_output",
 }
 # The unit tier's models (the grouped DeepSeek-V3 is conftest's); every family in the slow test.
 ARCHS = ["deepseek_v3", "deepseek_v3_grouped", "qwen3_moe"]

@@ -1,4 +1,4 @@
-"""The router self-check (rpb.router_check, run by rpb.routing on every router it finds): a wrong
+"""The router self-check (rpb.router.check, run by rpb.routing on every router it finds): a wrong
 description is refused in one line naming the class and what differs, the check picks the
 settings that reproduce a module, describes a router class the registry has never seen, and a
 bias the description cannot find is refused at the forward. Its probe holds near-ties, extreme
@@ -18,8 +18,9 @@ from family_models import ROUTED_TYPES, family_model, family_prior
 from torch import nn
 
 from rpb.methods import make_method
-from rpb.router_check import _probe_copy, _probe_rows, check_router
-from rpb.router_specs import RouterSpec
+from rpb.router.check import _probe_copy, _probe_rows, check_router
+from rpb.router.route import make_handle
+from rpb.router.spec import RouterSpec
 from rpb.routing import (
     ROUTER_REGISTRY,
     RouterControl,
@@ -27,7 +28,6 @@ from rpb.routing import (
     find_routers,
     register_router,
 )
-from rpb.routing_core import make_handle
 
 # family -> (a wrong description, what the one-line refusal must say)
 WRONG = {

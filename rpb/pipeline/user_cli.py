@@ -153,7 +153,7 @@ def check_model_dir(path: Path) -> None:
     error naming the folder and, for a family rpb does not route, its model type), checked before
     any weight loads."""
     from rpb.families import FAMILIES, routed_model_types
-    from rpb.router_specs import UnsupportedRouter
+    from rpb.router.spec import UnsupportedRouter
 
     if not path.is_dir():
         raise FileNotFoundError(f"--model {path}: no such folder (a local checkpoint folder)")

@@ -1,10 +1,10 @@
 """The self-check: a router description is used only once it reproduces the module's forward.
 
-`check_router` runs a description (rpb.router_specs.RouterSpec) against a router module on a probe
+`check_router` runs a description (rpb.router.spec.RouterSpec) against a router module on a probe
 batch, bit-exactly; `checked_spec` picks, among several candidate descriptions, the one that
 reproduces the module, and caches the result per class and configuration. rpb.routing calls it
 for every router it finds, so every method's attach, prior extraction and analysis is checked.
-The check routes with rpb.routing_core, never rpb.routing (which imports this module). The
+The check routes with rpb.router.route, never rpb.routing (which imports this module). The
 whole-model check, a forward with a zero-bias policy on every router bit-identical to the
 library's, is `rpb.routing.check_zero_bias_forward` (docs/records/reliability.md, section 13).
 """
@@ -19,8 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from rpb.families import FAMILIES
-from rpb.router_specs import RouterSpec, UnsupportedRouter, class_path
-from rpb.routing_core import (
+from rpb.router.route import (
     Registered,
     RouterHandle,
     build_output,
@@ -29,6 +28,7 @@ from rpb.routing_core import (
     route,
     router_logits,
 )
+from rpb.router.spec import RouterSpec, UnsupportedRouter, class_path
 
 __all__ = ["CHECKED", "check_router", "checked_spec"]
 

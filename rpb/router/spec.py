@@ -5,7 +5,7 @@ it: the score function and its order relative to top-k, where the weight, a rout
 and a correction (expert) bias live, expert groups, normalisation, scaling, output dtype and the
 shape of the router's output. rpb.families describes the families rpb knows with these;
 `rpb.routing.register_router` adds others, and every description is checked against the module's
-own forward before rpb routes with it (rpb.router_check).
+own forward before rpb routes with it (rpb.router.check).
 """
 
 from __future__ import annotations

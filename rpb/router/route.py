@@ -1,9 +1,9 @@
-"""The routing arithmetic of rpb.routing, below the registry and the self-check: a router's
-handle (`RouterHandle`: the module and its `RouterSpec`), routing as a description says
-(`route_spec`, `route`), the router logits along the library's dtype path, and the output
-adapters between a router's own output and (logits, weights, indices).
+"""The routing a `RouterSpec` describes, bit for bit the library's: a router's handle
+(`RouterHandle`: the module and its description), routing as a description says (`route_spec`,
+`route`), the router logits along the library's dtype path, the routing distribution by kind, and
+the output adapters between a router's own output and (logits, weights, indices).
 
-rpb.router_check checks descriptions with these functions and rpb.routing (which re-exports the
+rpb.router.check checks descriptions with these functions and rpb.routing (which re-exports the
 public ones) routes with them; this module imports neither, so the two form no import circle.
 """
 
@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from rpb.router_specs import RouterSpec, UnsupportedRouter
+from rpb.router.spec import RouterSpec, UnsupportedRouter
 
 __all__ = [
     "Registered",
