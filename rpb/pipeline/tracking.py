@@ -51,6 +51,9 @@ SECRET_KEY = re.compile(
 SECRET_VALUE = re.compile(r"\bhf_[A-Za-z0-9]{20,}|\bbearer\s+\S+", re.IGNORECASE)
 # Tags naming the process of a run, so a rerun can tell a dead job's run from a live one.
 HOST_TAG, PID_TAG, JOB_DIR_TAG = "rpb.host", "rpb.pid", "rpb.job_dir"
+# MLflow's own tag for the commit (shown as the run's source; hidden from the Group-by menu, which
+# then reaches the schema's tags sooner).
+GIT_COMMIT_TAG = "mlflow.source.git.commit"
 GROUP_TAG = "rpb.group"  # "main", or the group of runs beyond the main tables (diagnostic)
 END_REASON_TAG = "rpb.end_reason"
 # MLflow's own tags: the experiment kind the UI opens an experiment with ("custom_model_development"
@@ -589,7 +592,7 @@ def tracked_run(
     tags = {
         **schema,  # first: the order of MLflow's Group-by menu (`SCHEMA_TAGS`)
         "stage": stage,
-        "git_commit": git_commit(),
+        GIT_COMMIT_TAG: git_commit(),
         "config_hash": config_hash(params),
         HOST_TAG: socket.gethostname(),
         PID_TAG: str(os.getpid()),
@@ -758,7 +761,7 @@ def _open_invocation(
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     tags = {
         "stage": INVOCATION_STAGE,
-        "git_commit": git_commit(),
+        GIT_COMMIT_TAG: git_commit(),
         "config_hash": chash,
         "configfiles": files,
         HOST_TAG: socket.gethostname(),
