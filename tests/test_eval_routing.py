@@ -377,9 +377,9 @@ def test_lm_eval_loads_a_steered_folder_only_trusted_and_then_steered(setup, har
     lm.model.rpb_eval_routing.detach()
 
 
-def test_lm_eval_scores_an_older_steered_folder_alike(setup, hard_model, tmp_path):  # noqa: F811
-    """The pipeline's evaluation of a steered folder written before (the family's model type)
-    gives the numbers of the same model saved as a steered folder now, to the bit."""
+def test_an_older_steered_folder_is_scored_and_analysed_alike(setup, hard_model, tmp_path):  # noqa: F811
+    """The pipeline's evaluation and analysis of a steered folder written before (the family's
+    model type) give the numbers of the same model saved as a steered folder now, to the bit."""
     old = tmp_path / "old"
     shutil.copytree(hard_model["dir"], old, ignore=shutil.ignore_patterns(STEERED_MODULE_FILE))
     shutil.copy(hard_model["native"] / "config.json", old / "config.json")
@@ -389,6 +389,20 @@ def test_lm_eval_scores_an_older_steered_folder_alike(setup, hard_model, tmp_pat
     )
     assert new["tasks"] == before["tasks"]
     assert before["eval_routing"] == new["eval_routing"]
+    new, before = (
+        analyze_model(
+            model_dir=d,
+            base_dir=setup["model_dir"],
+            prior_path=hard_model["prior_path"],
+            eval_dir=setup["eval_dir"],
+            tasks=["add", "words"],
+            limit=24,
+            out_json=tmp_path / f"{n}.analysis.json",
+        )
+        for d, n in ((hard_model["dir"], "new"), (old, "old"))
+    )
+    for key in ("layers", "mean"):  # json: NaN (one community, no NMI) equals NaN there
+        assert json.dumps(new[key]) == json.dumps(before[key])
 
 
 def test_a_family_s_own_auto_map_is_kept_for_its_config() -> None:
