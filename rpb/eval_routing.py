@@ -17,12 +17,18 @@ A steered folder also carries a model type of rpb's own, so that no loader score
 without a word: `save_eval_routing` rewrites its config.json to `model_type: "rpb_steered"` (the
 family's own type, architectures and auto_map kept under `rpb_base_*`), with an `auto_map` naming
 `rpb_steered.py`, a small module it writes beside the weights that imports rpb's
-`RpbSteeredConfig` and `RpbSteeredForCausalLM`. A stock `AutoModelForCausalLM.from_pretrained`
-(lm-eval's CLI included) then refuses the folder unless given `trust_remote_code=True`, and with it
-loads the family's own transformers class and attaches the saved routing (`attach_eval_routing`):
-the model it returns steers, its method kept as `model.rpb_eval_routing`. rpb's own loaders go
-through `load_model`; folders written before (the family's model type, an `eval_routing/`) load
-as they did.
+`RpbSteeredConfig` and `RpbSteeredForCausalLM`. Either loads the family's own transformers class
+and attaches the saved routing (`attach_eval_routing`): the model it returns steers, its method
+kept as `model.rpb_eval_routing`.
+
+Importing this module registers the type with transformers' Auto classes (`AutoConfig`,
+`AutoModelForCausalLM`), so in a process that did (rpb's pipeline jobs, lm-eval called from rpb,
+`load_model`) a plain `AutoModelForCausalLM.from_pretrained(folder)` loads it steered: transformers
+prefers a registered type to the folder's auto_map, so no trust_remote_code is needed and nothing
+is copied into its modules cache. A process without rpb imported (stock transformers, lm-eval's
+CLI) refuses the folder unless given `trust_remote_code=True`, and with it imports rpb through
+`rpb_steered.py`: the same classes. Folders written before (the family's model type, an
+`eval_routing/`) load as they did.
 """
 
 from __future__ import annotations
@@ -58,9 +64,9 @@ _BASE_PREFIX = "rpb_base_"
 _NOTE_KEY = "rpb_note"
 _NOTE = (
     "This model steers its routing at evaluation with the router method saved in eval_routing/ "
-    "(rpb). Load it with trust_remote_code=True (rpb installed: pip install rpb) or with "
-    "rpb.eval_routing.load_model; without it transformers refuses the folder rather than load "
-    "it unsteered."
+    "(rpb). Load it with trust_remote_code=True (rpb installed: pip install rpb), or in a "
+    "process that imported rpb.eval_routing (rpb.eval_routing.load_model) without it; otherwise "
+    "transformers refuses the folder rather than load it unsteered."
 )
 _AUTO_MAP = {
     "AutoConfig": "rpb_steered.RpbSteeredConfig",
@@ -74,8 +80,10 @@ STEERED_MODULE_TEXT = '''"""A model saved by rpb that steers its routing at eval
 The router method saved in eval_routing/ is part of this model: with its saved routers alone it
 would route, and score, as another model. So config.json gives it a model type of rpb's own
 ("rpb_steered", the family's kept as rpb_base_model_type) and names this module. transformers
-loads the folder only with trust_remote_code=True, and then through rpb, which loads the family's
-own transformers class and attaches the saved routing (kept as `model.rpb_eval_routing`).
+loads the folder only with trust_remote_code=True, and then through rpb's own classes (imported
+below), which load the family's own transformers class and attach the saved routing (kept as
+`model.rpb_eval_routing`). A process that imported rpb.eval_routing has the type registered and
+needs neither trust_remote_code nor this module.
 
     AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)  # rpb installed
     lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True ...
@@ -234,14 +242,12 @@ def load_model(model_dir: str | Path, *, steer: bool = True, **kwargs: Any) -> P
     it is evaluated (`steer`: its saved eval routing attached, `model.rpb_eval_routing`) or with
     its saved routers alone. `kwargs` go to `from_pretrained` (dtype, device_map, ...).
 
-    A steered folder loads through its own model type (`RpbSteeredForCausalLM`, the path a stock
-    `from_pretrained(..., trust_remote_code=True)` takes), so its config is built from the same
-    keywords as for any folder; a folder saved before steered folders had a type of their own
-    loads as it always did and has its routing attached here."""
+    A steered folder loads through its own model type (`RpbSteeredForCausalLM`, registered with
+    transformers by this module: no remote code), so its config is built from the same keywords
+    as for any folder; a folder saved before steered folders had a type of their own loads as it
+    always did and has its routing attached here."""
     if is_steered_folder(model_dir):
-        return AutoModelForCausalLM.from_pretrained(
-            model_dir, trust_remote_code=True, rpb_steer=steer, **kwargs
-        )
+        return AutoModelForCausalLM.from_pretrained(model_dir, rpb_steer=steer, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(model_dir, **kwargs)
     if steer:
         attach_eval_routing(model, model_dir)
@@ -301,7 +307,8 @@ class RpbSteeredForCausalLM:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError(
             "RpbSteeredForCausalLM loads a saved steered folder: use "
-            "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)"
+            "AutoModelForCausalLM.from_pretrained(folder) (rpb.eval_routing imported) or "
+            "rpb.eval_routing.load_model(folder)"
         )
 
     @classmethod
@@ -312,7 +319,7 @@ class RpbSteeredForCausalLM:
     def from_config(cls, config: Any, **kwargs: Any) -> Any:
         raise TypeError(
             "a steered model (rpb_steered) is loaded from its folder, with its saved routing: "
-            "AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)"
+            "AutoModelForCausalLM.from_pretrained(folder) or rpb.eval_routing.load_model(folder)"
         )
 
     _from_config = from_config
@@ -339,9 +346,10 @@ class RpbSteeredForCausalLM:
                 "local folder (download the repository first)"
             )
         if not isinstance(config, RpbSteeredConfig):
-            # Called directly: the Auto class builds the config from the keywords and calls back.
+            # Called directly: the Auto class builds the config from the keywords and calls back
+            # (the type is registered, so it does without remote code).
             return AutoModelForCausalLM.from_pretrained(
-                folder, *model_args, trust_remote_code=True, rpb_steer=rpb_steer, **kwargs
+                folder, *model_args, rpb_steer=rpb_steer, **kwargs
             )
         if rpb_steer and eval_routing_spec(folder) is None:
             raise ValueError(
@@ -355,3 +363,18 @@ class RpbSteeredForCausalLM:
             method = attach_eval_routing(model, folder)
             log.info("%s: routing at evaluation with %r (%s/)", folder, method, EVAL_ROUTING_DIR)
         return model
+
+
+def register_steered_type() -> None:
+    """Register `rpb_steered` with transformers' AutoConfig and AutoModelForCausalLM (done when
+    this module is imported; calling it again is harmless). A registered type is loaded with
+    these classes, not with the folder's auto_map: no trust_remote_code, no modules-cache copy."""
+    from transformers import AutoConfig
+
+    # exist_ok: registering again (a second call, a reloaded module's new classes) replaces the
+    # entry; rpb_steered is no transformers type, so nothing of transformers' own is displaced.
+    AutoConfig.register(STEERED_MODEL_TYPE, RpbSteeredConfig, exist_ok=True)
+    AutoModelForCausalLM.register(RpbSteeredConfig, RpbSteeredForCausalLM, exist_ok=True)
+
+
+register_steered_type()
