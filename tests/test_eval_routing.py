@@ -4,7 +4,12 @@ and analysed with the routing they were trained for, not with the saved router a
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,8 +19,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rpb.eval_routing import (
     EVAL_ROUTING_DIR,
+    STEERED_MODEL_TYPE,
+    STEERED_MODULE_FILE,
+    STEERED_MODULE_TEXT,
     attach_eval_routing,
+    base_config_dict,
     eval_routing_spec,
+    load_model,
+    register_steered_type,
     save_eval_routing,
 )
 from rpb.methods import make_method
@@ -66,8 +77,12 @@ def test_reloaded_model_routes_as_the_trained_method(tmp_path, name, strength, o
     trained.save_pretrained(tmp_path)
     assert save_eval_routing(tmp_path, method, prior) == tmp_path / EVAL_ROUTING_DIR
 
+    # The folder's own class (registered by rpb.eval_routing: no trust_remote_code) attaches the
+    # routing as it loads; attaching again returns that method, so the model is not steered
+    # twice (the logits below would show it: rpb's bias added twice moves them).
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     again = attach_eval_routing(reloaded, tmp_path)
+    assert again is reloaded.rpb_eval_routing
     assert again is not None and again.name == name
     assert again.strength == method.strength and again.options == method.options
     with torch.no_grad():
@@ -83,9 +98,8 @@ def test_adaptive_bias_state_is_restored(tmp_path):
     method.bias.copy_(torch.linspace(-1, 1, method.bias.numel()).reshape(method.bias.shape))
     trained.save_pretrained(tmp_path)
     save_eval_routing(tmp_path, method, prior)
-    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32)
-    again = attach_eval_routing(reloaded, tmp_path)
-    assert torch.equal(again.bias, method.bias)
+    reloaded = load_model(tmp_path, dtype=torch.float32)
+    assert torch.equal(reloaded.rpb_eval_routing.bias, method.bias)
 
 
 @pytest.mark.parametrize(
@@ -163,11 +177,11 @@ def hard_model(setup, tmp_path_factory):  # noqa: F811
     model_dir = root / "model"
     base.save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
+    native_dir = root / "native"
+    shutil.copytree(model_dir, native_dir)
     save_eval_routing(model_dir, make_method("hard"), prior)
     prior_path = root / "prior.safetensors"
     prior.save(prior_path)
-    native_dir = root / "native"
-    shutil.copytree(model_dir, native_dir, ignore=shutil.ignore_patterns(EVAL_ROUTING_DIR))
     return {"dir": model_dir, "native": native_dir, "prior": prior, "prior_path": prior_path}
 
 
@@ -176,7 +190,7 @@ def test_lm_eval_scores_the_hard_routed_model(setup, hard_model, tmp_path):  # n
         hard_model["dir"], setup["eval_dir"], ["add"], tmp_path / "e.json", tmp_path / "w"
     )
     assert result["eval_routing"]["method"] == "hard"
-    model = AutoModelForCausalLM.from_pretrained(hard_model["dir"], dtype=torch.float32).eval()
+    model = load_model(hard_model["dir"], steer=False, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(hard_model["dir"])
     items = setup["sets"]["add"]
     native = [_target_ll(model, tok, x["prompt"], x["target"])[0] for x in items]
@@ -189,6 +203,12 @@ def test_lm_eval_scores_the_hard_routed_model(setup, hard_model, tmp_path):  # n
         "method": "hard",
         "strength": 0.0,
         "options": {"gate_from": "live", "keep_bias_at_eval": True},
+    }
+    # Recorded as for any folder (and before steered folders had a type of their own): the
+    # type is registered in this process, so lm-eval loads it without trust_remote_code.
+    assert saved["lm_eval"]["config"]["model_args"] == {
+        "pretrained": str(hard_model["dir"].resolve()),
+        "dtype": "float32",
     }
 
 
@@ -211,27 +231,383 @@ def test_analysis_counts_the_experts_hard_routing_uses(setup, hard_model, tmp_pa
     assert native["mean"]["topk_overlap_with_base"] < 0.9
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 46, item 6, not done: a steered folder loads with transformers' own class, "
-    "unsteered and without a word (lm-eval's CLI scores it so)",
-)
-def test_a_stock_load_of_a_steered_folder_steers_or_says_so(tmp_path, capfd) -> None:
-    """The acceptance test of issue 46's item 6: `from_pretrained` without rpb, as lm-eval's CLI
-    loads a folder, either routes as the method does at evaluation or says on stderr, in a line
-    naming eval_routing, that it does not."""
-    prior, trained = _trained_copy("qwen3_moe")
+def _steered_folder(folder, arch, name="hard", strength=None, options=None):
+    """A 'post-trained' model saved in `folder` (its routing not yet): the method that steers it
+    at evaluation, its prior, a batch, and the steered and native logits on it."""
+    prior, trained = _trained_copy(arch)
     batch = make_batch(seed=5)
-    method = make_method("hard").attach(trained, prior)
+    method = make_method(name, strength=strength, **(options or {})).attach(trained, prior)
     trained.eval()
     with torch.no_grad():
         steered = trained(**batch).logits
     method.detach()
-    trained.save_pretrained(tmp_path)
-    save_eval_routing(tmp_path, method, prior)
-    capfd.readouterr()
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
-    said = [line for line in capfd.readouterr().err.splitlines() if EVAL_ROUTING_DIR in line]
     with torch.no_grad():
-        steers = torch.equal(loaded(**batch).logits, steered)
-    assert steers or len(said) == 1, said
+        native = trained(**batch).logits
+    assert not torch.equal(steered, native), "the fixture must make the steering matter"
+    trained.save_pretrained(folder)
+    return method, prior, batch, steered, native
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A process with transformers alone (rpb not imported, so rpb_steered not registered), as
+# lm-eval's CLI or a user's script loads a folder: transformers' default (no trust_remote_code,
+# no terminal to ask on), trust_remote_code=False, then trust_remote_code=True, whose model's
+# logits on the saved batch it saves. With --rpb it imports rpb.eval_routing first, as rpb's own
+# processes do. It prints what it saw as JSON.
+_LOADER = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    if "--rpb" in sys.argv:
+        import rpb.eval_routing
+    from transformers import AutoModelForCausalLM
+
+    folder, batch, out = sys.argv[1:4]
+    seen = {"rpb_at_start": "rpb.eval_routing" in sys.modules, "refused": {}}
+    for name, kw in (("default", {}), ("false", {"trust_remote_code": False})):
+        try:
+            AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw)
+        except ValueError as err:
+            seen["refused"][name] = str(err)
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=torch.float32, trust_remote_code=True
+    ).eval()
+    seen["rpb_at_end"] = "rpb.eval_routing" in sys.modules
+    seen["class"] = type(model).__name__
+    seen["method"] = model.rpb_eval_routing.name
+    with torch.no_grad():
+        torch.save(model(**torch.load(batch)).logits, out)
+    print()  # after transformers' prompt, if any
+    print("SEEN", json.dumps(seen))
+    """
+)
+
+
+def _fresh_process(code: str, args, home: Path) -> dict:
+    """Run `code` in a new Python with `args`, its Hugging Face home (and so transformers'
+    modules cache) `home`, stdin closed; what it saw (its line `SEEN <json>`)."""
+    env = {k: v for k, v in os.environ.items() if k != "HF_MODULES_CACHE"}
+    env["HF_HOME"] = str(home)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = "1"  # as here (conftest): the same sums
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    done = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = (x for x in done.stdout.splitlines() if x.startswith("SEEN "))
+    return json.loads(line.removeprefix("SEEN "))
+
+
+def _cached_modules(home: Path) -> list[str]:
+    """The rpb_steered modules transformers copied into its modules cache under `home`."""
+    return sorted(str(p.relative_to(home)) for p in home.rglob("rpb_steered*"))
+
+
+def test_a_stock_load_of_a_steered_folder_steers_or_says_so(tmp_path) -> None:
+    """The acceptance test of issue 46's item 6: `from_pretrained` without rpb's help, as
+    lm-eval's CLI loads a folder, either routes as the method does at evaluation or says that it
+    does not. "Without rpb's help" is a fresh process that imports transformers alone (this one
+    has imported rpb, which registers the folder's type).
+
+    It refuses, loudly: the folder's model type is rpb's own (`rpb_steered`), so transformers
+    loads nothing without trust_remote_code=True (lm-eval's default is False; transformers' own,
+    None, asks on a terminal and raises the same error elsewhere). A raised error is the better
+    behaviour than a line on stderr beside an unsteered model, so the test asserts it in place of
+    the line. The error is transformers' own (no code of the folder runs before it is trusted):
+    a few lines naming the folder and trust_remote_code, not why; the why is in the folder it
+    sends one to: config.json's `rpb_note` and the module rpb_steered.py name eval_routing, rpb
+    and trust_remote_code. With trust_remote_code=True it loads (rpb_steered.py imports rpb) and
+    steers; that path, and only it, copies the module into transformers' modules cache."""
+    folder, home = tmp_path / "model", tmp_path / "hf_home"
+    method, prior, batch, steered, _ = _steered_folder(folder, "qwen3_moe")
+    save_eval_routing(folder, method, prior)
+    torch.save(batch, tmp_path / "batch.pt")
+    seen = _fresh_process(_LOADER, [folder, tmp_path / "batch.pt", tmp_path / "out.pt"], home)
+    assert not seen["rpb_at_start"] and seen["rpb_at_end"]  # stock, then rpb by the folder's module
+    assert set(seen["refused"]) == {"default", "false"}
+    for error in seen["refused"].values():
+        assert str(folder) in error and "trust_remote_code=True" in error
+    config = json.loads((folder / "config.json").read_text())
+    for text in (config["rpb_note"], (folder / STEERED_MODULE_FILE).read_text()):
+        assert EVAL_ROUTING_DIR in text and "rpb" in text and "trust_remote_code=True" in text
+    assert seen["class"] == "Qwen3MoeForCausalLM" and seen["method"] == "hard"
+    assert torch.equal(torch.load(tmp_path / "out.pt"), steered)
+    assert _cached_modules(home), "the stock path loads the folder's module from the cache"
+
+
+def test_a_process_that_imported_rpb_loads_a_steered_folder_without_remote_code(tmp_path) -> None:
+    """rpb's own processes (the pipeline's jobs, lm-eval run from rpb): importing rpb.eval_routing
+    registers rpb_steered with transformers, which then prefers it to the folder's auto_map: a
+    plain from_pretrained loads the folder steered, trust_remote_code or not, and nothing is
+    written into transformers' modules cache (a fresh process, its HF_HOME a new folder)."""
+    folder, home = tmp_path / "model", tmp_path / "hf_home"
+    method, prior, batch, steered, _ = _steered_folder(
+        folder, "qwen3_moe", "rpb", 2.0, {"keep_bias_at_eval": True}
+    )
+    save_eval_routing(folder, method, prior)
+    torch.save(batch, tmp_path / "batch.pt")
+    args = [folder, tmp_path / "batch.pt", tmp_path / "out.pt", "--rpb"]
+    seen = _fresh_process(_LOADER, args, home)
+    assert seen["rpb_at_start"] and seen["refused"] == {}
+    assert seen["class"] == "Qwen3MoeForCausalLM" and seen["method"] == "rpb"
+    assert torch.equal(torch.load(tmp_path / "out.pt"), steered)  # steered, and once
+    assert _cached_modules(home) == []
+
+
+def test_in_this_process_a_steered_folder_loads_with_rpb_s_classes(tmp_path, monkeypatch) -> None:
+    """Here too (rpb imported): no remote code is looked up for a steered folder, whatever
+    trust_remote_code says; the model is steered once (rpb's bias twice would move the logits),
+    `attach_eval_routing` returning the method it carries."""
+    import transformers.dynamic_module_utils as dynamic
+    import transformers.models.auto.auto_factory as auto_factory
+    import transformers.models.auto.configuration_auto as configuration_auto
+
+    def no_remote_code(*args, **kwargs):
+        raise AssertionError(f"remote code looked up: {args}")
+
+    cache = tmp_path / "modules"
+    monkeypatch.setattr(dynamic, "HF_MODULES_CACHE", str(cache))
+    for module in (auto_factory, configuration_auto):
+        monkeypatch.setattr(module, "get_class_from_dynamic_module", no_remote_code)
+    folder = tmp_path / "model"
+    method, prior, batch, steered, native = _steered_folder(
+        folder, "qwen3_moe", "rpb", 2.0, {"keep_bias_at_eval": True}
+    )
+    save_eval_routing(folder, method, prior)
+    for kw in ({}, {"trust_remote_code": False}, {"trust_remote_code": True}):
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **kw).eval()
+        assert attach_eval_routing(model, folder) is model.rpb_eval_routing
+        with torch.no_grad():
+            assert torch.equal(model(**batch).logits, steered), kw
+        model.rpb_eval_routing.detach()
+        with torch.no_grad():
+            assert torch.equal(model(**batch).logits, native), kw
+    assert not cache.exists()
+
+
+def test_the_folder_module_and_rpb_register_the_same_classes(tmp_path) -> None:
+    """rpb_steered.py (what a stock, trusted load runs) re-exports the classes that importing
+    rpb.eval_routing registers: one implementation. Registering again changes nothing."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    from rpb.eval_routing import RpbSteeredConfig, RpbSteeredForCausalLM
+
+    register_steered_type()
+    register_steered_type()
+    assert CONFIG_MAPPING[STEERED_MODEL_TYPE] is RpbSteeredConfig
+    assert MODEL_FOR_CAUSAL_LM_MAPPING[RpbSteeredConfig] is RpbSteeredForCausalLM
+    namespace: dict = {}
+    exec(compile(STEERED_MODULE_TEXT, STEERED_MODULE_FILE, "exec"), namespace)
+    assert namespace["RpbSteeredConfig"] is RpbSteeredConfig
+    assert namespace["RpbSteeredForCausalLM"] is RpbSteeredForCausalLM
+    method, prior, *_ = _steered_folder(tmp_path, "qwen3_moe")
+    save_eval_routing(tmp_path, method, prior)
+    assert type(AutoConfig.from_pretrained(tmp_path)) is RpbSteeredConfig
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "mixtral", "olmoe"])
+def test_a_steered_folder_loads_steered_in_every_family(tmp_path, arch) -> None:
+    """Through the folder's own class (a plain from_pretrained in a process that imported rpb, or
+    rpb's `load_model`) the family's own transformers model loads with its routing attached;
+    rpb's unsteered load is transformers' load of the same folder before it was made a steered
+    one: its config, class and logits."""
+    from rpb.pipeline.user_cli import check_model_dir
+
+    steered_dir, plain_dir = tmp_path / "steered", tmp_path / "plain"
+    method, prior, batch, steered, native = _steered_folder(steered_dir, arch)
+    shutil.copytree(steered_dir, plain_dir)
+    save_eval_routing(steered_dir, method, prior)
+    plain_config = json.loads((plain_dir / "config.json").read_text())
+    config = json.loads((steered_dir / "config.json").read_text())
+    assert config["model_type"] == STEERED_MODEL_TYPE
+    assert config["rpb_base_model_type"] == plain_config["model_type"]
+    assert base_config_dict(config) == plain_config
+    check_model_dir(steered_dir)  # `rpb finetune --model` names the family, not rpb_steered
+    for model in (
+        AutoModelForCausalLM.from_pretrained(steered_dir, dtype=torch.float32),
+        load_model(steered_dir, dtype=torch.float32),
+    ):
+        assert model.config.model_type == plain_config["model_type"]
+        assert model.rpb_eval_routing.name == "hard"
+        with torch.no_grad():
+            assert torch.equal(model(**batch).logits, steered)
+    unsteered = load_model(steered_dir, steer=False, dtype=torch.float32)
+    stock = AutoModelForCausalLM.from_pretrained(plain_dir, dtype=torch.float32)
+    assert type(unsteered) is type(stock) and not hasattr(unsteered, "rpb_eval_routing")
+    mine, theirs = unsteered.config.to_dict(), stock.config.to_dict()
+    assert mine.pop("_name_or_path") == str(steered_dir)
+    assert theirs.pop("_name_or_path") == str(plain_dir)
+    assert mine == theirs
+    with torch.no_grad():
+        assert torch.equal(unsteered(**batch).logits, native)
+        assert torch.equal(stock(**batch).logits, native)
+
+
+def test_loading_keywords_reach_the_family_config_as_for_any_folder(tmp_path) -> None:
+    """Keywords transformers absorbs into the config (experts_implementation, a config override)
+    do so for a steered folder as for a plain one."""
+    steered_dir, plain_dir = tmp_path / "steered", tmp_path / "plain"
+    method, prior, *_ = _steered_folder(steered_dir, "qwen3_moe")
+    shutil.copytree(steered_dir, plain_dir)
+    save_eval_routing(steered_dir, method, prior)
+    kw = {"dtype": torch.float32, "experts_implementation": "eager", "output_router_logits": True}
+    mine = load_model(steered_dir, steer=False, **kw).config
+    theirs = AutoModelForCausalLM.from_pretrained(plain_dir, **kw).config
+    assert mine._experts_implementation == theirs._experts_implementation == "eager"
+    assert mine.output_router_logits is theirs.output_router_logits is True
+
+
+def test_a_folder_saved_before_steered_folders_had_a_type_loads_as_before(tmp_path) -> None:
+    """A steered folder written before (the family's model type, an eval_routing/ folder): rpb
+    loads and steers it as it did; a stock load gives its saved routers alone, as always."""
+    method, prior, batch, steered, native = _steered_folder(
+        tmp_path, "qwen3_moe", "rpb", 2.0, {"keep_bias_at_eval": True}
+    )
+    plain = (tmp_path / "config.json").read_text()
+    save_eval_routing(tmp_path, method, prior)
+    (tmp_path / "config.json").write_text(plain)
+    (tmp_path / STEERED_MODULE_FILE).unlink()
+    model = load_model(tmp_path, dtype=torch.float32)
+    assert attach_eval_routing(model, tmp_path) is model.rpb_eval_routing
+    with torch.no_grad():
+        assert torch.equal(model(**batch).logits, steered)
+        for unsteered in (
+            load_model(tmp_path, steer=False, dtype=torch.float32),
+            AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32),
+        ):
+            assert torch.equal(unsteered(**batch).logits, native)
+
+
+def test_the_folder_module_is_written_alike_and_names_a_missing_rpb(tmp_path, monkeypatch):
+    """rpb_steered.py is the same bytes in every folder, a second save changes no file, and
+    without rpb the module says to install it."""
+    method, prior, *_ = _steered_folder(tmp_path, "qwen3_moe")
+    save_eval_routing(tmp_path, method, prior)
+    first = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    save_eval_routing(tmp_path, method, prior)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == first
+    assert first[STEERED_MODULE_FILE] == STEERED_MODULE_TEXT.encode()
+    monkeypatch.setitem(sys.modules, "rpb.eval_routing", None)
+    with pytest.raises(ImportError, match=r"eval_routing/ folder\): install rpb .*pip install rpb"):
+        exec(compile(STEERED_MODULE_TEXT, STEERED_MODULE_FILE, "exec"), {})
+
+
+# lm-eval's hf model as its CLI builds it from --model_args, in a process without rpb: without
+# trust_remote_code, then with it; the logits of its model on the saved ids are saved.
+_LM_EVAL_LOADER = textwrap.dedent(
+    """
+    import json, sys
+    import torch
+    import lm_eval.api.registry
+
+    folder, ids, out = sys.argv[1:4]
+    hflm = lm_eval.api.registry.get_model("hf")
+    run = {"batch_size": 1, "device": "cpu"}
+    args = {"pretrained": folder, "dtype": "float32"}
+    seen = {"rpb_at_start": "rpb.eval_routing" in sys.modules}
+    try:
+        hflm.create_from_arg_obj(args, run)
+    except ValueError as err:
+        seen["refused"] = str(err)
+    lm = hflm.create_from_arg_obj({**args, "trust_remote_code": True}, run)
+    seen["method"] = lm.model.rpb_eval_routing.name
+    with torch.no_grad():
+        torch.save(lm.model(torch.load(ids)).logits, out)
+    print()  # after transformers' prompt, if any
+    print("SEEN", json.dumps(seen))
+    """
+)
+
+
+def test_lm_eval_loads_a_steered_folder_steered_or_refuses_it(setup, hard_model, tmp_path):  # noqa: F811
+    """lm-eval's hf model, built as its CLI builds it from --model_args: in a process without rpb
+    it fails loudly without trust_remote_code and with it scores the model steered; in a process
+    that imported rpb (this one) it needs no trust_remote_code. Steered once, either way."""
+    import lm_eval.api.registry
+
+    hflm = lm_eval.api.registry.get_model("hf")
+    run = {"batch_size": 1, "device": "cpu"}
+    lm = hflm.create_from_arg_obj({"pretrained": str(hard_model["dir"]), "dtype": "float32"}, run)
+    assert lm.model.rpb_eval_routing.name == "hard"
+    assert attach_eval_routing(lm.model, hard_model["dir"]) is lm.model.rpb_eval_routing
+    tok = AutoTokenizer.from_pretrained(hard_model["dir"])
+    native = AutoModelForCausalLM.from_pretrained(hard_model["native"], dtype=torch.float32)
+    items = setup["sets"]["add"][:4]
+    with make_method("hard").attach(native.eval(), hard_model["prior"]):
+        steered = [_target_ll(native, tok, x["prompt"], x["target"]) for x in items]
+        ids = torch.tensor([tok(items[0]["prompt"] + items[0]["target"]).input_ids])
+        with torch.no_grad():
+            steered_logits = native(ids).logits
+    assert [_target_ll(lm.model, tok, x["prompt"], x["target"]) for x in items] == steered
+    lm.model.rpb_eval_routing.detach()
+
+    torch.save(ids, tmp_path / "ids.pt")
+    args = [hard_model["dir"], tmp_path / "ids.pt", tmp_path / "out.pt"]
+    seen = _fresh_process(_LM_EVAL_LOADER, args, tmp_path / "hf_home")
+    assert not seen["rpb_at_start"]
+    assert str(hard_model["dir"]) in seen["refused"]
+    assert "trust_remote_code=True" in seen["refused"]
+    assert seen["method"] == "hard"
+    assert torch.equal(torch.load(tmp_path / "out.pt"), steered_logits)
+
+
+def test_an_older_steered_folder_is_scored_and_analysed_alike(setup, hard_model, tmp_path):  # noqa: F811
+    """The pipeline's evaluation and analysis of a steered folder written before (the family's
+    model type) give the numbers of the same model saved as a steered folder now, to the bit."""
+    old = tmp_path / "old"
+    shutil.copytree(hard_model["dir"], old, ignore=shutil.ignore_patterns(STEERED_MODULE_FILE))
+    shutil.copy(hard_model["native"] / "config.json", old / "config.json")
+    new, before = (
+        evaluate_model(d, setup["eval_dir"], ["add"], tmp_path / f"{n}.json", tmp_path / n)
+        for d, n in ((hard_model["dir"], "new"), (old, "old"))
+    )
+    assert new["tasks"] == before["tasks"]
+    assert before["eval_routing"] == new["eval_routing"]
+    # The model_args recorded for a steered folder are those of the older form, which loads as
+    # any folder did before steered folders had a type of their own (no trust_remote_code).
+    args_new, args_before = (r["lm_eval"]["config"]["model_args"] for r in (new, before))
+    assert args_new.pop("pretrained") == str(hard_model["dir"].resolve())
+    assert args_before.pop("pretrained") == str(old.resolve())
+    assert args_new == args_before == {"dtype": "float32"}
+    new, before = (
+        analyze_model(
+            model_dir=d,
+            base_dir=setup["model_dir"],
+            prior_path=hard_model["prior_path"],
+            eval_dir=setup["eval_dir"],
+            tasks=["add", "words"],
+            limit=24,
+            out_json=tmp_path / f"{n}.analysis.json",
+        )
+        for d, n in ((hard_model["dir"], "new"), (old, "old"))
+    )
+    for key in ("layers", "mean"):  # json: NaN (one community, no NMI) equals NaN there
+        assert json.dumps(new[key]) == json.dumps(before[key])
+
+
+def test_a_family_s_own_auto_map_is_kept_for_its_config() -> None:
+    """A checkpoint that ships remote modelling code (Moonlight's auto_map) keeps it under
+    rpb_base_auto_map; the family's config is rebuilt with it, as transformers read it."""
+    from rpb.eval_routing import steered_config_dict
+
+    family = {
+        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "auto_map": {"AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"},
+        "hidden_size": 8,
+    }
+    steered = steered_config_dict(family)
+    assert steered["auto_map"]["AutoModelForCausalLM"] == "rpb_steered.RpbSteeredForCausalLM"
+    assert steered["rpb_base_auto_map"] == family["auto_map"]
+    assert steered_config_dict(steered) == steered
+    assert base_config_dict(steered) == family
+    plain = {k: v for k, v in family.items() if k != "auto_map"}
+    assert base_config_dict(steered_config_dict(plain)) == plain

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rpb.eval_routing import eval_routing_spec
+from rpb.eval_routing import eval_routing_spec, load_model
 from rpb.pipeline.analysis import extract_prior_from_corpus
 from rpb.pipeline.data import SIZE_PRESETS, write_corpora
 from rpb.pipeline.evaluation import evaluate_model
@@ -94,7 +94,7 @@ def test_base_loads_offline_with_transformers_and_lm_eval(base) -> None:
 
 
 def _router_weights(model_dir: Path) -> list[torch.Tensor]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    model = load_model(model_dir, steer=False)  # hard's folder is a steered one (rpb_steered)
     return [m.weight.detach().clone() for n, m in model.named_modules() if n.endswith("mlp.gate")]
 
 

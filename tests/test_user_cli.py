@@ -67,10 +67,11 @@ def _finetune(world: dict[str, Path], out: Path, *flags: str, data: str = "text"
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    """The loaded model's tensors (transformers fuses the saved per-expert tensors)."""
-    from transformers import AutoModelForCausalLM
+    """The loaded model's tensors (transformers fuses the saved per-expert tensors); a steered
+    folder's (keep_bias_at_eval) too."""
+    from rpb.eval_routing import load_model
 
-    return AutoModelForCausalLM.from_pretrained(folder).state_dict()
+    return load_model(folder, steer=False).state_dict()
 
 
 def test_every_verb_s_help_has_an_example() -> None:

@@ -17,16 +17,11 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    PreTrainedModel,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from rpb.artifacts import save_safetensors, sha256_of, write_text
 from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, topk_overlap
-from rpb.eval_routing import attach_eval_routing, eval_routing_spec
+from rpb.eval_routing import attach_eval_routing, eval_routing_spec, load_model
 from rpb.pipeline.data import load_jsonl
 from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior, extract_prior
@@ -82,16 +77,17 @@ def load_for_inference(
 
     `trust_remote_code` applies to the tokenizer only (Moonlight's needs it); the model always
     loads with transformers' own class, with `experts_implementation` (None: transformers'
-    default).
+    default), and routes with its saved routers alone (a steered folder too:
+    `attach_eval_routing` steers it).
     """
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     experts = {"experts_implementation": experts_implementation} if experts_implementation else {}
     if torch.cuda.is_available():
-        model = AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.bfloat16, device_map="auto", **experts
+        model = load_model(
+            model_dir, steer=False, dtype=torch.bfloat16, device_map="auto", **experts
         )
     else:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **experts)
+        model = load_model(model_dir, steer=False, dtype=torch.float32, **experts)
     return tokenizer, model.eval()
 
 

@@ -468,7 +468,9 @@ def run_lm_eval(
     `suite.tasks` get their few-shot count and are scored by their configured metric (groups over
     all leaves); the suite also picks backend, dtype (default float32 without a suite) and extra
     model args. `device=None` means cuda when available. `trust_remote_code` applies to the
-    tokenizer only (hf backend): the model itself always loads with transformers' own classes.
+    tokenizer only (hf backend): the model itself always loads with transformers' own classes
+    (a steered folder, rpb.eval_routing, through rpb's own type, registered in this process, which
+    loads the family's class: no remote code).
     `experts_implementation` (hf backend) picks transformers' experts kernel (None: its default).
     """
     if not tasks:
@@ -480,6 +482,10 @@ def run_lm_eval(
     t0 = time.perf_counter()
     import lm_eval
     import lm_eval.api.registry
+
+    # Imported before anything loads: it registers a steered folder's own type (rpb_steered)
+    # with transformers, which then loads it with rpb's classes, without remote code.
+    from rpb.eval_routing import attach_eval_routing, eval_routing_spec, is_steered_folder
 
     settings = dict(suite.tasks) if suite else {}
     device = device or _default_device()
@@ -508,7 +514,6 @@ def run_lm_eval(
     # scored continuation tokens can be counted with lm-eval's own split (_encode_pair).
     # vLLM places the model itself (tensor_parallel_size) and forwards unknown keywords to vllm.
     run_cfg = {"batch_size": batch_size} | ({} if backend == "vllm" else {"device": device})
-    from rpb.eval_routing import attach_eval_routing, eval_routing_spec
 
     routing_spec = eval_routing_spec(model_dir)
     if routing_spec is not None and backend != "hf":
@@ -516,8 +521,14 @@ def run_lm_eval(
             f"run_lm_eval: {model_dir} keeps method {routing_spec['method']!r} routing at "
             f"evaluation (router hooks), which only the hf backend can apply, not {backend!r}"
         )
+    if routing_spec is not None and is_steered_folder(model_dir):
+        # lm-eval takes a model type it does not know (rpb_steered) for a causal LM, as it is,
+        # with a warning that it may be an error: said here, the warning is not. Left out of the
+        # recorded model_args, which are those of any folder.
+        model_args["backend"] = "causal"
     lm = lm_eval.api.registry.get_model(backend).create_from_arg_obj(model_args, run_cfg)
-    # hard / keep_bias_at_eval: put the method's router hooks back on the loaded model.
+    # hard / keep_bias_at_eval: the method's router hooks on the loaded model (the one a steered
+    # folder loaded with; attached here for a folder saved before those had a type of their own).
     steering = attach_eval_routing(lm.model, model_dir) if routing_spec is not None else None
     t_load = time.perf_counter()
     logger.info("lm-eval: %d tasks on %s (%s, %s)", len(tasks), model_dir, backend, device)

@@ -37,7 +37,7 @@ from transformers.trainer import TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
-from rpb.eval_routing import save_eval_routing
+from rpb.eval_routing import load_model, save_eval_routing
 from rpb.methods import RouterMethod, make_method
 from rpb.numerics import numeric_path
 from rpb.pipeline.data import (
@@ -579,8 +579,9 @@ def posttrain(
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code)
     torch.manual_seed(spec.seed)
-    model = AutoModelForCausalLM.from_pretrained(
-        base_dir, dtype=torch.float32, **experts_kwargs(experts_implementation)
+    # A steered folder (rpb.eval_routing) as base: its weights, routing with its saved routers.
+    model = load_model(
+        base_dir, steer=False, dtype=torch.float32, **experts_kwargs(experts_implementation)
     )
     model.train()
     dataset = tokenize_prompt_completion(corpus, tokenizer, spec.max_length)

@@ -152,6 +152,7 @@ def check_model_dir(path: Path) -> None:
     """A local checkpoint folder whose config.json names a MoE family rpb routes (else a one-line
     error naming the folder and, for a family rpb does not route, its model type), checked before
     any weight loads."""
+    from rpb.eval_routing import base_config_dict
     from rpb.families import FAMILIES, routed_model_types
     from rpb.router.spec import UnsupportedRouter
 
@@ -161,7 +162,9 @@ def check_model_dir(path: Path) -> None:
     if not config.is_file():
         raise FileNotFoundError(f"--model {path}: not a checkpoint folder (no config.json)")
     try:
-        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+        saved = json.loads(config.read_text(encoding="utf-8"))
+        # A steered folder (rpb.eval_routing) names its family under rpb_base_model_type.
+        model_type = base_config_dict(saved).get("model_type")
     except (json.JSONDecodeError, AttributeError, UnicodeDecodeError) as err:
         raise ValueError(f"{config}: not a JSON object ({err})") from None
     family = FAMILIES.get(model_type)
@@ -504,10 +507,10 @@ def cmd_finetune(args: argparse.Namespace) -> None:
 
     import torch
     from accelerate import PartialState
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from rpb.artifacts import write_text
-    from rpb.eval_routing import save_eval_routing
+    from rpb.eval_routing import load_model, save_eval_routing
     from rpb.pipeline.tracking import method_params
     from rpb.pipeline.training import (
         MethodChoice,
@@ -617,7 +620,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             write_text(args.out / PARAMS_FILE, json.dumps(params, indent=2, sort_keys=True) + "\n")
         state.wait_for_everyone()
         torch.manual_seed(args.seed)
-        model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+        # A steered folder (rpb.eval_routing): its weights, routing with its saved routers.
+        model = load_model(args.model, steer=False, dtype=torch.float32)
         _check_routers(model, args.model)
         if args.prior is not None:
             prior = RouterPrior.load(args.prior)
@@ -705,8 +709,11 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         state.wait_for_everyone()
     if main and (args.out / "eval_routing").is_dir():
         log.info(
-            "the model steers at evaluation with %s (rpb.eval_routing loads it)",
+            "the model steers at evaluation with %s: load it with trust_remote_code=True "
+            "(lm-eval: --model_args pretrained=%s,trust_remote_code=True) or "
+            "rpb.eval_routing.load_model",
             args.out / "eval_routing",
+            args.out,
         )
     if main:
         log.info("model and tokenizer saved to %s", args.out)
