@@ -78,7 +78,8 @@ def test_mlflow_has_one_finished_run_per_job(smoke_results: Path) -> None:
         (r.info.run_name, r.info.status) for r in runs
     ]
     assert len(names) == len(set(names)), "a job was recorded twice"
-    seeds, methods = (0,), ("none", "lbl", "rpb")
+    # Table 1's methods, and hard: the readings rule's upper end, which its check M2 reads.
+    seeds, methods = (0,), ("none", "lbl", "rpb", "hard")
     expected = {
         "corpora",
         "pretrain/tinyA/base0",
@@ -150,7 +151,8 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
     assert f"--out {out}/models/tinyA/base1 " in text
     runs = [line for line in text.splitlines() if "rpb pipeline run --name" in line]
     replica = [line for line in runs if '"seed": 1000' in line]  # run id 1000: its torch seed
-    assert len(replica) == 3 and len(runs) == 12  # 3 methods x 2 seeds x 2 bases
+    # 3 methods x 2 seeds x 2 bases, and hard (check M2's runs) at the readings' seed 0 per base
+    assert len(replica) == 4 and len(runs) == 14
     for line in replica:
         assert f"--base {out}/models/tinyA/base1/model" in line
         assert f"--prior {out}/priors/tinyA/base1/math.safetensors" in line
