@@ -212,17 +212,23 @@ def test_lm_eval_scores_the_hard_routed_model(setup, hard_model, tmp_path):  # n
     }
 
 
+def _analyse(world, hard_model, model_dir, out_json):
+    """The co-activation analysis of `model_dir` against the fixture's base (`world`: the setup
+    fixture) and hard's prior."""
+    return analyze_model(
+        model_dir=model_dir,
+        base_dir=world["model_dir"],
+        prior_path=hard_model["prior_path"],
+        eval_dir=world["eval_dir"],
+        tasks=["add", "words"],
+        limit=24,
+        out_json=out_json,
+    )
+
+
 def test_analysis_counts_the_experts_hard_routing_uses(setup, hard_model, tmp_path):  # noqa: F811
     def analyse(model_dir, name):
-        return analyze_model(
-            model_dir=model_dir,
-            base_dir=setup["model_dir"],
-            prior_path=hard_model["prior_path"],
-            eval_dir=setup["eval_dir"],
-            tasks=["add", "words"],
-            limit=24,
-            out_json=tmp_path / f"{name}.json",
-        )
+        return _analyse(setup, hard_model, model_dir, tmp_path / f"{name}.json")
 
     steered, native = analyse(hard_model["dir"], "hard"), analyse(hard_model["native"], "native")
     assert steered["eval_routing"]["method"] == "hard" and native["eval_routing"] is None
@@ -578,15 +584,7 @@ def test_an_older_steered_folder_is_scored_and_analysed_alike(setup, hard_model,
     assert args_before.pop("pretrained") == str(old.resolve())
     assert args_new == args_before == {"dtype": "float32"}
     new, before = (
-        analyze_model(
-            model_dir=d,
-            base_dir=setup["model_dir"],
-            prior_path=hard_model["prior_path"],
-            eval_dir=setup["eval_dir"],
-            tasks=["add", "words"],
-            limit=24,
-            out_json=tmp_path / f"{n}.analysis.json",
-        )
+        _analyse(setup, hard_model, d, tmp_path / f"{n}.analysis.json")
         for d, n in ((hard_model["dir"], "new"), (old, "old"))
     )
     for key in ("layers", "mean"):  # json: NaN (one community, no NMI) equals NaN there
