@@ -20,6 +20,9 @@ def _results(root: Path, cpu: str, accuracy: str) -> Path:
     (results / "runs" / "train_history.json").write_text(json.dumps(history))
     (results / "logs").mkdir()
     (results / "logs" / "job.log").write_text(cpu)  # logs are never compared
+    scratch = results / "eval" / "seed0.work" / "tasks"  # nor a job's scratch folder, left or not
+    scratch.mkdir(parents=True)
+    (scratch / "dataset_info.json").write_text(json.dumps({"cpu": cpu}))
     return results
 
 

@@ -5,6 +5,7 @@ It extends the suite's shared smoke run (conftest.smoke_run), so table 1's jobs 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
@@ -25,6 +26,20 @@ VERDICTS = {"supported", "not supported", "inconclusive", "not testable"}
 def smoke_all(smoke_run: Path) -> Path:
     smoke_pipeline.run_or_fail(smoke_run, "all", "--cores", "2")
     return smoke_run
+
+
+@pytest.mark.slow
+def test_plan_cost_finds_every_rules_benchmarks(smoke_all: Path) -> None:
+    """bench/plan_cost.py names each rule's benchmark files as the rules write them: the narrowed
+    smoke `all` ran at least one job of every benchmarked rule of the smoke plan, and each is found
+    (a wrong name would read "0 measured" and be estimated instead)."""
+    spec = importlib.util.spec_from_file_location("plan_cost", ROOT / "bench" / "plan_cost.py")
+    plan_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan_cost)
+    cost = plan_cost.plan_cost("smoke-all", smoke_all)
+    assert set(cost) == set(plan_cost.BENCHMARK_DIRS)
+    for rule, c in cost.items():
+        assert c["measured"] >= 1 and c["measured_s"] > 0, rule
 
 
 @pytest.mark.slow

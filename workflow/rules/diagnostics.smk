@@ -4,8 +4,8 @@
 #   the models with each part (diagnostics.router_swap.parts: routers, routed experts, trunk) from
 #   B or T, evaluated like every model -> router_swap.csv/.md (rpb.router_swap names the cells,
 #   their models and the paths, so the rules and the table builder agree);
-# - the routing-sensitive regime: table 1's methods post-trained with another posttrain.trainable
-#   (routed experts and routers only) -> diagnostic_table1.csv/.md.
+# - another training regime (diagnostics.regime; the default: the damped-trunk arm, the trunk at a
+#   tenth of the rate instead of frozen): table 1's methods and hard -> diagnostic_table1.csv/.md.
 # The training, evaluation and analysis rules are the main ones, re-targeted with `use rule`
 # (`with:` replaces a rule's input and output wholesale but merges params by name).
 
