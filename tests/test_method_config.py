@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,7 @@ ENTRIES: dict[str, tuple[dict[str, Any], float]] = {
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> dict[str, Any]:
+def world(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> Iterator[dict[str, Any]]:
     """A tiny saved base with the testbed tokenizer, a corpus, its router prior, an MLflow store."""
     import mlflow
 
