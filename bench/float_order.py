@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
+from rpb.method_config import MethodConfig
+from rpb.pipeline.training import TrainSpec, posttrain
 
 
 def train(base: Path, corpus: Path, threads: int, steps: int, out: Path) -> dict[str, torch.Tensor]:
@@ -28,7 +29,7 @@ def train(base: Path, corpus: Path, threads: int, steps: int, out: Path) -> dict
         base_dir=base,
         prior_path=None,
         corpus=corpus,
-        method=MethodChoice("none"),
+        method=MethodConfig("none"),
         spec=spec,
         out_dir=out,
     )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import mlflow
 
+from rpb.method_config import MethodConfig
 from rpb.pipeline import tracking
 from rpb.specs import analysis_path, bases_of, eval_path, run_fields, run_path
 
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             history = run_path("train_history", results, model, corpus, method, run_id)
             if method != "base" and history.is_file():
                 trained = json.loads(history.read_text())
-                params = tracking.method_params(method, trained.get("method"))
+                params = tracking.method_params(method, MethodConfig.from_dict(trained["method"]))
                 with tracking.tracked_run(stage="train", params=params, **schema, **kw):
                     for entry in trained.get("history", []):
                         step = int(entry.get("step", 0))

@@ -3,8 +3,9 @@
 Most methods steer routing only while training, so a saved checkpoint routes natively and needs
 nothing more. `hard` (and any method with `keep_bias_at_eval: true`) is meant to be evaluated with
 its steering in place: base-router selection for `hard`, the prior bias for RPB. The checkpoint
-cannot hold forward hooks, so `save_eval_routing` writes the method (name, strength, options, its
-state such as rpb_adaptive's learned bias) and its router prior into `<model_dir>/eval_routing/`,
+cannot hold forward hooks, so `save_eval_routing` writes the method (its MethodConfig, as
+`{"kind", "strength", "options"}`, and its state such as rpb_adaptive's learned bias) and its
+router prior into `<model_dir>/eval_routing/`,
 and `attach_eval_routing` puts the same hooks back on a freshly loaded model. Evaluation
 (lm-eval) and the co-activation analysis both call it, so accuracy and structure are measured on
 the routing the model is trained for.
@@ -28,7 +29,7 @@ prefers a registered type to the folder's auto_map, so no trust_remote_code is n
 is copied into its modules cache. A process without rpb imported (stock transformers, lm-eval's
 CLI) refuses the folder unless given `trust_remote_code=True`, and with it imports rpb through
 `rpb_steered.py`: the same classes. Folders written before (the family's model type, an
-`eval_routing/`) load as they did.
+`eval_routing/`; a method file that names the family `method`) load as they did.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ from torch import nn
 from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
 
 from rpb.artifacts import save_safetensors, write_text
-from rpb.methods import METHODS, RouterMethod, make_method
+from rpb.method_config import MethodConfig
+from rpb.methods import RouterMethod
 from rpb.prior import RouterPrior
 
 log = logging.getLogger(__name__)
@@ -106,7 +108,7 @@ __all__ = ["RpbSteeredConfig", "RpbSteeredForCausalLM"]
 
 def keeps_routing_at_eval(method: RouterMethod) -> bool:
     """Whether `method` steers routing in eval mode (its hooks must travel with the model)."""
-    return bool(method.options.get("keep_bias_at_eval", False))
+    return MethodConfig.of(method).keeps_routing_at_eval
 
 
 def save_eval_routing(
@@ -127,7 +129,7 @@ def save_eval_routing(
     config = _read_config(config_path)
     out = model_dir / EVAL_ROUTING_DIR
     out.mkdir(parents=True, exist_ok=True)
-    spec = {"method": method.name, "strength": method.strength, "options": method.options}
+    spec = MethodConfig.of(method).to_dict()
     if prior is not None:
         prior.save(out / _PRIOR_FILE)
     state = method.state_dict()
@@ -193,8 +195,9 @@ def is_steered_folder(model_dir: str | Path) -> bool:
     return path.is_file() and _read_config(path).get("model_type") == STEERED_MODEL_TYPE
 
 
-def eval_routing_spec(model_dir: str | Path) -> dict[str, Any] | None:
-    """The saved method spec of `model_dir` (None if the model routes natively at evaluation)."""
+def eval_routing_spec(model_dir: str | Path) -> MethodConfig | None:
+    """The method `model_dir` keeps at evaluation (None if the model routes natively); a file
+    written before MethodConfig (the family under `method`) reads as the same value."""
     path = Path(model_dir) / EVAL_ROUTING_DIR / _METHOD_FILE
     if not path.is_file():
         return None
@@ -202,10 +205,7 @@ def eval_routing_spec(model_dir: str | Path) -> dict[str, Any] | None:
         spec = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err})") from None
-    missing = {"method", "strength", "options"} - set(spec)
-    if missing:
-        raise ValueError(f"{path}: missing key(s) {', '.join(sorted(missing))}")
-    return spec
+    return MethodConfig.from_dict(spec, where=str(path))
 
 
 def attach_eval_routing(model: nn.Module, model_dir: str | Path) -> RouterMethod | None:
@@ -221,11 +221,7 @@ def attach_eval_routing(model: nn.Module, model_dir: str | Path) -> RouterMethod
     if isinstance(carried, RouterMethod) and carried.control is not None:
         return carried
     folder = Path(model_dir) / EVAL_ROUTING_DIR
-    name = spec["method"]
-    if name not in METHODS:
-        raise ValueError(f"{folder / _METHOD_FILE}: unknown router method {name!r}")
-    strength = spec["strength"] if METHODS[name].uses_strength else None
-    method = make_method(name, strength=strength, **spec["options"])
+    method = spec.build()
     prior_path = folder / _PRIOR_FILE
     prior = RouterPrior.load(prior_path) if prior_path.is_file() else None
     method.attach(model, prior)

@@ -37,7 +37,7 @@ from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss
 from rpb.coactivation import mean_kl, topk_overlap, usage_entropy
 from rpb.prior import RouterPrior
 from rpb.routing import RouterControl, RouterRecord, routing_log_probs, routing_probs
-from rpb.specs import MethodSpec, method_spec
+from rpb.specs import FAMILY_STRENGTH, MethodSpec, check_method, method_spec
 
 __all__ = [
     "DEEPSEEK_V3_AUX_LOSS_ALPHA",
@@ -62,10 +62,7 @@ def _register(cls: type[RouterMethod]) -> type[RouterMethod]:
     spec = method_spec(cls.name)
     cls.spec = spec
     cls.uses_strength = spec.uses_strength
-    cls.default_strength = spec.default_strength if spec.uses_strength else 0.0
-    cls.max_strength = spec.max_strength
     cls.needs_prior = spec.needs_prior
-    cls.option_defaults = spec.option_defaults
     METHODS[cls.name] = cls
     return cls
 
@@ -74,7 +71,8 @@ def make_method(name: str, strength: float | str | None = None, **options: Any) 
     """Instantiate a registered method; `strength` None means the method's default (its
     rpb.specs entry). `lbl` also takes strength="family": the coefficient the model's family was
     pretrained with, read from the model's config when the method is attached
-    (`family_lbl_coefficient`)."""
+    (`family_lbl_coefficient`). Strength and options are checked as a MethodConfig's are
+    (rpb.specs.check_method; `rpb.method_config.MethodConfig(...).build()` comes here)."""
     if name not in METHODS:
         raise ValueError(f"unknown router method {name!r} (known: {', '.join(METHODS)})")
     return METHODS[name](strength, **options)
@@ -176,52 +174,22 @@ class RouterMethod:
     name: ClassVar[str] = "none"
     # Whether the router hooks record ||W - W0||^2 (RouterControl's `weight_distance`).
     needs_weight_distance: ClassVar[bool] = False
-    # Set by `_register` from the method's rpb.specs entry: strength default and limit, options,
-    # whether `attach` needs a router prior.
+    # Set by `_register` from the method's rpb.specs entry: the spec (strength default and
+    # limit, options), whether it takes a strength, whether `attach` needs a router prior.
     spec: ClassVar[MethodSpec]
     needs_prior: ClassVar[bool] = False
-    default_strength: ClassVar[float] = 0.0
     uses_strength: ClassVar[bool] = False
-    max_strength: ClassVar[float] = math.inf
-    option_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, strength: float | None = None, **options: Any) -> None:
-        if strength is not None and not self.uses_strength:
-            raise ValueError(f"method {self.name!r} takes no strength (got {strength})")
-        value = self.default_strength if strength is None else strength
-        if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-            raise ValueError(f"strength of method {self.name!r} must be a finite number >= 0")
-        if value > self.max_strength:
-            raise ValueError(
-                f"strength of method {self.name!r} must be <= {self.max_strength} (got {value})"
-            )
-        self.strength = float(value)
+        # The one check of a method's strength and options (a MethodConfig built here passes
+        # them checked already, and gets them back as they are).
+        strength, self.options = check_method(self.name, strength, options)
+        self.strength = 0.0 if strength is None else float(strength)
         self.progress = 0.0  # share of training done (set_progress)
-        unknown = sorted(set(options) - set(self.option_defaults))
-        if unknown:
-            known = ", ".join(self.option_defaults) or "none"
-            raise ValueError(
-                f"unknown option(s) {', '.join(unknown)} for method {self.name!r} (known: {known})"
-            )
-        self.options = {**self.option_defaults, **options}
-        for key, val in self.options.items():
-            self._check_option(key, val)
         self.control: RouterControl | None = None
         self.prior: RouterPrior | None = None
         self.model: nn.Module | None = None
         self._mask: Tensor | None = None
-
-    def _check_option(self, key: str, val: Any) -> None:
-        default = self.option_defaults[key]
-        choices = self.spec.options[key].choices
-        if choices is not None and val not in choices:
-            raise ValueError(f"option {key} of method {self.name!r} must be one of {choices}")
-        if isinstance(default, bool) and not isinstance(val, bool):
-            raise ValueError(f"option {key} of method {self.name!r} must be true or false")
-        if isinstance(default, float) and (
-            isinstance(val, bool) or not isinstance(val, int | float) or not val >= 0
-        ):
-            raise ValueError(f"option {key} of method {self.name!r} must be a number >= 0")
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strength={self.strength}, options={self.options})"
@@ -443,12 +411,8 @@ class LBL(RouterMethod):
     name = "lbl"
 
     def __init__(self, strength: float | str | None = None, **options: Any) -> None:
-        if isinstance(strength, str) and strength != "family":
-            raise ValueError(
-                f"strength of method 'lbl' must be a number >= 0 or 'family', got {strength!r}"
-            )
         # "family" is resolved from the model's config in attach; until then the spec default.
-        self.family_strength = strength == "family"
+        self.family_strength = strength == FAMILY_STRENGTH
         super().__init__(None if self.family_strength else strength, **options)
 
     def __repr__(self) -> str:

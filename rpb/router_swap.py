@@ -188,7 +188,7 @@ def _load(model_dir: Path) -> nn.Module:
         # Its evaluation replaces the router's selection (hard: the base's), so swapping its
         # router weights would not swap the routing it is evaluated with.
         raise ValueError(
-            f"part swap: {model_dir} keeps method {spec['method']!r} routing at evaluation; "
+            f"part swap: {model_dir} keeps method {spec.kind!r} routing at evaluation; "
             "swap only models that route natively"
         )
     # dtype "auto": the saved dtype, so copied tensors stay bitwise what was saved.

@@ -1,9 +1,10 @@
 """The project's names in one torch-free place: method families and their options, the tiny
 testbed's corpora and eval sets, and the results path layout.
 
-Everything that must agree reads this module: `rpb.methods` (strength defaults and options of each
-method class), `rpb.pipeline.config_check` (what a config may name), the Snakemake rules (paths),
-the tables and the CLI. It imports nothing heavy, because the Snakefile imports it at every parse.
+Everything that must agree reads this module: `rpb.method_config` and `rpb.methods` (a method's
+strength and options, checked and completed by `check_method` alone), `rpb.pipeline.config_check`
+(what a config may name), the Snakemake rules (paths), the tables and the CLI. It imports nothing
+heavy, because the Snakefile imports it at every parse.
 
 A new method is a class in `rpb.methods` plus its `MethodSpec` here; a new tiny eval set is a
 generator in `rpb.pipeline.data` plus its name in `EVAL_SETS` (under `eval_only` it retrains no
@@ -21,6 +22,7 @@ from typing import Any
 __all__ = [
     "CORPORA",
     "EVAL_SETS",
+    "FAMILY_STRENGTH",
     "METHOD_SPECS",
     "PATHS",
     "RUN_STRIDE",
@@ -30,6 +32,7 @@ __all__ = [
     "base_index",
     "base_of_run",
     "bases_of",
+    "check_method",
     "method_spec",
     "replicate_name",
     "results_path",
@@ -184,6 +187,100 @@ def method_spec(name: str) -> MethodSpec:
     except KeyError:
         known = ", ".join(METHOD_SPECS)
         raise ValueError(f"unknown router method {name!r} (known: {known})") from None
+
+
+# The one text strength: the coefficient of the model family's own load-balancing loss, read from
+# the model's config when the method attaches (rpb.methods.family_lbl_coefficient).
+FAMILY_STRENGTH = "family"
+FAMILY_STRENGTH_METHODS = ("lbl",)
+
+
+def _finite_at_least_0(value: Any) -> bool:
+    # YAML's .nan passes every comparison, and True is an int to Python.
+    return (
+        isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
+def check_method(
+    kind: str,
+    strength: float | str | None = None,
+    options: Mapping[str, Any] | None = None,
+    key: str | None = None,
+) -> tuple[float | str | None, dict[str, Any]]:
+    """The strength and options of a method of family `kind`, checked and completed: the one
+    place that does either (`rpb.method_config.MethodConfig` and `rpb.methods.make_method` call
+    it). The strength comes back a float (None: the family's default), None for a family that
+    takes none, or `FAMILY_STRENGTH` where the family takes it; the options with the family's
+    defaults filled in (a float option as a float).
+
+    A bad value raises one ValueError line that starts with where it was written: `key` (a
+    config's `methods.<label>`) followed by `.strength` or `.options.<name>`, or without a key
+    `strength of method '<kind>'` and `option <name> of method '<kind>'`."""
+    spec = method_spec(kind)
+    where = f"{key}.strength" if key else f"strength of method {kind!r}"
+    if not spec.uses_strength:
+        if strength is not None:
+            raise ValueError(f"{where}: {kind!r} takes no strength (got {strength!r})")
+    elif strength is None:
+        strength = spec.default_strength
+    elif isinstance(strength, str):
+        strength = _text_strength(kind, strength, where)
+    elif not _finite_at_least_0(strength):
+        raise ValueError(f"{where}: {strength!r} is not a finite number >= 0")
+    elif strength > spec.max_strength:
+        raise ValueError(f"{where}: {kind!r} takes at most {spec.max_strength} (got {strength!r})")
+    if isinstance(strength, int | float):
+        strength = float(strength)
+    if options is not None and not isinstance(options, Mapping):
+        where = f"{key}.options" if key else f"options of method {kind!r}"
+        raise ValueError(f"{where}: {options!r} is not a mapping of option names to values")
+    checked = dict(spec.option_defaults)
+    for name, value in (options or {}).items():
+        where = f"{key}.options.{name}" if key else f"option {name} of method {kind!r}"
+        checked[name] = _option_value(kind, spec.options.get(name), value, where)
+    return strength, checked
+
+
+def _text_strength(kind: str, strength: str, where: str) -> str:
+    """`FAMILY_STRENGTH` for a family that takes it; any other text refused in one line."""
+    try:
+        number = float(strength)
+    except ValueError:
+        number = None
+    # PyYAML (YAML 1.1, Snakemake's) reads `1e-3` as text, `1.0e-3` as a number.
+    if number is not None and math.isfinite(number):
+        raise ValueError(f"{where}: {strength!r} is text, not a number (write {number!r})")
+    takes_family = kind in FAMILY_STRENGTH_METHODS
+    if strength != FAMILY_STRENGTH:
+        if takes_family:
+            raise ValueError(f"{where}: {strength!r} is neither a number >= 0 nor 'family'")
+        raise ValueError(f"{where}: {strength!r} is not a number")
+    if not takes_family:
+        raise ValueError(
+            f"{where}: {FAMILY_STRENGTH!r} (the model family's own load-balancing coefficient) "
+            f"is a strength of {' or '.join(map(repr, FAMILY_STRENGTH_METHODS))} only; give "
+            f"{kind!r} a number"
+        )
+    return strength
+
+
+def _option_value(kind: str, option: Option | None, value: Any, where: str) -> Any:
+    if option is None:
+        known = ", ".join(method_spec(kind).options) or "none"
+        raise ValueError(f"{where}: unknown option of {kind!r} (known: {known})")
+    if option.kind == "choice" and value not in option.choices:
+        raise ValueError(f"{where}: {value!r} is not one of {list(option.choices)}")
+    if option.kind == "bool" and not isinstance(value, bool):
+        raise ValueError(f"{where}: {value!r} is not true or false")
+    if option.kind == "float":
+        if not _finite_at_least_0(value):
+            raise ValueError(f"{where}: {value!r} is not a finite number >= 0")
+        return float(value)
+    return value
 
 
 # The tiny testbed's corpora (post-training; each doubles as the in-domain eval set of its name)

@@ -77,6 +77,27 @@ def make_model(arch: str) -> PreTrainedModel:
     return copy.deepcopy(_cached_model(arch))
 
 
+def save_tiny_base(folder: Path, num_experts: int = 8) -> Path:
+    """A tiny random qwen3_moe base saved with the testbed tokenizer in `folder` (what a
+    post-training job takes as its `--base`)."""
+    from rpb.architectures import random_model
+    from rpb.pipeline.tokenizer import build_tokenizer
+
+    tok = build_tokenizer()
+    model = random_model(
+        "qwen3_moe",
+        seed=0,
+        num_experts=num_experts,
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
 def make_batch(
     batch: int = 2, seq: int = 8, pad: int = 3, seed: int = 0
 ) -> dict[str, torch.Tensor]:

@@ -19,12 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import new_store
+from conftest import new_store, save_tiny_base
 from smoke_pipeline import snakemake_in_repo
 
-from rpb.architectures import random_model
 from rpb.pipeline.cli import build_parser, main
-from rpb.pipeline.tokenizer import build_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,21 +42,10 @@ def world(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> Iterat
     from transformers.utils import logging as hf_logging
 
     root = tmp_path_factory.mktemp("cli_errors")
-    tok = build_tokenizer()
-    bases = {}
-    for name, experts in (("tiny8", 8), ("tiny4", 4)):
-        model = random_model(
-            "qwen3_moe",
-            seed=0,
-            num_experts=experts,
-            vocab_size=len(tok),
-            pad_token_id=tok.pad_token_id,
-            eos_token_id=tok.eos_token_id,
-            bos_token_id=None,
-        )
-        bases[name] = root / "models" / name / "base" / "model"
-        model.save_pretrained(bases[name])
-        tok.save_pretrained(bases[name])
+    bases = {
+        name: save_tiny_base(root / "models" / name / "base" / "model", experts)
+        for name, experts in (("tiny8", 8), ("tiny4", 4))
+    }
     # Progress bars would be extra stderr lines; the pipeline's logs keep them, this test doesn't.
     hf_logging.disable_progress_bar()
     previous_uri = mlflow.get_tracking_uri()
@@ -112,7 +99,7 @@ def _train(
         *("--tracking-uri", world["uri"], "--experiment", experiment),
         *("--name", "tiny8", "--label", method, "--base", str(world["bases"]["tiny8"])),
         *("--corpus", str(corpus), "--corpus-name", "math"),
-        *("--method", json.dumps({"name": method}), "--spec", SPEC),
+        *("--method", json.dumps({"kind": method}), "--spec", SPEC),
         *("--out", str(world["root"] / "runs" / experiment)),
     ]
     if prior is not None:

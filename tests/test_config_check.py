@@ -22,7 +22,6 @@ from smoke_pipeline import snakemake_in_repo
 
 from rpb.pipeline.config_check import (
     METHOD_FAMILIES,
-    NO_STRENGTH,
     ConfigError,
     check_config,
     expand_replicates,
@@ -81,12 +80,12 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "negative_strength": (
         _set("methods", "rpb", "strength", value=-1),
         "methods.rpb.strength:",
-        "-1 is less than the minimum of 0",
+        "-1 is not a finite number >= 0",
     ),
     "text_strength": (
         _set("methods", "rpb", "strength", value="high"),
         "methods.rpb.strength:",
-        "'high' is not of type 'number'",
+        "'high' is not a number",
     ),
     "yaml_exponent_strength": (
         _set("methods", "lbl", "strength", value="1e-3"),
@@ -101,12 +100,12 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
     "bool_strength": (
         _set("methods", "rpb", "strength", value=True),
         "methods.rpb.strength:",
-        "true is not of type 'number'",
+        "True is not a finite number >= 0",
     ),
     "family_strength_on_rpb": (
         _set("methods", "rpb", "strength", value="family"),
         "methods.rpb.strength:",
-        "is a strength of method 'lbl' only; give method 'rpb' a number",
+        "is a strength of 'lbl' only; give 'rpb' a number",
     ),
     "text_strength_on_lbl": (
         _set("methods", "lbl", "strength", value="own"),
@@ -118,10 +117,20 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
         "methods.none.strength:",
         "takes no strength",
     ),
+    "strength_above_limit": (
+        _set("methods", "rpb_interp", "strength", value=2.0),
+        "methods.rpb_interp.strength:",
+        "'rpb_interp' takes at most 1.0 (got 2.0)",
+    ),
     "unknown_option": (
         _set("methods", "rpb", "options", value={"bias_at": "logits"}),
         "methods.rpb.options.bias_at:",
-        "unknown option of method 'rpb'",
+        "unknown option of 'rpb'",
+    ),
+    "option_not_bool": (
+        _set("methods", "rpb", "options", value={"keep_bias_at_eval": "yes"}),
+        "methods.rpb.options.keep_bias_at_eval:",
+        "'yes' is not true or false",
     ),
     "bad_option_value": (
         _set("methods", "rpb", "options", value={"bias_on": "gates"}),
@@ -368,7 +377,7 @@ def _planned_training_command(tmp_path: Path, methods: dict[str, Any], label: st
 def test_a_family_strength_reaches_the_lbl_method_unchanged(tmp_path: Path) -> None:
     """`strength: family` (lbl's: the model family's own load-balancing coefficient) passes the
     check as it is, travels unchanged through the training rule's `--method` (the command line a
-    dry run plans) and `rpb pipeline train`'s MethodChoice, and the library resolves it when the
+    dry run plans) into `rpb pipeline train`'s MethodConfig, and the library resolves it when the
     method attaches to the model."""
     from rpb.architectures import random_model
     from rpb.pipeline.cli import build_parser
@@ -383,12 +392,15 @@ def test_a_family_strength_reaches_the_lbl_method_unchanged(tmp_path: Path) -> N
     check_config(config, SCHEMA)
     assert config["methods"]["lbl_own"] == {"kind": "lbl", "strength": "family"}
     args = build_parser().parse_args(_planned_training_command(tmp_path, methods, "lbl_own"))
-    assert args.method == {"name": "lbl", "strength": "family", "options": {}}
-    from rpb.pipeline.training import MethodChoice
+    from rpb.method_config import MethodConfig
 
-    spec = MethodChoice(**args.method)
-    assert spec.strength == "family"
-    method = spec.build()
+    assert args.method == MethodConfig("lbl", "family")
+    assert args.method.to_dict() == {
+        "kind": "lbl",
+        "strength": "family",
+        "options": {"pooling": "auto"},
+    }
+    method = args.method.build()
     assert method.family_strength
     model = random_model("qwen3_moe", num_experts=4, router_aux_loss_coef=0.02)
     with method.attach(model):
@@ -418,7 +430,6 @@ def test_the_check_knows_the_method_families_of_the_specs() -> None:
     from rpb.specs import METHOD_SPECS
 
     assert tuple(METHOD_SPECS) == METHOD_FAMILIES
-    assert set(NO_STRENGTH) == {n for n, spec in METHOD_SPECS.items() if not spec.uses_strength}
 
 
 def test_schema_names_the_method_families_of_the_specs() -> None:
@@ -449,7 +460,7 @@ def test_eval_set_names_match_the_generator() -> None:
 SNAKEMAKE_CASES = {
     "nested_value": (
         "methods:\n  rpb: {strength: -1}\n",
-        "config error: methods.rpb.strength: -1 is less than the minimum of 0",
+        "config error: methods.rpb.strength: -1 is not a finite number >= 0",
     ),
     "unknown_top_level_key": (
         "sedes: [0, 1]\n",

@@ -111,7 +111,7 @@ def _trainer_history(out: Path, batch: int, ga: int) -> list[dict[str, float]]:
 
 def _train_job(world: dict[str, str]) -> list[str]:
     """`rpb pipeline train` arguments of a 2-step rpb_adaptive job, a checkpoint after step 1."""
-    method = {"name": "rpb_adaptive", "options": {"update_rate": 0.5}}
+    method = {"kind": "rpb_adaptive", "options": {"update_rate": 0.5}}
     spec = {"steps": 2, "batch_size": 2, "lr": 0.01, "max_length": 16, "log_every": 1}
     return [
         *("pipeline", "train", "--name", "tiny", "--label", "rpb_adaptive"),

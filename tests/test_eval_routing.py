@@ -29,6 +29,7 @@ from rpb.eval_routing import (
     register_steered_type,
     save_eval_routing,
 )
+from rpb.method_config import MethodConfig
 from rpb.methods import make_method
 from rpb.pipeline.analysis import analyze_model
 from rpb.pipeline.evaluation import evaluate_model
@@ -41,6 +42,14 @@ def _prior(model):
     return extract_prior(
         model, batches, model_id="t", revision="r", corpus_hash="0" * 64, progress=False
     )
+
+
+def _write_earlier_method_file(folder: Path, method) -> None:
+    """`folder`'s eval_routing/method.json as rpb wrote it before MethodConfig: the family under
+    `method`, RouterMethod's strength (0.0 for hard), every option."""
+    spec = {"method": method.name, "strength": method.strength, "options": method.options}
+    text = json.dumps(spec, indent=2, sort_keys=True) + "\n"
+    (folder / EVAL_ROUTING_DIR / "method.json").write_text(text)
 
 
 def _trained_copy(arch: str):
@@ -90,6 +99,14 @@ def test_reloaded_model_routes_as_the_trained_method(tmp_path, name, strength, o
     again.detach()
     with torch.no_grad():
         assert torch.equal(reloaded(**batch).logits, native)
+    # The file spells the method as every part does; one written before, as its MethodConfig.
+    saved = json.loads((tmp_path / EVAL_ROUTING_DIR / "method.json").read_text())
+    assert saved == MethodConfig.of(method).to_dict() and saved["kind"] == name
+    _write_earlier_method_file(tmp_path, method)
+    assert eval_routing_spec(tmp_path) == MethodConfig.of(method)
+    earlier = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert torch.equal(earlier(**batch).logits, steered)
 
 
 def test_adaptive_bias_state_is_restored(tmp_path):
@@ -152,8 +169,11 @@ def test_adaptive_correction_bias_travels_in_the_checkpoint_itself(tmp_path):
 def test_broken_spec_is_named(tmp_path):
     folder = tmp_path / EVAL_ROUTING_DIR
     folder.mkdir()
-    (folder / "method.json").write_text('{"method": "hard"}')
-    with pytest.raises(ValueError, match=r"method\.json: missing key\(s\) options, strength"):
+    (folder / "method.json").write_text('{"kind": "hard", "strenght": 1.0}')
+    with pytest.raises(ValueError, match=r"method\.json: unknown key\(s\) strenght"):
+        eval_routing_spec(tmp_path)
+    (folder / "method.json").write_text('{"kind": "rpb", "strength": -1.0}')
+    with pytest.raises(ValueError, match=r"method\.json: strength of method 'rpb': -1\.0 is not"):
         eval_routing_spec(tmp_path)
     (folder / "method.json").write_text('{"method": "nope", "strength": 0, "options": {}}')
     with pytest.raises(ValueError, match="unknown router method 'nope'"):
@@ -189,7 +209,7 @@ def test_lm_eval_scores_the_hard_routed_model(setup, hard_model, tmp_path):  # n
     result = evaluate_model(
         hard_model["dir"], setup["eval_dir"], ["add"], tmp_path / "e.json", tmp_path / "w"
     )
-    assert result["eval_routing"]["method"] == "hard"
+    assert result["eval_routing"]["kind"] == "hard"
     model = load_model(hard_model["dir"], steer=False, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(hard_model["dir"])
     items = setup["sets"]["add"]
@@ -200,8 +220,8 @@ def test_lm_eval_scores_the_hard_routed_model(setup, hard_model, tmp_path):  # n
     assert result["tasks"]["rpb_add_ll"]["ll_sum"] == pytest.approx(steered, abs=1e-4)
     saved = json.loads((tmp_path / "e.json").read_text())
     assert saved["eval_routing"] == {
-        "method": "hard",
-        "strength": 0.0,
+        "kind": "hard",
+        "strength": None,
         "options": {"gate_from": "live", "keep_bias_at_eval": True},
     }
     # Recorded as for any folder (and before steered folders had a type of their own): the
@@ -231,7 +251,7 @@ def test_analysis_counts_the_experts_hard_routing_uses(setup, hard_model, tmp_pa
         return _analyse(setup, hard_model, model_dir, tmp_path / f"{name}.json")
 
     steered, native = analyse(hard_model["dir"], "hard"), analyse(hard_model["native"], "native")
-    assert steered["eval_routing"]["method"] == "hard" and native["eval_routing"] is None
+    assert steered["eval_routing"]["kind"] == "hard" and native["eval_routing"] is None
     # Base selection on the model's own hidden states: overlap with the base router is exact.
     assert all(row["topk_overlap_with_base"] == 1.0 for row in steered["layers"])
     assert native["mean"]["topk_overlap_with_base"] < 0.9
@@ -567,10 +587,12 @@ def test_lm_eval_loads_a_steered_folder_steered_or_refuses_it(setup, hard_model,
 
 def test_an_older_steered_folder_is_scored_and_analysed_alike(setup, hard_model, tmp_path):  # noqa: F811
     """The pipeline's evaluation and analysis of a steered folder written before (the family's
-    model type) give the numbers of the same model saved as a steered folder now, to the bit."""
+    model type, its method file naming the family `method`) give the numbers of the same model
+    saved as a steered folder now, to the bit, and record its method alike."""
     old = tmp_path / "old"
     shutil.copytree(hard_model["dir"], old, ignore=shutil.ignore_patterns(STEERED_MODULE_FILE))
     shutil.copy(hard_model["native"] / "config.json", old / "config.json")
+    _write_earlier_method_file(old, make_method("hard"))
     new, before = (
         evaluate_model(d, setup["eval_dir"], ["add"], tmp_path / f"{n}.json", tmp_path / n)
         for d, n in ((hard_model["dir"], "new"), (old, "old"))
@@ -589,6 +611,7 @@ def test_an_older_steered_folder_is_scored_and_analysed_alike(setup, hard_model,
     )
     for key in ("layers", "mean"):  # json: NaN (one community, no NMI) equals NaN there
         assert json.dumps(new[key]) == json.dumps(before[key])
+    assert new["eval_routing"] == before["eval_routing"] == MethodConfig("hard").to_dict()
 
 
 def test_a_family_s_own_auto_map_is_kept_for_its_config() -> None:

@@ -18,6 +18,7 @@ import yaml
 from matplotlib.image import imread
 from result_worlds import OOD_ALL, PAPER_WORLD, write_run
 
+from rpb.method_config import MethodConfig
 from rpb.report.exploratory import (
     KEPT_AT_EVAL,
     OWN_ROUTER,
@@ -28,7 +29,7 @@ from rpb.report.exploratory import (
     match_strengths,
     method_strength,
 )
-from rpb.specs import analysis_path, results_path
+from rpb.specs import METHOD_SPECS, analysis_path, results_path
 
 METHODS = {
     "none": {"kind": "none"},
@@ -43,22 +44,24 @@ METHODS = {
 
 
 def test_strength_axis() -> None:
-    assert method_strength({"kind": "none"}) == 0.0
-    assert method_strength({"kind": "hard"}) == math.inf
-    assert method_strength({"kind": "rpb", "strength": 0.5}) == 0.5
-    from rpb.methods import METHODS as LIBRARY
-
-    assert method_strength({"kind": "anchor_kl"}) == LIBRARY["anchor_kl"].default_strength
-    with pytest.raises(ValueError, match="unknown method kind 'rbp'"):
-        method_strength({"kind": "rbp"})
+    assert method_strength(MethodConfig("none")) == 0.0
+    assert method_strength(MethodConfig("hard")) == math.inf
+    assert method_strength(MethodConfig("rpb", 0.5)) == 0.5
+    # The library's default, written into the value when it is made (the spec's, the one place).
+    assert method_strength(MethodConfig("anchor_kl")) == METHOD_SPECS["anchor_kl"].default_strength
+    with pytest.raises(ValueError, match="unknown router method 'rbp'"):
+        MethodConfig.from_dict({"kind": "rbp"})
 
 
 def test_evaluation_protocol_of_a_point() -> None:
-    assert eval_protocol({"kind": "hard"}) == KEPT_AT_EVAL  # hard's default
-    assert eval_protocol(METHODS["rpb_linf"]) == OWN_ROUTER
-    assert eval_protocol({"kind": "rpb"}) == OWN_ROUTER
-    assert eval_protocol({"kind": "rpb", "options": {"keep_bias_at_eval": True}}) == KEPT_AT_EVAL
-    assert eval_protocol({"kind": "anchor_kl", "strength": 3.0}) == OWN_ROUTER
+    def protocol(entry: dict) -> str:
+        return eval_protocol(MethodConfig.from_dict(entry))
+
+    assert protocol({"kind": "hard"}) == KEPT_AT_EVAL  # hard's default
+    assert protocol(METHODS["rpb_linf"]) == OWN_ROUTER
+    assert protocol({"kind": "rpb"}) == OWN_ROUTER
+    assert protocol({"kind": "rpb", "options": {"keep_bias_at_eval": True}}) == KEPT_AT_EVAL
+    assert protocol({"kind": "anchor_kl", "strength": 3.0}) == OWN_ROUTER
 
 
 def _sweep_world(root: Path) -> None:

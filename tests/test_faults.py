@@ -29,12 +29,10 @@ from typing import Any
 
 import pytest
 import smoke_pipeline
-from conftest import new_store
+from conftest import new_store, save_tiny_base
 
-from rpb.architectures import random_model
 from rpb.pipeline.analysis import extract_prior_from_corpus
 from rpb.pipeline.cli import main
-from rpb.pipeline.tokenizer import build_tokenizer
 from rpb.pipeline.tracking import (
     END_REASON_TAG,
     JobTerminated,
@@ -50,7 +48,7 @@ CORPUS = [{"prompt": f"SumOf{a}And{a + 3}?", "completion": str(2 * a + 3)} for a
 SPEC = {"steps": 12, "batch_size": 4, "lr": 3e-3, "max_length": 16, "save_every": 3}
 SPEC["log_every"] = 1
 # rpb_adaptive keeps a bias outside the model; a large update rate makes losing it visible.
-METHOD = {"name": "rpb_adaptive", "strength": 1.0, "options": {"update_rate": 0.05}}
+METHOD = {"kind": "rpb_adaptive", "strength": 1.0, "options": {"update_rate": 0.05}}
 # Runs `rpb` as the console script does, but stops itself (SIGSTOP) in the middle of its third
 # checkpoint: the model and optimizer are written, RNG, trainer state and our state are not.
 STOP_IN_THIRD_SAVE = """
@@ -92,19 +90,7 @@ def store(tmp_path_factory: pytest.TempPathFactory, empty_store: Path) -> Iterat
 def world(tmp_path_factory: pytest.TempPathFactory, store: str) -> dict[str, Any]:
     """A saved tiny qwen3_moe base, a corpus and its router prior."""
     root = tmp_path_factory.mktemp("faults")
-    tok = build_tokenizer()
-    model = random_model(
-        "qwen3_moe",
-        seed=0,
-        num_experts=8,
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-    )
-    base = root / "base" / "model"
-    model.save_pretrained(base)
-    tok.save_pretrained(base)
+    base = save_tiny_base(root / "base" / "model")
     corpus = root / "math.jsonl"
     corpus.write_text("".join(json.dumps(row) + "\n" for row in CORPUS))
     prior = root / "prior.safetensors"
@@ -515,13 +501,14 @@ def test_a_truncated_model_weights_file_stops_the_invocation_and_loses_nothing(
 
 def _posttrain_hard(world: dict, out: Path) -> None:
     """Two steps of `hard` (its model folder carries its eval-time routing) on the tiny base."""
-    from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
+    from rpb.method_config import MethodConfig
+    from rpb.pipeline.training import TrainSpec, posttrain
 
     posttrain(
         base_dir=world["base"],
         prior_path=world["prior"],
         corpus=world["corpus"],
-        method=MethodChoice("hard"),
+        method=MethodConfig("hard"),
         spec=TrainSpec(steps=2, batch_size=4, lr=1e-3, max_length=16),
         out_dir=out,
     )

@@ -25,6 +25,7 @@ from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
 from rpb.architectures import build_config, random_model
 from rpb.eval_routing import load_model
+from rpb.method_config import MethodConfig
 from rpb.methods import METHODS
 from rpb.pipeline.analysis import extract_prior_from_corpus
 from rpb.pipeline.evaluation import (
@@ -34,7 +35,7 @@ from rpb.pipeline.evaluation import (
     evaluate_model,
     run_lm_eval,
 )
-from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
+from rpb.pipeline.training import TrainSpec, posttrain
 from rpb.prior import RouterPrior
 from rpb.routing import find_routers
 
@@ -262,7 +263,7 @@ def test_two_training_steps_per_method(paper_models, name, method):
         base_dir=paths["base"],
         prior_path=paths["prior"],
         corpus=paths["corpus"],
-        method=MethodChoice(method, entry.get("strength"), entry.get("options", {})),
+        method=MethodConfig.from_entry(method, entry),
         spec=spec,
         out_dir=out,
     )

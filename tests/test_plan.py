@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 import yaml
 
+from rpb.method_config import MethodConfig, options_class
 from rpb.pipeline.config_check import check_config
-from rpb.pipeline.plan import Execution, MethodConfig, PipelineConfig, Plan, options_class, plain
+from rpb.pipeline.plan import Execution, MethodEntry, PipelineConfig, Plan, plain
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -99,19 +100,27 @@ def test_how_jobs_run_is_parsed_with_the_schemas_defaults(plan: Plan) -> None:
     assert (paper.tracking_uri, paper.experiment) == ("http://mlflow:5000", "moe")
 
 
-def test_method_options_are_the_familys_dataclass_and_jobs_get_what_the_entry_set(
-    plan: Plan,
-) -> None:
-    rpb = plan.config.methods["rpb_logits"]
+def test_each_method_is_its_value_and_jobs_get_its_options_off_the_default(plan: Plan) -> None:
+    entry = plan.config.methods["rpb_logits"]
+    rpb = entry.method
+    assert type(rpb) is MethodConfig and (entry.label, entry.prior) == ("rpb_logits", None)
     assert rpb.kind == "rpb" and rpb.strength == 1.0
     assert type(rpb.options) is options_class("rpb")
     assert (rpb.options.bias_on, rpb.options.keep_bias_at_eval) == ("logits", False)
-    # The job's --method names only what the entry set: a new default reruns nothing.
-    assert rpb.job_entry() == {"name": "rpb", "strength": 1.0, "options": {"bias_on": "logits"}}
-    assert plan.method_entry("none") == {"name": "none", "strength": None, "options": {}}
+    # The job's --method: options off their default only, so a new option reruns nothing; the
+    # strength written out, the family's default when the entry sets none (below).
+    assert plan.method_entry("rpb_logits") == {
+        "kind": "rpb",
+        "strength": 1.0,
+        "options": {"bias_on": "logits"},
+    }
+    assert plan.method_entry("none") == {"kind": "none", "strength": None, "options": {}}
+    assert plan.config.methods["rpb_permuted"].prior == "permuted"
     assert dataclasses.fields(options_class("none")) == ()
-    with pytest.raises(TypeError):  # an option the family does not have
-        MethodConfig.parse("x", {"kind": "rpb", "options": {"bias_in": "logits"}})
+    with pytest.raises(ValueError, match=r"^methods\.x\.options\.bias_in: unknown option of 'rpb'"):
+        MethodEntry.parse("x", {"kind": "rpb", "options": {"bias_in": "logits"}})
+    interp = MethodEntry.parse("rpb_interp", {}).method
+    assert interp.strength == 0.5 and type(interp.strength) is float
 
 
 def test_runs_span_every_base_and_name_their_base(plan: Plan) -> None:
@@ -178,7 +187,7 @@ def test_table_specs_carry_what_each_table_needs(plan: Plan) -> None:
     assert plan.table_spec("table5")["kinds"]["hard"] == "hard"
     assert plan.table_spec("table2")["bases"]["tinyB"] == ["tinyB", "tinyB_base1"]
     sweep = plan.sweep_spec()
-    assert sweep["methods"]["rpb_l4"] == {"name": "rpb", "strength": 4.0, "options": {}}
+    assert sweep["methods"]["rpb_l4"] == {"kind": "rpb", "strength": 4.0, "options": {}}
 
 
 def test_the_claims_read_the_tables_runs_controls_and_testbed_once(plan: Plan) -> None:

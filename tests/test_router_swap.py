@@ -406,8 +406,9 @@ def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_pat
     """The pipeline's path: TrainSpec.trainable reaches posttrain and the saved model."""
     from safetensors.torch import load_file
 
+    from rpb.method_config import MethodConfig
     from rpb.pipeline.tokenizer import build_tokenizer
-    from rpb.pipeline.training import MethodChoice, posttrain
+    from rpb.pipeline.training import posttrain
 
     tokenizer = build_tokenizer(tmp_path / "base")
     base = random_model(
@@ -433,7 +434,7 @@ def test_posttrain_with_trainable_setting_saves_frozen_weights_unchanged(tmp_pat
         base_dir=tmp_path / "base",
         prior_path=None,
         corpus=corpus,
-        method=MethodChoice("none"),
+        method=MethodConfig("none"),
         spec=spec,
         out_dir=tmp_path / "post",
     )

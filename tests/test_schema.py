@@ -41,11 +41,12 @@ KEYS = {
     "PipelineConfig.probe_limit": "analysis.probe_limit",
     "PipelineConfig.table_seeds": "tables.seeds",
     "PipelineConfig.execution": "",
+    "MethodEntry.method": "",
     "Execution.tracking_uri": "tracking.uri",
     "Execution.experiment": "tracking.experiment",
 }
 # Typed fields that no key holds: the parse derives them.
-DERIVED = {"ModelConfig.name", "MethodConfig.label", "MethodConfig.given"}
+DERIVED = {"ModelConfig.name", "MethodEntry.label"}
 # A field of this name holds its whole section as the config check left it (a job's spec starts
 # from it): every key of the section is read.
 ENTRY = "entry"
@@ -144,8 +145,6 @@ class Comparison:
         node = self.resolve(node)
         if "enum" in node:
             return {JSON_TYPES[type(v)] for v in node["enum"]}
-        if "if" in node:  # methods.<label>.strength: text (checked by config_check) or a number
-            return self.schema_types(node["if"]) | self.schema_types(node.get("else", {}))
         kind = node.get("type", ())
         return {kind} if isinstance(kind, str) else set(kind)
 
@@ -302,7 +301,7 @@ def test_every_typed_field_reads_a_schema_key_of_its_type_and_every_key_is_read(
         ),
         (
             lambda s: s["$defs"]["method"]["properties"].pop("prior"),
-            "MethodConfig.prior: the schema has no key methods.<name>.prior",
+            "MethodEntry.prior: the schema has no key methods.<name>.prior",
         ),
         (
             lambda s: s["properties"]["sweep"]["properties"]["curves"]["items"]["properties"].pop(

@@ -26,7 +26,7 @@ def test_every_spec_is_a_registered_method_and_every_method_has_a_spec() -> None
         cls = METHODS[name]
         assert cls.spec is spec and spec.name == name, name
         assert cls.needs_prior == spec.needs_prior, name
-        assert cls.max_strength == spec.max_strength, name
+        assert cls.uses_strength == spec.uses_strength, name
         method = make_method(name)
         assert method.options == spec.option_defaults, name
         assert method.strength == (spec.default_strength if spec.uses_strength else 0.0), name

@@ -167,14 +167,22 @@ def test_eval_summary_has_known_percentages() -> None:
 
 
 def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
+    from rpb.method_config import MethodConfig
+
     job = tmp_path / "runs" / "m" / "math" / "rpb_strong" / "base0" / "seed1"
     (job / "model").mkdir(parents=True)
-    method = {"name": "rpb", "strength": 0.5, "options": {"warmup": 3}}
+    method = MethodConfig("rpb", 0.5, {"bias_on": "logits"}).to_dict()
     (job / "train_history.json").write_text(json.dumps({"history": [], "method": method}))
     params = tracking.model_job_params(method="rpb_strong", model_dir=job / "model", limit=5)
     assert params["kind"] == "rpb" and params["strength"] == 0.5
-    assert json.loads(params["options"]) == {"warmup": 3}
+    assert json.loads(params["options"]) == {"bias_on": "logits", "keep_bias_at_eval": False}
     assert params["limit"] == 5 and params["model_dir"] == str(job / "model")
+    # A history written before MethodConfig (`name`, the default strength as null, the options
+    # the entry set) reads as the same value: its default strength written out.
+    earlier = {"name": "rpb", "strength": None, "options": {"bias_on": "logits"}}
+    (job / "train_history.json").write_text(json.dumps({"history": [], "method": earlier}))
+    again = tracking.model_job_params(method="rpb_strong", model_dir=job / "model", limit=5)
+    assert again == {**params, "strength": 1.0}
     # The schema's tags are tracked_run's: none of them here, no `method.<key>` either.
     assert not set(params) & set(tracking.SCHEMA_TAGS)
     assert not any(k.startswith("method.") for k in params)

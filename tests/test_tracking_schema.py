@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from conftest import new_store
 
+from rpb.method_config import MethodConfig
 from rpb.pipeline import tracking
 
 # A pretraining run's architecture (cli.cmd_pretrain's `--architecture`), nested.
@@ -37,7 +38,7 @@ KINDS: list[tuple[dict[str, Any], str, dict[str, str]]] = [
     ),
     (
         {"stage": "train", "model": "tinyA", "method": "rpb", "corpus": "math", "base": 1,
-         "seed": 1, "params": {**tracking.method_params("rpb", {"name": "rpb", "strength": 1.0}),
+         "seed": 1, "params": {**tracking.method_params("rpb", MethodConfig("rpb")),
                                "train": {"seed": 1001}}},
         "train/tinyA/math/rpb/base1/seed1",
         {"model": "tinyA", "base": "1", "method": "rpb", "corpus": "math", "seed": "1"},

@@ -14,9 +14,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rpb.architectures import random_model
+from rpb.method_config import MethodConfig
 from rpb.pipeline.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS
 from rpb.pipeline.tokenizer import build_tokenizer
-from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain, tokenize_prompt_completion
+from rpb.pipeline.training import TrainSpec, posttrain, tokenize_prompt_completion
 from rpb.pipeline.training import unseen_token_ids as unseen
 from rpb.trainable import UpdateScaleCallback, parameter_parts, select_trainable
 
@@ -80,7 +81,7 @@ def test_moe_changes_only_experts_routers_and_new_rows(
         base_dir=base,
         prior_path=None,
         corpus=_corpus(tmp_path / "math.jsonl"),
-        method=MethodChoice("none"),
+        method=MethodConfig("none"),
         spec=spec,
         out_dir=tmp_path / "post",
     )
@@ -161,7 +162,7 @@ def test_damped_trunk_moves_everything_and_trunk_less(tmp_path: Path) -> None:
             base_dir=base,
             prior_path=None,
             corpus=corpus,
-            method=MethodChoice("none"),
+            method=MethodConfig("none"),
             spec=spec,
             out_dir=tmp_path / label,
         )

@@ -4,6 +4,7 @@ from the same initial model with the same data order."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,11 +12,12 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rpb.eval_routing import eval_routing_spec, load_model
+from rpb.method_config import MethodConfig
 from rpb.pipeline.analysis import extract_prior_from_corpus
 from rpb.pipeline.data import SIZE_PRESETS, write_corpora
 from rpb.pipeline.evaluation import evaluate_model
 from rpb.pipeline.tokenizer import build_tokenizer
-from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain, pretrain
+from rpb.pipeline.training import TrainSpec, posttrain, pretrain
 
 ARCH = {
     "hidden_size": 32,
@@ -106,7 +108,7 @@ def test_posttraining_each_method(base, method: str) -> None:
         base_dir=base["base"] / "model",
         prior_path=base["prior"],
         corpus=base["data"] / "post" / "math.jsonl",
-        method=MethodChoice(method),
+        method=MethodConfig(method),
         spec=spec,
         out_dir=out,
     )
@@ -118,9 +120,11 @@ def test_posttraining_each_method(base, method: str) -> None:
     # The router stays trainable under every method.
     assert not torch.equal(before[0], after[0])
     # Only hard keeps steering at evaluation, so only its model carries its routing.
-    assert (eval_routing_spec(out / "model") or {}).get("method") == (
-        "hard" if method == "hard" else None
-    )
+    kept = eval_routing_spec(out / "model")
+    assert (kept.kind if kept else None) == ("hard" if method == "hard" else None)
+    # What it trained with, spelled as the value it was given (the default strength written in).
+    history = json.loads((out / "train_history.json").read_text())
+    assert history["method"] == MethodConfig(method).to_dict()
 
 
 def test_same_seed_same_data_order(base) -> None:
@@ -132,7 +136,7 @@ def test_same_seed_same_data_order(base) -> None:
             base_dir=base["base"] / "model",
             prior_path=base["prior"],
             corpus=base["data"] / "post" / "math.jsonl",
-            method=MethodChoice("rpb"),
+            method=MethodConfig("rpb"),
             spec=spec,
             out_dir=base["root"] / f"paired_{run}",
         )

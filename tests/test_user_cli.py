@@ -196,8 +196,9 @@ def test_a_bad_method_is_one_line_naming_it(
         (("--data", "missing.jsonl"), "--data missing.jsonl: no such file"),
         (("--model", "dense"), "model type 'llama' is not a MoE family rpb routes"),
         (("--prior", "missing.safetensors"), "--prior missing.safetensors: no such file"),
-        (("--method", "none", "--strength", "2"), "method 'none' takes no strength"),
-        (("--option", "bias_on=both"), "option bias_on of method 'rpb' must be one of"),
+        (("--method", "none", "--strength", "2"), "strength of method 'none': 'none' takes no"),
+        (("--strength", "-1"), "strength of method 'rpb': -1.0 is not a finite number >= 0"),
+        (("--option", "bias_on=both"), "option bias_on of method 'rpb': 'both' is not one of"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_culprit(
@@ -426,7 +427,7 @@ def test_accelerate_launch_with_the_fsdp_config_on_two_cpu_processes(
     assert launched[0]["mean/kl_to_base"] == pytest.approx(0.0, abs=1e-6)
     assert launched[0]["task_loss"] == pytest.approx(one[0]["task_loss"], abs=1e-3)
     assert launched[-1]["task_loss"] == pytest.approx(one[-1]["task_loss"], rel=1e-2)
-    assert json.loads((out / "eval_routing" / "method.json").read_text())["method"] == "rpb"
+    assert json.loads((out / "eval_routing" / "method.json").read_text())["kind"] == "rpb"
     assert not any(
         torch.equal(t, _weights(out)[n])
         for n, t in _weights(world["base"]).items()

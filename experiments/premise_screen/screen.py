@@ -314,7 +314,8 @@ def run_record(
     base's routers put back, and measure its router's drift. Cached as record.json."""
     import torch
 
-    from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
+    from rpb.method_config import MethodConfig
+    from rpb.pipeline.training import TrainSpec, posttrain
     from rpb.router_swap import swap_routers
 
     run_dir = _paths(work)["runs"] / model / point.label / f"seed{seed}"
@@ -340,7 +341,7 @@ def run_record(
         base_dir=base_dir,
         prior_path=None,
         corpus=data / "post" / "math.jsonl",
-        method=MethodChoice("none"),
+        method=MethodConfig("none"),
         spec=spec,
         out_dir=run_dir,
     )

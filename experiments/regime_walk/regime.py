@@ -290,8 +290,9 @@ def calibration_run(
     import torch
     from transformers import AutoTokenizer
 
+    from rpb.method_config import MethodConfig
     from rpb.pipeline.data import load_jsonl
-    from rpb.pipeline.training import MethodChoice, TrainSpec
+    from rpb.pipeline.training import TrainSpec
     from rpb.pipeline.training import posttrain as run_posttrain
 
     torch.set_num_threads(1)
@@ -315,7 +316,7 @@ def calibration_run(
             base_dir=base_dir,
             prior_path=None,
             corpus=data_dir / "post" / f"{corpus}.jsonl",
-            method=MethodChoice("none"),
+            method=MethodConfig("none"),
             spec=spec,
             out_dir=Path(tmp),
             callbacks=[callback],

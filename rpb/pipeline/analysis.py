@@ -215,10 +215,11 @@ def analyze_model(
         for row, value in zip(layers, values, strict=True):
             row[key] = value
         mean[key] = float(sum(values) / len(values))
+    routing = eval_routing_spec(model_dir)
     summary = {
         "model_dir": str(model_dir),
         "base_dir": str(base_dir),
-        "eval_routing": eval_routing_spec(model_dir),
+        "eval_routing": routing.to_dict() if routing is not None else None,
         "probe": {"tasks": list(tasks), "limit": limit, "tokens": live["tokens"]},
         "layers": layers,
         "mean": mean,

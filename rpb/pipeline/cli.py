@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rpb.method_config import MethodConfig
 from rpb.numerics import PIN_ENV
 from rpb.report.registry import REPORT_JOBS
 from rpb.specs import TRAINABLE, run_fields, run_name
@@ -42,6 +43,14 @@ def _json_arg(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as err:
         raise argparse.ArgumentTypeError(f"not valid JSON ({err.msg}): {text[:80]}") from None
+
+
+def _method_arg(text: str) -> MethodConfig:
+    """A training job's `--method`: a MethodConfig as `to_dict` spells it."""
+    try:
+        return MethodConfig.from_dict(_json_arg(text))
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _csv_arg(text: str) -> list[str]:
@@ -281,10 +290,9 @@ def cmd_train(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.pipeline.tracking import log_datasets, method_params, tracked_run
-    from rpb.pipeline.training import MethodChoice, is_main_process, posttrain
+    from rpb.pipeline.training import is_main_process, posttrain
 
     spec = _train_spec(args)
-    method = MethodChoice(**args.method)
     parents = _lineage(
         base=_run_dir_of(args.base),
         prior=args.prior.parent / f"{args.prior.stem}.run" if args.prior else None,
@@ -311,7 +319,7 @@ def cmd_train(args: argparse.Namespace) -> None:
             base_dir=args.base,
             prior_path=args.prior,
             corpus=args.corpus,
-            method=method,
+            method=args.method,
             spec=spec,
             out_dir=args.out,
             trust_remote_code=args.trust_remote_code,
@@ -681,7 +689,10 @@ def _add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument("--corpus", type=Path, required=True)
     p.add_argument("--corpus-name", required=True)
     p.add_argument(
-        "--method", type=_json_arg, required=True, help='{"name", "strength", "options"}'
+        "--method",
+        type=_method_arg,
+        required=True,
+        help='{"kind", "strength", "options"} (rpb.method_config.MethodConfig)',
     )
     p.add_argument("--spec", type=_json_arg, required=True, help="TrainSpec as JSON")
     p.add_argument("--out", type=Path, required=True)

@@ -20,42 +20,21 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
+from rpb.method_config import MethodConfig
 from rpb.specs import EVAL_SETS, METHOD_SPECS, replicate_name
 
 __all__ = [
     "METHOD_FAMILIES",
-    "METHOD_OPTIONS",
-    "NO_STRENGTH",
     "ConfigError",
     "check_config",
     "check_yaml_syntax",
     "format_key_path",
 ]
 
-# What a config may name comes from rpb.specs (torch-free, like this module): the method families,
-# their options, the tiny eval sets.
+# What a config may name comes from rpb.specs (torch-free, like this module): the method families
+# (a method's strength and options are checked where its MethodConfig is made), the tiny eval sets.
 METHOD_FAMILIES = tuple(METHOD_SPECS)
-# Families whose `strength` is meaningless (rpb.methods raises if one is given).
-NO_STRENGTH = tuple(name for name, spec in METHOD_SPECS.items() if not spec.uses_strength)
-# Families whose strength has an upper limit (rpb_interp's lambda mixes z and z0).
-MAX_STRENGTH = {
-    name: spec.max_strength
-    for name, spec in METHOD_SPECS.items()
-    if spec.uses_strength and math.isfinite(spec.max_strength)
-}
-# Per family: option -> allowed values (a tuple of choices), `bool`, or `float` (a number >= 0).
-METHOD_OPTIONS: dict[str, dict[str, Any]] = {
-    name: {
-        key: opt.choices if opt.choices is not None else type(opt.default)
-        for key, opt in spec.options.items()
-    }
-    for name, spec in METHOD_SPECS.items()
-}
 RESERVED_METHOD_LABELS = ("base",)
-# The one text strength: the coefficient of the model family's own load-balancing loss, read
-# from the model's config when the method attaches (rpb.methods.LBL); only these families take it.
-FAMILY_STRENGTH = "family"
-FAMILY_STRENGTH_METHODS = ("lbl",)
 # The tiny testbed's eval sets (rpb.pipeline.data): the OOD ones and the eval-only ones may be
 # scored out of domain; any other evaluation name is a standard lm-eval task.
 TINY_EVAL_SETS = {
@@ -258,30 +237,13 @@ def _schema_errors(config: Any, schema: Mapping[str, Any]) -> None:
     raise ConfigError(f"{format_key_path(path)}: {problem}{more}")
 
 
-def _check_text_strength(label: str, family: str, strength: Any) -> None:
-    """A strength given as text (the schema leaves text to this check): `family` for the methods
-    that take it, passed on unchanged to rpb.methods.make_method; any other text is refused."""
-    if not isinstance(strength, str):
-        return
-    where = f"methods.{label}.strength"
-    if _YAML_FLOAT_TEXT.fullmatch(strength):
-        raise ConfigError(
-            f"{where}: {strength!r} is text, not a number: YAML needs a dot in exponent notation "
-            f"(write {float(strength)!r})"
-        )
-    takes_family = family in FAMILY_STRENGTH_METHODS
-    if strength != FAMILY_STRENGTH:
-        if takes_family:
-            problem = f"is neither a number >= 0 nor {FAMILY_STRENGTH!r}"
-        else:
-            problem = "is not of type 'number'"  # as the schema says it of other values
-        raise ConfigError(f"{where}: {strength!r} {problem}")
-    if not takes_family:
-        raise ConfigError(
-            f"{where}: {FAMILY_STRENGTH!r} (the model family's own load-balancing coefficient) "
-            f"is a strength of method {' or '.join(map(repr, FAMILY_STRENGTH_METHODS))} only; "
-            f"give method '{family}' a number"
-        )
+def _method(label: str, entry: Mapping[str, Any] | None) -> MethodConfig:
+    """The MethodConfig of `methods.<label>`: its strength and options checked there, once (the
+    schema leaves them to it), a bad one named by its key."""
+    try:
+        return MethodConfig.from_entry(label, entry)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
 
 
 def _check_method(label: str, entry: Mapping[str, Any]) -> None:
@@ -295,25 +257,7 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
             f"{where}: unknown method '{family}' ({hint}known: "
             f"{', '.join(METHOD_FAMILIES)}; set 'kind' for a variant label)"
         )
-    if family in NO_STRENGTH and entry.get("strength") is not None:
-        raise ConfigError(f"methods.{label}.strength: method '{family}' takes no strength")
-    _check_text_strength(label, family, entry.get("strength"))
-    limit, strength = MAX_STRENGTH.get(family), entry.get("strength")
-    if limit is not None and _is_number(None, strength) and strength > limit:
-        raise ConfigError(f"methods.{label}.strength: method '{family}' takes at most {limit}")
-    allowed = METHOD_OPTIONS[family]
-    for key, value in (entry.get("options") or {}).items():
-        where = f"methods.{label}.options.{key}"
-        if key not in allowed:
-            known = ", ".join(allowed) or "none"
-            raise ConfigError(f"{where}: unknown option of method '{family}' (known: {known})")
-        rule = allowed[key]
-        if isinstance(rule, tuple) and value not in rule:
-            raise ConfigError(f"{where}: {value!r} is not one of {list(rule)}")
-        if rule is bool and not isinstance(value, bool):
-            raise ConfigError(f"{where}: {value!r} is not true or false")
-        if rule is float and not (_is_number(None, value) and value >= 0):
-            raise ConfigError(f"{where}: {value!r} is not a finite number >= 0")
+    _method(label, entry)
 
 
 def _check_controls(config: Mapping[str, Any]) -> None:
@@ -350,9 +294,9 @@ def _check_controls(config: Mapping[str, Any]) -> None:
                 f"claims.permuted: methods.{permuted} is a '{family}', not a variant of "
                 f"claims.method '{method}'"
             )
-        reference = methods.get(method) or {}
+        control, reference = _method(permuted, entry), _method(method, methods.get(method))
         for key in ("strength", "options"):
-            if entry.get(key) != reference.get(key):
+            if getattr(control, key) != getattr(reference, key):
                 raise ConfigError(
                     f"claims.permuted: methods.{permuted}.{key} differs from methods.{method}"
                     f".{key}: the control must be claims.method with only its prior changed"
@@ -589,15 +533,12 @@ def _check_diagnostics(config: Mapping[str, Any], corpora: list[str], corpora_wh
                 f"({', '.join(corpora)})"
             )
     swap = diagnostics.get("router_swap")
-    if swap is not None:
-        entry = config["methods"][swap["method"]] or {}
-        family = entry.get("kind", swap["method"])
-        keep = (entry.get("options") or {}).get("keep_bias_at_eval", family == "hard")
-        if keep:
-            raise ConfigError(
-                f"diagnostics.router_swap.method: '{swap['method']}' keeps its routing at "
-                "evaluation, so swapping its router weights would not swap its routing"
-            )
+    swapped = swap and _method(swap["method"], config["methods"][swap["method"]])
+    if swapped and swapped.keeps_routing_at_eval:
+        raise ConfigError(
+            f"diagnostics.router_swap.method: '{swap['method']}' keeps its routing at "
+            "evaluation, so swapping its router weights would not swap its routing"
+        )
     regime = diagnostics.get("regime")
     if regime is not None and regime.get("trunk_lr_scale") and regime["trainable"] != "moe":
         raise ConfigError(

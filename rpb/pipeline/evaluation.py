@@ -518,7 +518,7 @@ def run_lm_eval(
     routing_spec = eval_routing_spec(model_dir)
     if routing_spec is not None and backend != "hf":
         raise ValueError(
-            f"run_lm_eval: {model_dir} keeps method {routing_spec['method']!r} routing at "
+            f"run_lm_eval: {model_dir} keeps method {routing_spec.kind!r} routing at "
             f"evaluation (router hooks), which only the hf backend can apply, not {backend!r}"
         )
     if routing_spec is not None and is_steered_folder(model_dir):
@@ -570,7 +570,7 @@ def run_lm_eval(
     config = dict(raw["config"], model=backend, model_args=logged_args)
     return {
         "model_dir": str(model_dir),
-        "eval_routing": routing_spec,
+        "eval_routing": routing_spec.to_dict() if routing_spec is not None else None,
         "tasks": compact,
         "suite": suite.to_dict() if suite else None,
         "lm_eval": _jsonable(

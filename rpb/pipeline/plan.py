@@ -11,7 +11,6 @@ id again into `base{b}/seed{s}`, and so do the rules' wildcards (`Plan.run_id`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,9 +18,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from rpb.method_config import MethodConfig
 from rpb.pipeline.bases import base_identity, find_fixed_base
 from rpb.report.registry import REPORTS, Shape
-from rpb.specs import METHOD_SPECS, base_of_run, bases_of, results_path, run_fields, run_id, run_ids
+from rpb.specs import base_of_run, bases_of, results_path, run_fields, run_id, run_ids
 
 # The diagnostics `all` builds at tiny and smoke scale, by their output.
 DIAGNOSTIC_OUTPUTS = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
@@ -48,46 +48,19 @@ def plain(value: Any) -> Any:
     return value
 
 
-@functools.cache
-def options_class(kind: str) -> type:
-    """The frozen dataclass of method family `kind`'s options, one field per option of its spec
-    (rpb.specs.METHOD_SPECS) with the spec's default (`RpbOptions(bias_on='selection',
-    keep_bias_at_eval=False)`)."""
-    spec = METHOD_SPECS[kind]
-    fields = [
-        (key, type(option.default), dataclasses.field(default=option.default))
-        for key, option in spec.options.items()
-    ]
-    name = "".join(part.title() for part in spec.name.split("_")) + "Options"
-    return dataclasses.make_dataclass(name, fields, frozen=True)
-
-
 @dataclass(frozen=True)
-class MethodConfig:
-    """One `methods.<label>` entry: its family (`kind`), strength (None: the family's default;
-    text: `family`, rpb.pipeline.config_check), options (the family's options dataclass) and which
-    of them the entry set, and its prior."""
+class MethodEntry:
+    """One `methods.<label>` entry: its method (rpb.method_config.MethodConfig: family, strength
+    and options, checked and completed when parsed) and the router prior it trains with."""
 
     label: str
-    kind: str
-    strength: float | str | None
-    options: Any
-    given: tuple[str, ...]
+    method: MethodConfig
     prior: str | None = None
 
     @classmethod
-    def parse(cls, label: str, entry: Mapping[str, Any] | None) -> MethodConfig:
+    def parse(cls, label: str, entry: Mapping[str, Any] | None) -> MethodEntry:
         entry = entry or {}
-        kind = entry.get("kind", label)
-        given = dict(entry.get("options") or {})
-        options = options_class(kind)(**given)
-        return cls(label, kind, entry.get("strength"), options, tuple(given), entry.get("prior"))
-
-    def job_entry(self) -> dict[str, Any]:
-        """What a training job gets (`--method`): the options the entry set, and no default, so
-        a new default in a family's spec reruns nothing."""
-        options = {key: getattr(self.options, key) for key in self.given}
-        return {"name": self.kind, "strength": self.strength, "options": options}
+        return cls(label, MethodConfig.from_entry(label, entry), entry.get("prior"))
 
 
 @dataclass(frozen=True)
@@ -329,7 +302,7 @@ class PipelineConfig:
     scale: str
     seeds: tuple[int, ...]
     models: Mapping[str, ModelConfig]
-    methods: Mapping[str, MethodConfig]
+    methods: Mapping[str, MethodEntry]
     evaluation: Evaluation
     table1: Table1
     data: DataConfig
@@ -378,7 +351,7 @@ class PipelineConfig:
                 }
             ),
             methods=MappingProxyType(
-                {label: MethodConfig.parse(label, e) for label, e in config["methods"].items()}
+                {label: MethodEntry.parse(label, e) for label, e in config["methods"].items()}
             ),
             evaluation=evaluation,
             table1=Table1(t1["model"], t1["corpus"], tuple(t1["methods"])),
@@ -537,7 +510,9 @@ class Plan:
     # --- job specs ---------------------------------------------------------------------------
 
     def method_entry(self, label: str) -> dict[str, Any]:
-        return self.config.methods[label].job_entry()
+        """What a job gets of method `label` (a training job's `--method`): its MethodConfig
+        with the options off their family's default, so a new option reruns nothing."""
+        return self.config.methods[label].method.to_dict(defaults=False)
 
     def posttrain_spec(self, model: str, run: Any) -> dict[str, Any]:
         """The TrainSpec of a post-training job of config entry `model`; its threads come from
@@ -721,7 +696,7 @@ class Plan:
                 "method": config.claims.method,
                 "reference": config.claims.reference,
             },
-            "kinds": lambda: {"kinds": {m: config.methods[m].kind for m in t.methods}},
+            "kinds": lambda: {"kinds": {m: config.methods[m].method.kind for m in t.methods}},
             "trunk_frozen": lambda: {"trunk_frozen": self.trunk_frozen()},
         }
         for extra in self.table_shape(name).spec:

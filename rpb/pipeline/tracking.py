@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rpb.artifacts import exception_chain
+from rpb.method_config import MethodConfig
 
 log = logging.getLogger(__name__)
 
@@ -493,15 +494,17 @@ def mlflow_run_name(stage: str, schema: Mapping[str, str], group: str | None = N
     return "/".join(p for p in parts if p not in _MISSING)
 
 
-def method_params(label: str, spec: Mapping[str, Any] | None) -> dict[str, Any]:
-    """What a post-training method is beside its label (the schema's `method`): `kind` (the
-    registered method), `strength` and `options` (JSON), flat, never `method.<key>`."""
-    spec = dict(spec or {})
-    strength = spec.get("strength")
+def method_params(label: str, method: MethodConfig | None) -> dict[str, Any]:
+    """What a post-training method is beside its label (the schema's `method`): its
+    MethodConfig's `kind`, `strength` and `options` (JSON, every option), flat, never
+    `method.<key>`; a strength of "-" for a family that takes none, and the label as the `kind` of
+    a model without a method (the base)."""
+    spelled = method.to_dict() if method is not None else {"kind": label, "options": {}}
+    strength = spelled.get("strength")
     return {
-        "kind": spec.get("name", label),
+        "kind": spelled["kind"],
         "strength": "-" if strength is None else strength,
-        "options": json.dumps(spec.get("options") or {}, sort_keys=True),
+        "options": json.dumps(spelled["options"], sort_keys=True),
     }
 
 
@@ -872,13 +875,16 @@ def model_job_params(*, method: str, model_dir: Path, **extra: Any) -> dict[str,
     the UI groups and compares runs by them.
 
     Kind, strength and options come from the training job's record beside the model
-    (`train_history.json`: what it actually trained with); the base is kind `base`.
+    (`train_history.json`: what it actually trained with, also as written before MethodConfig);
+    the base is kind `base`.
     """
-    spec: dict[str, Any] = {}
+    trained = None
     history = Path(model_dir).parent / "train_history.json"
     if method != "base" and history.is_file():
-        spec = json.loads(history.read_text()).get("method") or {}
-    return {**method_params(method, spec), **extra, "model_dir": str(model_dir)}
+        recorded = json.loads(history.read_text()).get("method")
+        if recorded:
+            trained = MethodConfig.from_dict(recorded, where=f"{history}: method")
+    return {**method_params(method, trained), **extra, "model_dir": str(model_dir)}
 
 
 # Metric units, one per family (docs/tracking.md, "Metric units"): accuracy-like scores are

@@ -38,6 +38,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
 from rpb.eval_routing import load_model, save_eval_routing
+from rpb.method_config import MethodConfig
 from rpb.methods import RouterMethod, make_method
 from rpb.numerics import numeric_path
 from rpb.pipeline.data import (
@@ -163,21 +164,6 @@ class TrainSpec:
 
 
 _RECORDED_WHEN_SET = ("grad_accum", "eval_every", "report_to")
-
-
-@dataclass
-class MethodChoice:
-    """Which router method to attach, at what strength, with which options. `strength` None is
-    the method's default; `lbl` also takes "family" (the model's own coefficient, read when the
-    method attaches). The config's entry reaches it unchanged (`rpb pipeline train --method`)."""
-
-    name: str
-    strength: float | str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def build(self) -> RouterMethod:
-        """The (unattached) router method this spec names."""
-        return make_method(self.name, strength=self.strength, **self.options)
 
 
 class TokenizedExamples(Dataset):
@@ -561,7 +547,7 @@ def posttrain(
     base_dir: Path,
     prior_path: Path | None,
     corpus: Path,
-    method: MethodChoice,
+    method: MethodConfig,
     spec: TrainSpec,
     out_dir: Path,
     trust_remote_code: bool = False,
@@ -616,7 +602,7 @@ def posttrain(
     summary = {
         "final": history[-1] if history else {},
         "spec": spec.record(),
-        "method": asdict(method),
+        "method": method.to_dict(),
         "numeric_path": numeric_path(),
     }
     if is_main_process():

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from rpb.method_config import MethodConfig
 from rpb.specs import METHOD_SPECS, TRAINABLE
 
 log = logging.getLogger("rpb")
@@ -103,15 +104,11 @@ def method_arg(text: str) -> str:
 
 
 def strength_arg(text: str) -> float | str:
-    if text == "family":  # lbl: the coefficient the model's family was pretrained with
-        return text
+    """A number, or text (lbl's `family`): the method's MethodConfig checks it."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
+        return text
 
 
 def option_arg(text: str) -> tuple[str, Any]:
@@ -513,7 +510,6 @@ def cmd_finetune(args: argparse.Namespace) -> None:
     from rpb.eval_routing import load_model, save_eval_routing
     from rpb.pipeline.tracking import method_params
     from rpb.pipeline.training import (
-        MethodChoice,
         TrainSpec,
         is_main_process,
         run_training,
@@ -537,8 +533,8 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             "choose one"
         )
     spec = METHOD_SPECS[args.method]
-    choice = MethodChoice(args.method, args.strength, dict(args.option or []))
-    # The method is built before anything loads: a bad strength or option fails at once.
+    # The method is made before anything loads: a bad strength or option fails at once.
+    choice = MethodConfig(args.method, args.strength, dict(args.option or []))
     method = choice.build()
     _check_out(args)
     resumed_prior = args.out / PRIOR_FILE
@@ -581,14 +577,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         "prior": str(args.prior) if args.prior else None,
         "form": form,
         "text_field": args.text_field,
-        **method_params(
-            label,
-            {
-                "name": args.method,
-                "strength": args.strength if args.strength == "family" else method.strength,
-                "options": method.options,
-            },
-        ),
+        **method_params(label, choice),
         "train": {
             "steps": steps,
             **{

@@ -22,11 +22,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from rpb.method_config import MethodConfig
 from rpb.report.registry import DATA, TABLE, Output, ReportJob, Shape, table_outputs
 from rpb.report.render import write_csv, write_table
 from rpb.report.run_records import DRIFT, RETENTION, runs_text, training_history
 from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
-from rpb.specs import METHOD_SPECS
 
 # The report jobs this module builds (rpb.report.registry reads them from this source).
 REPORT_ENTRIES = (
@@ -72,20 +72,14 @@ REPORT_ENTRIES = (
 # --- softness sweep ----------------------------------------------------------------------------
 
 
-def method_strength(entry: dict[str, Any]) -> float:
+def method_strength(method: MethodConfig) -> float:
     """The x position of a method on a softness axis: 0 for plain fine-tuning (`none`), infinity
-    for hard routing (the strength -> infinity limit), else the configured or default strength."""
-    kind = entry.get("kind") or entry.get("name")
-    if kind == "none":
+    for hard routing (the strength -> infinity limit), else its strength."""
+    if method.kind == "none":
         return 0.0
-    if kind == "hard":
+    if method.kind == "hard":
         return math.inf
-    if kind not in METHOD_SPECS:
-        raise ValueError(f"unknown method kind {kind!r} in the sweep")
-    strength = entry.get("strength")
-    if strength is None:
-        strength = METHOD_SPECS[kind].default_strength if METHOD_SPECS[kind].uses_strength else 0
-    return float(strength)
+    return float(method.strength)
 
 
 # Evaluation protocols of a sweep point: the model routes with its own router, or keeps the
@@ -93,15 +87,10 @@ def method_strength(entry: dict[str, Any]) -> float:
 OWN_ROUTER, KEPT_AT_EVAL = "own_router", "kept_at_eval"
 
 
-def eval_protocol(entry: dict[str, Any]) -> str:
+def eval_protocol(method: MethodConfig) -> str:
     """OWN_ROUTER or KEPT_AT_EVAL: whether the method keeps steering routing at evaluation
     (its `keep_bias_at_eval` option, or the family's default for it)."""
-    kind = entry.get("kind") or entry.get("name")
-    if kind not in METHOD_SPECS:
-        raise ValueError(f"unknown method kind {kind!r} in the sweep")
-    default = METHOD_SPECS[kind].option_defaults.get("keep_bias_at_eval", False)
-    keep = (entry.get("options") or {}).get("keep_bias_at_eval", default)
-    return KEPT_AT_EVAL if keep else OWN_ROUTER
+    return KEPT_AT_EVAL if method.keeps_routing_at_eval else OWN_ROUTER
 
 
 def sweep_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
@@ -115,7 +104,8 @@ def sweep_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]
             entry = spec["methods"].get(label)
             if entry is None:
                 raise ValueError(f"sweep curve {curve!r}: label {label!r} is not a method")
-            strength, protocol = method_strength(entry), eval_protocol(entry)
+            method = MethodConfig.from_dict(entry, where=f"sweep method {label!r}")
+            strength, protocol = method_strength(method), eval_protocol(method)
             for seed in seeds:
                 rec = accuracy_record(results, spec, model, corpus, label, seed)
                 records.append(

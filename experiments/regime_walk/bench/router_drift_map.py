@@ -68,8 +68,9 @@ def run_one(job: dict) -> dict:
     """Post-train `none` at one setting and analyse the result as the pipeline does."""
     import torch
 
+    from rpb.method_config import MethodConfig
     from rpb.pipeline.analysis import analyze_model
-    from rpb.pipeline.training import MethodChoice, TrainSpec, posttrain
+    from rpb.pipeline.training import TrainSpec, posttrain
 
     torch.set_num_threads(1)
     results = Path(job["results"])
@@ -96,7 +97,7 @@ def run_one(job: dict) -> dict:
             base_dir=base,
             prior_path=prior,
             corpus=corpus,
-            method=MethodChoice("none"),
+            method=MethodConfig("none"),
             spec=spec,
             out_dir=out,
         )

@@ -35,8 +35,8 @@ from router_drift_map import pipeline_settings  # bench/, beside this script
 from torch.profiler import ProfilerActivity, profile
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rpb.method_config import MethodConfig
 from rpb.pipeline.training import (
-    MethodChoice,
     RightPadCollator,
     TrainSpec,
     posttrain,
@@ -63,7 +63,7 @@ def trainer_step_ms(base: Path, prior: Path, corpus: Path, steps: int, lr: float
                 base_dir=base,
                 prior_path=prior,
                 corpus=corpus,
-                method=MethodChoice("none"),
+                method=MethodConfig("none"),
                 spec=spec,
                 out_dir=Path(tmp) / attempt,
                 save_model=False,
