@@ -35,6 +35,7 @@ __all__ = [
     "method_spec",
     "replicate_name",
     "results_path",
+    "run_names",
     "runs_on",
     "spec_runs",
     "torch_seed",
@@ -320,8 +321,13 @@ def runs_on(n_bases: int, seeds: Sequence[int]) -> list[Run]:
     return [Run(k, int(s)) for k in range(n_bases) for s in seeds]
 
 
+def run_names(runs: Sequence[Run]) -> list[str]:
+    """How a report job's spec names runs (`base1/seed2`; `spec_runs` reads them back)."""
+    return [run.name for run in runs]
+
+
 def spec_runs(spec: Mapping[str, Any], key: str = "runs") -> list[Run]:
-    """The runs a report job's spec names under `key` (run names, `Run.name`), in order."""
+    """The runs a report job's spec names under `key` (`run_names`), in order."""
     return [Run.parse(name) for name in spec[key]]
 
 

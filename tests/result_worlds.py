@@ -17,12 +17,12 @@ import torch
 from safetensors.torch import save_file
 
 from rpb.router_swap import PARTS
-from rpb.specs import Run, results_path, runs_on, torch_seed
+from rpb.specs import Run, results_path, run_names, runs_on, torch_seed
 
 
-def run_names(seeds: tuple[int, ...] | list[int], bases: int = 1) -> list[str]:
+def run_names_on(seeds: tuple[int, ...] | list[int], bases: int = 1) -> list[str]:
     """A report spec's `runs`: `seeds` on each of `bases` bases, by name."""
-    return [run.name for run in runs_on(bases, seeds)]
+    return run_names(runs_on(bases, seeds))
 
 
 def write_json(path: Path, payload: dict) -> None:

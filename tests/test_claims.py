@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from result_worlds import OOD_ALL, PAPER_WORLD, run_names, write_world
+from result_worlds import OOD_ALL, PAPER_WORLD, run_names_on, write_world
 
 from rpb.report.claims import PART_COLUMNS, build_claims, compare_claims
 from rpb.report.run_records import read_json
@@ -42,7 +42,7 @@ UNANCHORED = ("none", "lbl", "placebo", "rpb_permuted")
 
 
 def _spec(seeds: list[int] = SEEDS, n_bases: int = 1, **extra: object) -> dict:
-    runs = run_names(seeds, n_bases)
+    runs = run_names_on(seeds, n_bases)
     return {
         "scale": "tiny",
         "ood": OOD_ALL,

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from matplotlib.image import imread
-from result_worlds import OOD_ALL, PAPER_WORLD, run_names, write_run
+from result_worlds import OOD_ALL, PAPER_WORLD, run_names_on, write_run
 
 from rpb.report.exploratory import (
     KEPT_AT_EVAL,
@@ -84,7 +84,7 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
     spec = {
         "model": "tinyA",
         "corpus": "math",
-        "runs": run_names([0, 1]),
+        "runs": run_names_on([0, 1]),
         "ood": OOD_ALL,
         "methods": METHODS,
         "curves": {
@@ -153,7 +153,7 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
 
 def test_sweep_names_a_label_that_is_not_a_method(tmp_path: Path) -> None:
     _sweep_world(tmp_path)
-    spec = {"model": "tinyA", "corpus": "math", "runs": run_names([0]), "ood": OOD_ALL}
+    spec = {"model": "tinyA", "corpus": "math", "runs": run_names_on([0]), "ood": OOD_ALL}
     spec |= {"methods": METHODS, "curves": {"rpb": ["none", "rpb_l9"]}}
     with pytest.raises(ValueError, match="label 'rpb_l9' is not a method"):
         build_sweep(tmp_path, spec, tmp_path / "sweep.csv")
@@ -245,7 +245,7 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
             path.parent.mkdir(parents=True)
             path.write_text(json.dumps({"history": history}))
     spec = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"]}
-    spec["runs"] = run_names([0, 1])
+    spec["runs"] = run_names_on([0, 1])
     df = build_drift(tmp_path, spec, tmp_path / "drift.csv")
     assert len(df) == 2 * 2 * 2
     last = df[(df["method"] == "none") & (df["step"] == 20)]
@@ -260,7 +260,7 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
 
 def test_a_sweep_without_the_bounds_writes_no_matched_table(tmp_path: Path) -> None:
     _sweep_world(tmp_path)
-    spec = {"model": "tinyA", "corpus": "math", "runs": run_names([0]), "ood": OOD_ALL}
+    spec = {"model": "tinyA", "corpus": "math", "runs": run_names_on([0]), "ood": OOD_ALL}
     spec |= {"methods": METHODS, "curves": {"rpb": ["rpb_l0p5", "rpb", "rpb_l4"]}}
     assert len(build_sweep(tmp_path, spec, tmp_path / "sweep.csv")) == 3
     assert not (tmp_path / "sweep_table4_matched.csv").exists()
@@ -279,7 +279,7 @@ def _readings_spec(methods: list[str]) -> dict:
         "lower": "none",
         "upper": "hard",
         "min_gain": 0.25,
-        "runs": run_names(READING_SEEDS),
+        "runs": run_names_on(READING_SEEDS),
         "ood": ["addition", "facts"],
         "scale": "test",
     }

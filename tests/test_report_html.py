@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import skip_table_figures
-from result_worlds import OOD_ALL, PAPER_WORLD, run_names, write_json, write_run, write_world
+from result_worlds import OOD_ALL, PAPER_WORLD, run_names_on, write_json, write_run, write_world
 
 import rpb.report.tables
 from rpb.report import stats
@@ -100,7 +100,7 @@ def _world(root: Path) -> dict[str, Any]:
         "model": "tinyA",
         "corpus": "math",
         "methods": METHODS,
-        "runs": run_names(SEEDS),
+        "runs": run_names_on(SEEDS),
         "in_domain": ["math"],
         "ood": OOD_ALL,
         "scale": "tiny",
@@ -218,7 +218,7 @@ def test_table3_caption_names_the_paired_interval(tmp_path: Path) -> None:
         "corpus": "math2",
         "method": "rpb",
         "reference": "lbl",
-        "runs": run_names(SEEDS),
+        "runs": run_names_on(SEEDS),
         "ood": OOD_ALL,
         "scale": "tiny",
         "confidence": 0.9,
@@ -345,7 +345,7 @@ def test_build_claims_renders_the_audit_with_its_computed_level(tmp_path: Path) 
     layers = [{"layer": i, "split_half_nmi": 0.8} for i in range(2)]
     entry = {"structure": {"layers": layers, "uniform": {"split_half_nmi": 0.1}}}
     write_json(tmp_path / "testbed.json", {"tinyA": entry, "tinyB": entry})
-    runs = run_names(seeds)
+    runs = run_names_on(seeds)
     t1 = {"model": "tinyA", "corpus": "math", "methods": METHODS, "runs": runs}
     spec = {
         "scale": "tiny",

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from result_worlds import PLANTED, R, T, planted_values, run_names, shapley_by_orders
+from result_worlds import PLANTED, R, T, planted_values, run_names_on, shapley_by_orders
 
 from rpb.report.router_swap_table import build_router_swap_table
 from rpb.router_swap import PARTS, cell_eval_paths, cells, decompose, table_inputs
@@ -42,7 +42,7 @@ SPEC = {
     "models": ["tinyA"],
     "corpus": "math",
     "method": "none",
-    "runs": run_names([0, 1]),
+    "runs": run_names_on([0, 1]),
     "in_domain": ["math"],
     "ood": ["addition", "facts"],
     "swap_tree": "diagnostic/router_swap",

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import skip_table_figures
-from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, run_names, write_json, write_world
+from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, run_names_on, write_json, write_world
 from safetensors.torch import save_file
 from scipy import stats
 
@@ -54,7 +54,7 @@ SPEC: dict[str, Any] = {
     "model": "tinyA",
     "corpus": "math",
     "methods": ["none", "lbl", "rpb"],
-    "runs": run_names([0, 1]),
+    "runs": run_names_on([0, 1]),
     "in_domain": ["math"],
     "ood": OOD,
     "scale": "smoke",
@@ -325,7 +325,7 @@ def test_table2_is_table1_for_another_model(tmp_path: Path) -> None:
 def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     seeds = (0, 1, 2, 3, 4)
     write_world(tmp_path, PAPER_WORLD, corpora=("math2",), seeds=seeds, n_items=400)
-    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "runs": run_names(seeds)}
+    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "runs": run_names_on(seeds)}
     spec |= {"method": "rpb", "reference": "lbl", "families": {"tinyA": "A", "tinyB": "B"}}
     df = build_table3(tmp_path, spec, tmp_path / "table3.csv")
     assert list(zip(df["model"], df["metric"], strict=True)) == [
@@ -378,7 +378,7 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
     }
     write_world(tmp_path, {**world, "base": PAPER_WORLD["base"]}, models=("tinyA",))
     methods = list(world)
-    spec = {**STAT, "model": "tinyA", "corpora": ["math", "math2"], "runs": run_names([0, 1])}
+    spec = {**STAT, "model": "tinyA", "corpora": ["math", "math2"], "runs": run_names_on([0, 1])}
     spec["methods"] = methods
     df = build_table4(tmp_path, spec, tmp_path / "table4.csv")
     assert len(df) == 2 * 2 * 4
@@ -416,7 +416,7 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
 
 def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
-    spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names([0, 1])}
+    spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names_on([0, 1])}
     spec |= {"methods": ["none", "lbl", "rpb", "hard"], "kinds": {"hard": "hard"}}
     spec["correlate"] = ["none", "lbl", "rpb", "anchor_weight", "anchor_logit", "anchor_kl"]
     df = build_table5(tmp_path, spec, tmp_path / "table5.csv")
@@ -457,7 +457,7 @@ def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
     from rpb.report.tables import method_row, table5_frames
 
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
-    spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names([0, 1]), "family": "B"}
+    spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names_on([0, 1]), "family": "B"}
     spec |= {"methods": ["none", "rpb", "hard"], "correlate": ["none", "rpb"]}
     row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [0, 1])
     assert row["n_seeds"] == 2 and row["ood_mean"] == pytest.approx(

@@ -21,18 +21,21 @@ from typing import Any
 
 from rpb.pipeline.bases import base_identity, find_fixed_base
 from rpb.report.registry import REPORTS, Shape
-from rpb.specs import METHOD_SPECS, Run, base_of_run, bases_of, results_path, runs_on
+from rpb.specs import (
+    METHOD_SPECS,
+    Run,
+    base_of_run,
+    bases_of,
+    results_path,
+    run_names,
+    runs_on,
+)
 
 # The diagnostics `all` builds at tiny and smoke scale, by their output.
 DIAGNOSTIC_OUTPUTS = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
 # The router-swap tree below the results folder (rpb.router_swap reads it from the table's spec).
 SWAP_TREE = "diagnostic/router_swap"
 DIAGNOSTIC_TREE = "diagnostic"
-
-
-def run_names(runs: Sequence[Run]) -> list[str]:
-    """How a job's spec names runs: `base1/seed2` (rpb.specs.spec_runs reads them back)."""
-    return [run.name for run in runs]
 
 
 def frozen(value: Any) -> Any:
@@ -833,7 +836,7 @@ class Plan:
             "models": list(swap.models),
             "corpus": swap.corpus,
             "method": swap.method,
-            # Each model's own base alone (the router_swap rules plan no replicate's cells).
+            # Each model's own base (base 0) alone, as this table has always read.
             "runs": run_names(runs_on(1, self.diagnostic_seeds("router_swap"))),
             "in_domain": list(self.config.evaluation.in_domain),
             "swap_tree": SWAP_TREE,
@@ -876,8 +879,8 @@ class Plan:
             "family": config.models[regime.model].family,
             "corpus": regime.corpus,
             "methods": list(regime.methods),
-            # The model's own base alone, as ever: its inputs train the regime on every base, but
-            # the table has read base 0's runs only.
+            # The model's own base (base 0) alone, as this table has always read, though its
+            # inputs train the regime on every base.
             "runs": run_names(runs_on(1, self.diagnostic_seeds("regime"))),
             "in_domain": list(config.evaluation.in_domain),
             "ood": list(config.evaluation.ood),
