@@ -459,7 +459,7 @@ def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
     spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names_on([0, 1]), "family": "B"}
     spec |= {"methods": ["none", "rpb", "hard"], "correlate": ["none", "rpb"]}
-    row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [0, 1])
+    row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [Run(0, 0), Run(0, 1)])
     assert row["n_seeds"] == 2 and row["ood_mean"] == pytest.approx(
         np.mean([row[f"ood_{t}"] for t in OOD_ALL])
     )

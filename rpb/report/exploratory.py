@@ -440,6 +440,6 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         out_csv.parent / "figures" / stem.name,
         x="topk_overlap_with_base",
         y="community_nmi",
-        title=f"RPB readings between {lower} and {upper} (per seed)",
+        title=f"RPB readings between {lower} and {upper} (per run)",
     )
     return table

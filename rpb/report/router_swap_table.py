@@ -116,7 +116,8 @@ def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
                         "model": model,
                         "method": spec["method"],
                         "corpus": spec["corpus"],
-                        "base": run.base,
+                        # Its seed alone: column `base` is the base cell's score, and the table
+                        # reads base 0's runs (rpb.pipeline.plan.Plan.router_swap_spec).
                         "seed": run.seed,
                         "task": task,
                         "metric": metric,
