@@ -150,7 +150,8 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
     assert "--name tinyA_base1 --model-type deepseek_v3" in text
     assert f"--out {out}/models/tinyA/base1 " in text
     runs = [line for line in text.splitlines() if "rpb pipeline run --name" in line]
-    replica = [line for line in runs if '"base": 1,' in line]  # the training spec's base
+    # Seed 0 on base 1, as its training spec names it.
+    replica = [line for line in runs if '"base": 1,' in line and '"seed": 0,' in line]
     # 3 methods x 2 seeds x 2 bases, and hard (check M2's runs) at the readings' seed 0 per base
     assert len(replica) == 4 and len(runs) == 14
     for line in replica:
@@ -159,7 +160,8 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
         assert f"--out {out}/runs/tinyA/math/" in line and "/base1/seed0 " in line
     assert all("base1" not in line for line in runs if '"base": 1,' not in line)
     # The spec names the run by its base and seed; the torch seed is derived (TrainSpec).
-    assert all('"seed": 0' in line and "1000" not in line for line in replica)
+    specs = [re.search(r"--spec '(.*?)'", line)[1] for line in replica]
+    assert all("1000" not in spec and json.loads(spec)["seed"] == 0 for spec in specs)
 
 
 @pytest.mark.workflow
