@@ -87,9 +87,7 @@ def main(argv: list[str] | None = None) -> int:
                 mlflow.log_metrics(tracking.task_metrics(result))
                 tracking.log_eval_summary(result, corpus)
             with tracking.tracked_run(stage="analysis", params=params, **schema, **kw):
-                summary = json.loads(
-                    analysis_path(results, model, corpus, method, run).read_text()
-                )
+                summary = json.loads(analysis_path(results, model, corpus, method, run).read_text())
                 tracking.log_analysis_summary(summary)
     spec = {k: meta[k] for k in ("model", "corpus", "runs")}
     with tracking.tracked_run(stage="table1", model=model, corpus=corpus, params=spec, **kw):
