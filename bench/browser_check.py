@@ -283,6 +283,8 @@ def store_facts(results: Path) -> dict[str, Any]:
     import pandas as pd
     from mlflow.tracking import MlflowClient
 
+    from rpb.specs import Run, spec_runs
+
     client = MlflowClient(tracking_uri=f"sqlite:///{results / 'mlflow.db'}")
     experiment = client.get_experiment_by_name("rpb")
     if experiment is None:
@@ -294,14 +296,14 @@ def store_facts(results: Path) -> dict[str, Any]:
         if run.info.status == "FINISHED":
             latest[run.info.run_name] = run
     meta = json.loads((results / "table1.meta.json").read_text())
-    # Run ids are 1000 * base + seed; each base is evaluated as method `base` under its seed 0.
-    base_ids = sorted({1000 * (s // 1000) for s in meta["seeds"]})
+    # Each base is evaluated as method `base` under its seed 0.
+    runs = spec_runs(meta)
+    base_runs = sorted({Run(run.base, 0) for run in runs})
     table1_runs = []
     for method in table["method"]:
-        for run_id in base_ids if method == "base" else meta["seeds"]:
-            base, seed = divmod(int(run_id), 1000)
+        for run in base_runs if method == "base" else runs:
             for stage in ("eval", "analysis"):
-                name = f"{stage}/{meta['model']}/{meta['corpus']}/{method}/base{base}/seed{seed}"
+                name = f"{stage}/{meta['model']}/{meta['corpus']}/{method}/{run.name}"
                 table1_runs.append(latest[name])
     return {
         "experiment_id": experiment.experiment_id,

@@ -19,8 +19,9 @@ replicate bases as models `tinyA_p1`; moved first with `rpb relayout --apply`) w
 of the current one (`base<b>/seed<s>`, replicates `tinyA_base1`): the first layout's paths and
 names inside BEFORE's JSON and safetensors metadata are read as their current names
 (rpb.pipeline.relayout), its per-run CSVs get the `base` column the current tables show
-(rpb.report.run_records.named_runs), and safetensors files are compared tensor by tensor. Markdown,
-HTML and figures name runs in their text and labels: they are listed as renamed, not compared.
+(rpb.pipeline.relayout.legacy_named_runs), and safetensors files are compared tensor by tensor.
+Markdown, HTML and figures name runs in their text and labels: they are listed as renamed, not
+compared.
 """
 
 from __future__ import annotations
@@ -219,9 +220,9 @@ class Relaid:
     def _same_csv(self, a: Path, b: Path) -> bool:
         import pandas as pd
 
-        from rpb.report.run_records import named_runs
+        from rpb.pipeline.relayout import legacy_named_runs
 
-        before, after = named_runs(pd.read_csv(a)), pd.read_csv(b)
+        before, after = legacy_named_runs(pd.read_csv(a)), pd.read_csv(b)
         try:
             pd.testing.assert_frame_equal(before, after, check_dtype=False)
         except AssertionError:

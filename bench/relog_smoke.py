@@ -23,7 +23,7 @@ import mlflow
 
 from rpb.method_config import MethodConfig
 from rpb.pipeline import tracking
-from rpb.specs import analysis_path, bases_of, eval_path, run_fields, run_path
+from rpb.specs import Run, analysis_path, bases_of, eval_path, run_path, spec_runs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,17 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         ):
             pass
     for method in meta["methods"] if "methods" in meta else _methods(results):
-        ids = [0, 1000] if method == "base" else meta["seeds"]
-        for run_id in ids:
-            base, seed = run_fields(run_id)["base"], run_fields(run_id)["seed"]
+        runs = [Run(0, 0), Run(1, 0)] if method == "base" else spec_runs(meta)
+        for run in runs:
             schema = {
                 "model": model,
                 "method": method,
                 "corpus": corpus,
-                "base": base,
-                "seed": seed,
+                "base": run.base,
+                "seed": run.seed,
             }
-            history = run_path("train_history", results, model, corpus, method, run_id)
+            history = run_path("train_history", results, model, corpus, method, run)
             if method != "base" and history.is_file():
                 trained = json.loads(history.read_text())
                 params = tracking.method_params(method, MethodConfig.from_dict(trained["method"]))
@@ -81,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
                         step = int(entry.get("step", 0))
                         values = {k: float(v) for k, v in entry.items() if k != "step"}
                         mlflow.log_metrics(values, step=step)
-            eval_out = eval_path(results, model, corpus, method, run_id)
+            eval_out = eval_path(results, model, corpus, method, run)
             model_dir = history.parent / "model"
             params = tracking.model_job_params(method=method, model_dir=model_dir)
             with tracking.tracked_run(stage="eval", params=params, **schema, **kw):
@@ -89,11 +88,9 @@ def main(argv: list[str] | None = None) -> int:
                 mlflow.log_metrics(tracking.task_metrics(result))
                 tracking.log_eval_summary(result, corpus)
             with tracking.tracked_run(stage="analysis", params=params, **schema, **kw):
-                summary = json.loads(
-                    analysis_path(results, model, corpus, method, run_id).read_text()
-                )
+                summary = json.loads(analysis_path(results, model, corpus, method, run).read_text())
                 tracking.log_analysis_summary(summary)
-    spec = {k: meta[k] for k in ("model", "corpus", "seeds")}
+    spec = {k: meta[k] for k in ("model", "corpus", "runs")}
     with tracking.tracked_run(stage="table1", model=model, corpus=corpus, params=spec, **kw):
         tracking.log_table_run("table1", results / "table1.csv")
     tracking.end_invocation(record)

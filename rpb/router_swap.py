@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rpb.artifacts import atomic_folder
-from rpb.specs import RUN_STRIDE, base_index, base_of_run, eval_path, results_path, run_fields
+from rpb.specs import Run, base_of_run, eval_path, results_path, spec_runs
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -361,26 +361,26 @@ def swap_input_dirs(
     model: str,
     corpus: str,
     label: str,
-    seed: int,
+    run: Run,
 ) -> dict[str, str]:
-    """The saved models a swapped model of run `seed` is made from: {"target", "source"} (`base`
+    """The saved models a swapped model of run `run` is made from: {"target", "source"} (`base`
     is the run's own base, `rpb.specs.base_of_run`)."""
 
     def folder(method: str) -> str:
         if method == "base":
-            base_of_run(models, model, seed)  # a base the model does not have: ValueError
-            return results_path("base_model", model=model, base=run_fields(seed)["base"])
-        return results_path("model", model=model, corpus=corpus, method=method, run=seed)
+            base_of_run(models, model, run)  # a base the model does not have: ValueError
+            return results_path("base_model", model=model, base=run.base)
+        return results_path("model", model=model, corpus=corpus, method=method, run=run)
 
     target, source, _ = parse_label(label)
     return {"target": f"{results}/{folder(target)}", "source": f"{results}/{folder(source)}"}
 
 
 def cell_eval_paths(
-    results: Path, spec: Mapping[str, Any], model: str, seed: int
+    results: Path, spec: Mapping[str, Any], model: str, run: Run
 ) -> dict[str, Path]:
-    """Cell -> the evaluation output of its model for run `seed` (the base: under the id its run's
-    base was evaluated with; the swapped models: under `spec["swap_tree"]`)."""
+    """Cell -> the evaluation output of its model for run `run` (the base: under the run its
+    base was evaluated as, `base<b>/seed0`; the swapped models: under `spec["swap_tree"]`)."""
     results = Path(results)
     corpus, method = spec["corpus"], spec["method"]
     parts = spec.get("parts") or PARTS
@@ -388,11 +388,11 @@ def cell_eval_paths(
     for cell, taken in cells(parts).items():
         label = model_label(method, parts, taken)
         if label == "base":
-            paths[cell] = eval_path(results, model, corpus, "base", RUN_STRIDE * base_index(seed))
+            paths[cell] = eval_path(results, model, corpus, "base", Run(run.base, 0))
         elif label == method:
-            paths[cell] = eval_path(results, model, corpus, method, seed)
+            paths[cell] = eval_path(results, model, corpus, method, run)
         else:
-            paths[cell] = eval_path(results / spec["swap_tree"], model, corpus, label, seed)
+            paths[cell] = eval_path(results / spec["swap_tree"], model, corpus, label, run)
     return paths
 
 
@@ -401,7 +401,7 @@ def table_inputs(results: Path | str, spec: Mapping[str, Any]) -> list[str]:
     paths = [
         str(path)
         for model in spec["models"]
-        for seed in spec["seeds"]
-        for path in cell_eval_paths(Path(results), spec, model, seed).values()
+        for run in spec_runs(spec)
+        for path in cell_eval_paths(Path(results), spec, model, run).values()
     ]
     return list(dict.fromkeys(paths))

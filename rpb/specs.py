@@ -14,6 +14,8 @@ base: `rpb.pipeline.data.EVAL_ONLY_ITEMS`).
 from __future__ import annotations
 
 import math
+import operator
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,21 +27,21 @@ __all__ = [
     "FAMILY_STRENGTH",
     "METHOD_SPECS",
     "PATHS",
-    "RUN_STRIDE",
+    "SEED_LIMIT",
     "TRAINABLE",
     "MethodSpec",
     "Option",
-    "base_index",
+    "Run",
     "base_of_run",
     "bases_of",
     "check_method",
     "method_spec",
     "replicate_name",
     "results_path",
-    "run_fields",
-    "run_id",
-    "run_ids",
-    "run_name",
+    "run_names",
+    "runs_on",
+    "spec_runs",
+    "torch_seed",
 ]
 
 
@@ -315,36 +317,35 @@ PATHS: dict[str, str] = {
 
 
 def results_path(kind: str, **fields: Any) -> str:
-    """A results-relative path of `kind` (a key of PATHS) with its fields filled in; `run` (a run
-    id) stands for `base` and `seed` (`run_fields`)."""
+    """A results-relative path of `kind` (a key of PATHS) with its fields filled in; `run` (a
+    `Run`) stands for `base` and `seed`."""
     if "run" in fields:
-        fields |= run_fields(fields.pop("run"))
+        run = fields.pop("run")
+        fields |= {"base": run.base, "seed": run.seed}
     return PATHS[kind].format(**fields)
 
 
-def run_path(kind: str, results: Path, model: str, corpus: str, label: str, run: int) -> Path:
-    """Where output `kind` (a key of PATHS) of run `run` (a run id) lies under `results`."""
+def run_path(kind: str, results: Path, model: str, corpus: str, label: str, run: Run) -> Path:
+    """Where output `kind` (a key of PATHS) of run `run` lies under `results`."""
     fields = {"model": model, "corpus": corpus, "method": label, "run": run}
     return Path(results) / results_path(kind, **fields)
 
 
-def eval_path(results: Path, model: str, corpus: str, label: str, run: int) -> Path:
-    """Where the evaluation output of one trained model lies (`base`: a base, seed 0)."""
+def eval_path(results: Path, model: str, corpus: str, label: str, run: Run) -> Path:
+    """Where the evaluation output of one trained model lies (label `base`: a base, as its run
+    `base<b>/seed0`)."""
     return run_path("eval", results, model, corpus, label, run)
 
 
-def analysis_path(results: Path, model: str, corpus: str, label: str, run: int) -> Path:
+def analysis_path(results: Path, model: str, corpus: str, label: str, run: Run) -> Path:
     """Where the co-activation analysis of one trained model lies (JSON; counts beside it)."""
     return run_path("analysis", results, model, corpus, label, run)
 
 
 # Replicate bases: a pretrained model's `replicates` (pretraining seeds) become further models of
 # the same family, each its own base, named `<model>_base<k>` in the config (k = 1, 2, ... in the
-# order of `replicates`). A table pools a model's (base, seed) runs over its bases under one run
-# id per pair, so a table or statistic keeps one integer per run: run id = RUN_STRIDE * base +
-# seed, base 0 being the model itself. The run id is also the run's torch seed; paths, MLflow run
-# names and tables split it again into `base` and `seed` (`run_fields`).
-RUN_STRIDE = 1000
+# order of `replicates`). A post-training run is a base and a seed (`Run`); a table pools a
+# model's runs over its bases, so its job's spec names every run it reads (`spec_runs`).
 
 
 def replicate_name(model: str, index: int) -> str:
@@ -359,40 +360,79 @@ def bases_of(models: Mapping[str, Mapping[str, Any]], model: str) -> list[str]:
     return [replicate_name(model, k) for k in range(len(seeds) + 1)]
 
 
-def run_id(base: int | str, seed: int | str) -> int:
-    """The run id of post-training seed `seed` on base `base` (`RUN_STRIDE * base + seed`)."""
-    if not 0 <= int(seed) < RUN_STRIDE:
-        raise ValueError(f"seed {seed} must lie in [0, {RUN_STRIDE}) to be pooled over bases")
-    return RUN_STRIDE * int(base) + int(seed)
+_RUN_NAME = re.compile(r"base(\d+)/seed(\d+)")
 
 
-def run_fields(run: int | str) -> dict[str, int]:
-    """`{"base": b, "seed": s}` of run id `run`: run 1002 is seed 2 on base 1."""
-    base, seed = divmod(int(run), RUN_STRIDE)
-    return {"base": base, "seed": seed}
+@dataclass(frozen=True, order=True)
+class Run:
+    """A post-training run's identity: its base (0: the model itself, k: its k-th replicate) and
+    its post-training seed within that base. Runs sort base by base, then by seed. `name`
+    (`base1/seed2`) is how paths, MLflow run names, table specs and notes name it."""
+
+    base: int
+    seed: int
+
+    def __post_init__(self) -> None:
+        for key in ("base", "seed"):
+            value = getattr(self, key)
+            try:
+                number = operator.index(value)  # an int or a numpy integer; not "1", not 1.0
+            except TypeError:
+                number = -1
+            if number < 0:
+                raise ValueError(f"a run's {key} must be an integer >= 0, got {value!r}")
+            object.__setattr__(self, key, number)  # a plain int, whatever integer it was given
+
+    @property
+    def name(self) -> str:
+        return f"base{self.base}/seed{self.seed}"
+
+    def __str__(self) -> str:
+        return self.name
+
+    @classmethod
+    def parse(cls, name: str) -> Run:
+        """The run named `name` (`base1/seed2`; ValueError for anything else)."""
+        match = _RUN_NAME.fullmatch(str(name))
+        if match is None:
+            raise ValueError(f"not a run name (base<b>/seed<s>): {name!r}")
+        return cls(int(match[1]), int(match[2]))
 
 
-def run_name(run: int | str) -> str:
-    """How paths and tables name run id `run`: `base1/seed2` for 1002."""
-    return "base{base}/seed{seed}".format(**run_fields(run))
+# Seeds per base stay below this (the config schema's `seeds` maximum is SEED_LIMIT - 1) so that
+# `torch_seed` gives every run of a model its own torch seed.
+SEED_LIMIT = 1000
 
 
-def run_ids(n_bases: int, seeds: Sequence[int]) -> list[int]:
-    """The run ids of `seeds` on each of `n_bases` bases, base by base."""
-    if any(not 0 <= s < RUN_STRIDE for s in seeds):
-        raise ValueError(f"seeds must lie in [0, {RUN_STRIDE}) to be pooled over bases: {seeds}")
-    return [RUN_STRIDE * k + s for k in range(n_bases) for s in seeds]
+def torch_seed(base: int, seed: int) -> int:
+    """The torch and data-order seed of post-training run (`base`, `seed`): SEED_LIMIT * base +
+    seed. Every run made so far was seeded so (its seed then also named the run), and this keeps
+    them all reproducible bit for bit: same seed, same data order, same weights."""
+    if not 0 <= int(seed) < SEED_LIMIT:
+        raise ValueError(f"seed {seed} must lie in [0, {SEED_LIMIT}) to seed a run of base {base}")
+    return SEED_LIMIT * int(base) + int(seed)
 
 
-def base_index(run_id: int) -> int:
-    """Which of a model's bases (0: the model itself) run `run_id` was trained from."""
-    return run_fields(run_id)["base"]
+def runs_on(n_bases: int, seeds: Sequence[int]) -> list[Run]:
+    """The runs of `seeds` on each of `n_bases` bases, base by base."""
+    return [Run(k, int(s)) for k in range(n_bases) for s in seeds]
 
 
-def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run_id: int) -> str:
-    """The base model (a key of `models`) run `run_id` of `model` was trained from."""
+def run_names(runs: Sequence[Run]) -> list[str]:
+    """How a report job's spec names runs (`base1/seed2`; `spec_runs` reads them back)."""
+    return [run.name for run in runs]
+
+
+def spec_runs(spec: Mapping[str, Any], key: str = "runs") -> list[Run]:
+    """The runs a report job's spec names under `key` (`run_names`), in order."""
+    return [Run.parse(name) for name in spec[key]]
+
+
+def base_of_run(models: Mapping[str, Mapping[str, Any]], model: str, run: Run) -> str:
+    """The base model (a key of `models`) run `run` of `model` was trained from."""
     bases = bases_of(models, model)
-    k = base_index(run_id)
-    if k >= len(bases):
-        raise ValueError(f"run {run_id} of {model} needs base {k}, but {model} has {len(bases)}")
-    return bases[k]
+    if run.base >= len(bases):
+        raise ValueError(
+            f"run {run} of {model} needs base {run.base}, but {model} has {len(bases)}"
+        )
+    return bases[run.base]

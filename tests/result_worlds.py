@@ -17,7 +17,12 @@ import torch
 from safetensors.torch import save_file
 
 from rpb.router_swap import PARTS
-from rpb.specs import results_path
+from rpb.specs import Run, results_path, run_names, runs_on, torch_seed
+
+
+def run_names_on(seeds: tuple[int, ...] | list[int], bases: int = 1) -> list[str]:
+    """A report spec's `runs`: `seeds` on each of `bases` bases, by name."""
+    return run_names(runs_on(bases, seeds))
 
 
 def write_json(path: Path, payload: dict) -> None:
@@ -93,7 +98,7 @@ def write_run(
     model: str,
     corpus: str,
     label: str,
-    seed: int,
+    run: Run,
     levels: tuple[float, ...],
     *,
     ood: list[str] = OOD_ALL,
@@ -101,21 +106,22 @@ def write_run(
     structured_base: bool = True,
     routing: dict[str, float] | None = None,
 ) -> None:
-    """One (model, corpus, label, seed) as the pipeline lays it out: eval JSON with exact-match
+    """One (model, corpus, label, run) as the pipeline lays it out: eval JSON with exact-match
     items (`rpb_<task>`) and their loglikelihood twins (`rpb_<task>_ll` with per-item
     `p_target`, as rpb.pipeline.evaluation writes them), analysis JSON with layer means (and, for
     the base, per-layer rows and the probe size) and co-activation counts. Items are coupled across
-    labels (item i is right when a fixed per-seed uniform draw is below the label's accuracy),
+    labels (item i is right when a fixed per-run uniform draw is below the label's accuracy),
     so paired differences are clean. `levels`: (in-domain, OOD, NMI), and optionally the
     p(target) levels (in-domain, OOD), else exact match's (`p_target_items`). `routing`
     overrides layer-mean analysis entries (usage entropy, drift)."""
     p_in, p_ood, nmi = levels[:3]
     pt_in, pt_ood = levels[3:5] if len(levels) >= 5 else (p_in, p_ood)
+    seed = torch_seed(run.base, run.seed)  # one number per run: its draws, jitter and routing
     rng = np.random.default_rng(1000 + seed)
     u, w = rng.random(n_items), rng.random(n_items)
     tasks = {corpus: ((u < p_in).astype(int).tolist(), p_target_items(u, w, pt_in))}
     tasks |= {t: ((u < p_ood).astype(int).tolist(), p_target_items(u, w, pt_ood)) for t in ood}
-    fields = {"model": model, "corpus": corpus, "method": label, "run": seed}
+    fields = {"model": model, "corpus": corpus, "method": label, "run": run}
     payload: dict[str, Any] = {}
     for t, (em, p_target) in tasks.items():
         payload[f"rpb_{t}"] = {"items": em, "metric": "exact_match"}
@@ -163,17 +169,20 @@ def write_world(
     models: tuple[str, ...] = ("tinyA", "tinyB"),
     corpora: tuple[str, ...] = ("math", "math2"),
     seeds: tuple[int, ...] = (0, 1),
+    bases: int = 1,
     routing: dict[str, dict[str, float]] | None = None,
     **kwargs: Any,
 ) -> None:
-    """Every label of `world` for every model, corpus and seed (the base at seed 0); `routing`:
-    per label, analysis entries to override (see `write_run`)."""
+    """Every label of `world` for every model, corpus and run (`seeds` on each of `bases` bases;
+    the base label at each base's seed 0); `routing`: per label, analysis entries to override
+    (see `write_run`)."""
+    runs = runs_on(bases, seeds)
     for model in models:
         for corpus in corpora:
             for label, levels in world.items():
-                for seed in [0] if label == "base" else seeds:
+                for run in runs_on(bases, [0]) if label == "base" else runs:
                     extra = (routing or {}).get(label)
-                    write_run(root, model, corpus, label, seed, levels, routing=extra, **kwargs)
+                    write_run(root, model, corpus, label, run, levels, routing=extra, **kwargs)
 
 
 # --- the router-swap factorial, on planted scores ----------------------------------------------

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from result_worlds import OOD_ALL, PAPER_WORLD, write_world
+from result_worlds import OOD_ALL, PAPER_WORLD, run_names_on, write_world
 
 from rpb.report.claims import PART_COLUMNS, build_claims, compare_claims
 from rpb.report.run_records import read_json
@@ -41,7 +41,8 @@ SOFT = ["none", "lbl", "rpb", *ANCHORS]
 UNANCHORED = ("none", "lbl", "placebo", "rpb_permuted")
 
 
-def _spec(seeds: list[int] = SEEDS, **extra: object) -> dict:
+def _spec(seeds: list[int] = SEEDS, n_bases: int = 1, **extra: object) -> dict:
+    runs = run_names_on(seeds, n_bases)
     return {
         "scale": "tiny",
         "ood": OOD_ALL,
@@ -55,13 +56,13 @@ def _spec(seeds: list[int] = SEEDS, **extra: object) -> dict:
         "min_split_half_nmi": 0.5,
         "n_resamples": 300,
         "table1": {"model": "tinyA", "corpus": "math", "methods": ["none", "lbl", "rpb"]}
-        | {"seeds": seeds},
+        | {"runs": runs},
         "table2": {"model": "tinyB", "corpus": "math", "methods": ["none", "lbl", "rpb"]}
-        | {"seeds": seeds},
-        "table3": {"models": ["tinyA", "tinyB"], "corpus": "math2", "seeds": seeds},
-        "table4": {"model": "tinyA", "corpora": ["math", "math2"], "seeds": seeds}
+        | {"runs": runs},
+        "table3": {"models": ["tinyA", "tinyB"], "corpus": "math2", "runs": runs},
+        "table4": {"model": "tinyA", "corpora": ["math", "math2"], "runs": runs}
         | {"methods": ["rpb", *ANCHORS]},
-        "table5": {"model": "tinyA", "corpus": "math", "seeds": seeds, "correlate": SOFT}
+        "table5": {"model": "tinyA", "corpus": "math", "runs": runs, "correlate": SOFT}
         | {"methods": ["none", "lbl", "rpb", "hard"], "kinds": {"hard": "hard"}},
         "readings": {"model": "tinyA", "corpus": "math", "lower": "none", "upper": "hard"}
         | {"min_gain": 0.25},
@@ -455,15 +456,10 @@ def test_nan_in_a_metric_is_an_error_not_a_verdict() -> None:
 
 @world_of_its_own
 def test_runs_pooled_over_bases_get_per_base_verdicts(tmp_path: Path) -> None:
-    from result_worlds import write_run
-
-    pooled = [*SEEDS, *(1000 + s for s in SEEDS)]  # base 0 and its first replicate (run ids)
-    write_world(tmp_path, PAPER_WORLD, seeds=tuple(pooled), routing=_routing(PAPER_WORLD))
-    for model in ("tinyA", "tinyB"):
-        for corpus in ("math", "math2"):
-            write_run(tmp_path, model, corpus, "base", 1000, PAPER_WORLD["base"])
+    # Base 0 and its first replicate, each with the same seeds (and its own base row).
+    write_world(tmp_path, PAPER_WORLD, seeds=tuple(SEEDS), bases=2, routing=_routing(PAPER_WORLD))
     _testbed(tmp_path, 0.8)
-    build_claims(tmp_path, _spec(pooled), tmp_path / "claims.csv")
+    build_claims(tmp_path, _spec(SEEDS, n_bases=2), tmp_path / "claims.csv")
     table = pd.read_csv(tmp_path / "claims.csv", keep_default_na=False)
     per_base = ["verdict_base0", "verdict_checks_waived_base0"]
     per_base += ["verdict_base1", "verdict_checks_waived_base1"]
@@ -549,7 +545,7 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
     guards are not testable from table 1 alone, while a failed premise (M0) still reads
     "premise not met"."""
     from rpb.report.claims import table_verdicts
-    from rpb.specs import analysis_path
+    from rpb.specs import Run, analysis_path
 
     table = _paper_table(paper_audit)
     lines = table_verdicts(paper_world, _spec())
@@ -562,7 +558,7 @@ def test_table1_caption_verdicts_judge_c1_and_c2_from_table1s_runs(
     # Without the readings' upper end (hard), M2 is undetermined here.
     results = _copy(paper_world, tmp_path)
     for seed in SEEDS:
-        analysis_path(results, "tinyA", "math", "hard", seed).unlink()
+        analysis_path(results, "tinyA", "math", "hard", Run(0, seed)).unlink()
     lines = table_verdicts(results, _spec())
     assert lines[1].startswith("C1 not testable: ")
     assert (

@@ -16,7 +16,7 @@ import pandas as pd
 import pytest
 import yaml
 from matplotlib.image import imread
-from result_worlds import OOD_ALL, PAPER_WORLD, write_run
+from result_worlds import OOD_ALL, PAPER_WORLD, run_names_on, write_run
 
 from rpb.method_config import MethodConfig
 from rpb.report.exploratory import (
@@ -29,7 +29,7 @@ from rpb.report.exploratory import (
     match_strengths,
     method_strength,
 )
-from rpb.specs import METHOD_SPECS, analysis_path, results_path
+from rpb.specs import METHOD_SPECS, Run, analysis_path, results_path
 
 METHODS = {
     "none": {"kind": "none"},
@@ -76,10 +76,10 @@ def _sweep_world(root: Path) -> None:
         "anchor_kl": (0.7, 0.7, 0.5),
         "anchor_kl_s10": (0.6, 0.8, 0.7),
     }
-    write_run(root, "tinyA", "math", "base", 0, PAPER_WORLD["base"])
+    write_run(root, "tinyA", "math", "base", Run(0, 0), PAPER_WORLD["base"])
     for label, lv in levels.items():
         for seed in (0, 1):
-            write_run(root, "tinyA", "math", label, seed, lv)
+            write_run(root, "tinyA", "math", label, Run(0, seed), lv)
 
 
 def test_sweep_table_and_figure(tmp_path: Path) -> None:
@@ -87,7 +87,7 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
     spec = {
         "model": "tinyA",
         "corpus": "math",
-        "seeds": [0, 1],
+        "runs": run_names_on([0, 1]),
         "ood": OOD_ALL,
         "methods": METHODS,
         "curves": {
@@ -156,7 +156,7 @@ def test_sweep_table_and_figure(tmp_path: Path) -> None:
 
 def test_sweep_names_a_label_that_is_not_a_method(tmp_path: Path) -> None:
     _sweep_world(tmp_path)
-    spec = {"model": "tinyA", "corpus": "math", "seeds": [0], "ood": OOD_ALL}
+    spec = {"model": "tinyA", "corpus": "math", "runs": run_names_on([0]), "ood": OOD_ALL}
     spec |= {"methods": METHODS, "curves": {"rpb": ["none", "rpb_l9"]}}
     with pytest.raises(ValueError, match="label 'rpb_l9' is not a method"):
         build_sweep(tmp_path, spec, tmp_path / "sweep.csv")
@@ -243,11 +243,12 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
                 }
                 for step in (10, 20)
             ]
-            fields = {"model": "tinyA", "corpus": "math", "method": label, "run": seed}
+            fields = {"model": "tinyA", "corpus": "math", "method": label, "run": Run(0, seed)}
             path = tmp_path / results_path("train_history", **fields)
             path.parent.mkdir(parents=True)
             path.write_text(json.dumps({"history": history}))
-    spec = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"], "seeds": [0, 1]}
+    spec = {"model": "tinyA", "corpus": "math", "methods": ["none", "rpb"]}
+    spec["runs"] = run_names_on([0, 1])
     df = build_drift(tmp_path, spec, tmp_path / "drift.csv")
     assert len(df) == 2 * 2 * 2
     last = df[(df["method"] == "none") & (df["step"] == 20)]
@@ -262,7 +263,7 @@ def test_drift_curves_from_training_histories(tmp_path: Path) -> None:
 
 def test_a_sweep_without_the_bounds_writes_no_matched_table(tmp_path: Path) -> None:
     _sweep_world(tmp_path)
-    spec = {"model": "tinyA", "corpus": "math", "seeds": [0], "ood": OOD_ALL}
+    spec = {"model": "tinyA", "corpus": "math", "runs": run_names_on([0]), "ood": OOD_ALL}
     spec |= {"methods": METHODS, "curves": {"rpb": ["rpb_l0p5", "rpb", "rpb_l4"]}}
     assert len(build_sweep(tmp_path, spec, tmp_path / "sweep.csv")) == 3
     assert not (tmp_path / "sweep_table4_matched.csv").exists()
@@ -281,7 +282,7 @@ def _readings_spec(methods: list[str]) -> dict:
         "lower": "none",
         "upper": "hard",
         "min_gain": 0.25,
-        "seeds": READING_SEEDS,
+        "runs": run_names_on(READING_SEEDS),
         "ood": ["addition", "facts"],
         "scale": "test",
     }
@@ -293,12 +294,12 @@ def _readings_world(
     p = accuracy if p_target is None else p_target
     for label, value in nmi.items():
         for seed in READING_SEEDS:
-            write_run(root, "m", "math", label, seed, (accuracy, accuracy, value, p, p))
+            write_run(root, "m", "math", label, Run(0, seed), (accuracy, accuracy, value, p, p))
 
 
 def _set_overlap(root: Path, label: str, value: float) -> None:
     for seed in READING_SEEDS:
-        path = analysis_path(root, "m", "math", label, seed)
+        path = analysis_path(root, "m", "math", label, Run(0, seed))
         payload = json.loads(path.read_text())
         payload["mean"]["topk_overlap_with_base"] = value
         path.write_text(json.dumps(payload))

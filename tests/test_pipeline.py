@@ -139,7 +139,7 @@ def test_second_invocation_has_nothing_to_do(smoke_results: Path) -> None:
 
 @pytest.mark.workflow
 def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path) -> None:
-    """The smoke config's second base of tinyA: it is pretrained, and run id 1000 + s is seed s
+    """The smoke config's second base of tinyA: it is pretrained, and run base1/seed<s> is seed s
     trained from it, with its own prior, evaluated and pooled into table 1 (dry run)."""
     out = tmp_path / "results"
     text = _dry_run(
@@ -150,14 +150,18 @@ def test_replicate_bases_train_their_own_runs_from_their_own_base(tmp_path: Path
     assert "--name tinyA_base1 --model-type deepseek_v3" in text
     assert f"--out {out}/models/tinyA/base1 " in text
     runs = [line for line in text.splitlines() if "rpb pipeline run --name" in line]
-    replica = [line for line in runs if '"seed": 1000' in line]  # run id 1000: its torch seed
+    # Seed 0 on base 1, as its training spec names it.
+    replica = [line for line in runs if '"base": 1,' in line and '"seed": 0,' in line]
     # 3 methods x 2 seeds x 2 bases, and hard (check M2's runs) at the readings' seed 0 per base
     assert len(replica) == 4 and len(runs) == 14
     for line in replica:
         assert f"--base {out}/models/tinyA/base1/model" in line
         assert f"--prior {out}/priors/tinyA/base1/math.safetensors" in line
         assert f"--out {out}/runs/tinyA/math/" in line and "/base1/seed0 " in line
-    assert all("base1" not in line for line in runs if '"seed": 100' not in line)
+    assert all("base1" not in line for line in runs if '"base": 1,' not in line)
+    # The spec names the run by its base and seed; the torch seed is derived (TrainSpec).
+    specs = [re.search(r"--spec '(.*?)'", line)[1] for line in replica]
+    assert all("1000" not in spec and json.loads(spec)["seed"] == 0 for spec in specs)
 
 
 @pytest.mark.workflow
@@ -206,9 +210,11 @@ def test_exploratory_tables_run_their_own_seeds(tmp_path: Path) -> None:
         name: json.loads(re.search(job.format(name), text)[1])
         for name in ("readings", "drift", "table2")
     }
-    assert specs["readings"]["seeds"] == [0, 1000]  # seed 0 on each of tinyA's two bases
-    assert specs["drift"]["seeds"] == [1, 1001]
-    assert specs["table2"]["seeds"] == [0, 1, 1000, 1001]  # tables.seeds
+    # Seed 0 on each of tinyA's two bases; the entry's own seeds are spelled out as its runs.
+    assert specs["readings"]["runs"] == ["base0/seed0", "base1/seed0"]
+    assert specs["drift"]["runs"] == ["base0/seed1", "base1/seed1"]
+    assert specs["table2"]["runs"] == ["base0/seed0", "base0/seed1", "base1/seed0", "base1/seed1"]
+    assert not any("seeds" in spec for spec in specs.values())
     out_dir = r"--label (\w+) .*?--out \S+/runs/tinyA/math/\w+/(base\d+/seed\d+)"
     trained = set(re.findall(out_dir, text))
     only_readings = set(specs["readings"]["methods"]) - set(specs["drift"]["methods"])

@@ -18,6 +18,7 @@ import yaml
 from rpb.method_config import MethodConfig, options_class
 from rpb.pipeline.config_check import check_config
 from rpb.pipeline.plan import Execution, MethodEntry, PipelineConfig, Plan, plain
+from rpb.specs import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -125,18 +126,52 @@ def test_each_method_is_its_value_and_jobs_get_its_options_off_the_default(plan:
 
 def test_runs_span_every_base_and_name_their_base(plan: Plan) -> None:
     assert plan.bases("tinyA") == ["tinyA", "tinyA_base1"]
-    assert plan.runs("tinyA", [0, 2]) == [0, 2, 1000, 1002]
-    assert plan.base_run_ids("tinyA") == [0, 1000]
-    assert plan.run_base("tinyA", 1002) == "tinyA_base1"
-    assert plan.run_id("1", "2") == 1002  # the rules' {base} and {seed}
+    assert plan.runs("tinyA", [0, 2]) == [Run(0, 0), Run(0, 2), Run(1, 0), Run(1, 2)]
+    assert plan.base_runs("tinyA") == [Run(0, 0), Run(1, 0)]
+    assert plan.run_base("tinyA", Run(1, 2)) == "tinyA_base1"
+    assert plan.run("1", "2") == Run(1, 2)  # the rules' {base} and {seed}
     assert plan.base_model("tinyA", "1") == "tinyA_base1"
-    assert plan.evaluated_model("tinyA", "math", "base", 1000) == "R/models/tinyA/base1/model"
+    assert plan.evaluated_model("tinyA", "math", "base", Run(1, 0)) == "R/models/tinyA/base1/model"
     with pytest.raises(ValueError, match="needs base 2, but tinyA has 2"):
-        plan.base_model_dir("tinyA", 2000)
+        plan.base_model_dir("tinyA", Run(2, 0))
     assert (
-        plan.evaluated_model("tinyA", "math", "rpb", 1002)
+        plan.evaluated_model("tinyA", "math", "rpb", Run(1, 2))
         == "R/runs/tinyA/math/rpb/base1/seed2/model"
     )
+
+
+def test_job_specs_name_a_run_by_its_base_and_seed(plan: Plan) -> None:
+    """No job's spec packs a run into one number: a training job's carries its base and seed
+    (TrainSpec derives the torch seed, the one the run always had), a report job's names its
+    runs `base<b>/seed<s>`."""
+    import json
+
+    from rpb.pipeline.training import TrainSpec
+
+    for spec in (plan.posttrain_spec("tinyA", Run(1, 0)), plan.diagnostic_spec(Run(1, 0))):
+        assert (spec["base"], spec["seed"]) == (1, 0)
+        assert "1000" not in json.dumps(spec)
+        assert TrainSpec.from_dict(spec).torch_seed == 1000
+    reports = {name: plan.table_spec(name) for name in plan.config.tables}
+    reports |= {"table1": plan.table1_spec(), "claims": plan.claims_spec()}
+    reports |= {"sweep": plan.sweep_spec(), "router_swap": plan.router_swap_spec()}
+    reports |= {"diagnostic_table1": plan.diagnostic_table1_spec()}
+
+    def runs_in(node: Any) -> list[str]:
+        """Every run a (nested) spec names."""
+        if not isinstance(node, dict):
+            return []
+        assert "seeds" not in node  # seeds per base are spelled out as runs
+        found = list(node.get("runs", []))
+        for value in node.values():
+            found += runs_in(value)
+        return found
+
+    for name, spec in reports.items():
+        runs = runs_in(spec)
+        assert runs and all(Run.parse(run).name == run for run in runs), name
+    assert reports["table2"]["runs"][:3] == ["base0/seed0", "base0/seed1", "base1/seed0"]
+    assert plan.table1_spec()["runs"][-1] == "base1/seed5"
 
 
 def test_a_base_trains_at_its_own_rate_where_lr_by_base_names_it() -> None:
@@ -147,19 +182,21 @@ def test_a_base_trains_at_its_own_rate_where_lr_by_base_names_it() -> None:
     )
     plan = Plan(PipelineConfig.parse(config))
     rates = {run: plan.posttrain_spec("tinyA", run)["lr"] for run in plan.runs("tinyA", [0, 2])}
-    assert rates == {0: 3e-4, 2: 3e-4, 1000: 6e-4, 1002: 6e-4}
-    assert plan.posttrain_spec("tinyB", 1002)["lr"] == 3e-4  # another model's base1
-    spec = plan.posttrain_spec("tinyA", 1002)
-    assert "lr_by_base" not in spec and spec["seed"] == 1002  # what TrainSpec.from_dict takes
+    assert list(rates.values()) == [3e-4, 3e-4, 6e-4, 6e-4]  # base 0's two seeds, then base 1's
+    assert plan.posttrain_spec("tinyB", Run(1, 2))["lr"] == 3e-4  # another model's base1
+    spec = plan.posttrain_spec("tinyA", Run(1, 2))
+    assert "lr_by_base" not in spec  # what TrainSpec.from_dict takes
+    assert (spec["base"], spec["seed"]) == (1, 2)
 
 
 def test_the_permuted_control_trains_with_its_own_bases_permuted_prior(plan: Plan) -> None:
     assert plan.permuted_prior_labels == ["rpb_permuted"]
-    assert plan.method_prior("tinyA", "math", "rpb_permuted", 1001) == (
+    assert plan.method_prior("tinyA", "math", "rpb_permuted", Run(1, 1)) == (
         "R/priors/tinyA/base1/permuted/math.safetensors"
     )
     assert (
-        plan.method_prior("tinyA", "math", "rpb", 1001) == "R/priors/tinyA/base1/math.safetensors"
+        plan.method_prior("tinyA", "math", "rpb", Run(1, 1))
+        == "R/priors/tinyA/base1/math.safetensors"
     )
 
 
@@ -177,7 +214,8 @@ def test_exploratory_tables_take_their_own_seeds() -> None:
     plan = Plan(PipelineConfig.parse(config))
     assert plan.table_seeds("drift") == [0]  # exploratory: its own
     assert plan.table_seeds("table2") == [0, 1]  # confirmatory: tables.seeds
-    assert plan.table_spec("drift")["seeds"] == [0, 1000]
+    spec = plan.table_spec("drift")
+    assert spec["runs"] == ["base0/seed0", "base1/seed0"] and "seeds" not in spec
 
 
 def test_table_specs_carry_what_each_table_needs(plan: Plan) -> None:

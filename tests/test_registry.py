@@ -36,7 +36,7 @@ from rpb.report.registry import (
     declared_reports,
     table_outputs,
 )
-from rpb.specs import PATHS
+from rpb.specs import PATHS, Run
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = ROOT / "workflow" / "report"
@@ -249,7 +249,7 @@ def test_every_shape_plans_from_its_config_entry(key: str, monkeypatch: pytest.M
     seeds = plan.table_seeds(key)
     base_corpora = {None: (), "every corpus": t.corpora, "first corpus": t.corpora[:1]}[shape.base]
 
-    def paths(model: str, corpus: str, label: str, runs: list[int]) -> set[str]:
+    def paths(model: str, corpus: str, label: str, runs: list[Run]) -> set[str]:
         fields = {"model": model, "corpus": corpus, "method": label}
         return {
             f"{plan.results}/{results_path(kind, **fields, run=run)}"
@@ -263,12 +263,12 @@ def test_every_shape_plans_from_its_config_entry(key: str, monkeypatch: pytest.M
             for label in labels:
                 expected |= paths(model, corpus, label, plan.runs(model, seeds))
             if corpus in base_corpora:
-                expected |= paths(model, corpus, "base", plan.base_run_ids(model))
+                expected |= paths(model, corpus, "base", plan.base_runs(model))
     inputs = plan.table_inputs(key)
     assert len(inputs) == len(set(inputs)) and set(inputs) == expected
     spec = json.loads(json.dumps(plan.table_spec(key)))
-    assert plain(t.entry).items() <= spec.items()
-    assert spec["seeds"] == plan.runs(t.models[0], seeds)
+    assert {k: v for k, v in plain(t.entry).items() if k != "seeds"}.items() <= spec.items()
+    assert spec["runs"] == [run.name for run in plan.runs(t.models[0], seeds)]
     for extra in shape.spec:  # the keys each extra adds, as SPEC_EXTRAS names them
         added = re.findall(r"`(\w+)`", SPEC_EXTRAS[extra].split(":")[0])
         assert added and all(spec.get(k) for k in added), (extra, added)

@@ -11,6 +11,7 @@ import pandas as pd
 from result_worlds import PAPER_WORLD, write_run
 
 from rpb.report.render import coactivation_figure, side_path, write_table
+from rpb.specs import Run
 
 TABLE = pd.DataFrame({"method": ["none", "rpb"], "score": [1 / 3, 12.345678]})
 
@@ -48,8 +49,8 @@ def test_no_title_writes_the_csv_alone(tmp_path: Path) -> None:
 
 def test_coactivation_heatmaps_of_the_base_and_the_methods(tmp_path: Path) -> None:
     for label in ("base", "none", "rpb"):
-        write_run(tmp_path, "m", "math", label, 0, PAPER_WORLD[label])
+        write_run(tmp_path, "m", "math", label, Run(0, 0), PAPER_WORLD[label])
     stem = tmp_path / "figures" / "mytable_coactivation"
-    paths = coactivation_figure(tmp_path, "m", "math", ["none", "rpb"], 0, stem)
+    paths = coactivation_figure(tmp_path, "m", "math", ["none", "rpb"], Run(0, 0), stem)
     assert [p.name for p in paths] == ["mytable_coactivation.png", "mytable_coactivation.pdf"]
     assert all(p.stat().st_size > 1000 for p in paths)

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import skip_table_figures
-from result_worlds import OOD_ALL, PAPER_WORLD, write_json, write_run, write_world
+from result_worlds import OOD_ALL, PAPER_WORLD, run_names_on, write_json, write_run, write_world
 
 import rpb.report.tables
 from rpb.report import stats
@@ -25,7 +25,7 @@ from rpb.report.claims import build_claims, claims_frame
 from rpb.report.report_html import CLAIMS_BY_TABLE, table_html, verdict_class, write_table_html
 from rpb.report.tables import build_table1, build_table3
 from rpb.report.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED
-from rpb.specs import eval_path
+from rpb.specs import Run, eval_path
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORT = ROOT / "workflow" / "report"
@@ -95,12 +95,12 @@ def _world(root: Path) -> dict[str, Any]:
     """Table 1's runs (the base once, each method at 3 seeds); returns table 1's spec."""
     for label in ["base", *METHODS]:
         for seed in [0] if label == "base" else SEEDS:
-            write_run(root, "tinyA", "math", label, seed, PAPER_WORLD[label])
+            write_run(root, "tinyA", "math", label, Run(0, seed), PAPER_WORLD[label])
     return {
         "model": "tinyA",
         "corpus": "math",
         "methods": METHODS,
-        "seeds": SEEDS,
+        "runs": run_names_on(SEEDS),
         "in_domain": ["math"],
         "ood": OOD_ALL,
         "scale": "tiny",
@@ -111,7 +111,7 @@ def _item_scores(root: Path, label: str, seed: int, key: str) -> np.ndarray:
     """A run's in-domain items (fractions) in one measure, read back from its eval output."""
     import json
 
-    tasks = json.loads(eval_path(root, "tinyA", "math", label, seed).read_text())["tasks"]
+    tasks = json.loads(eval_path(root, "tinyA", "math", label, Run(0, seed)).read_text())["tasks"]
     if key == "items":
         return np.asarray(tasks["rpb_math"]["items"], dtype=float)
     return np.asarray(tasks["rpb_math_ll"]["p_target"], dtype=float)
@@ -218,7 +218,7 @@ def test_table3_caption_names_the_paired_interval(tmp_path: Path) -> None:
         "corpus": "math2",
         "method": "rpb",
         "reference": "lbl",
-        "seeds": SEEDS,
+        "runs": run_names_on(SEEDS),
         "ood": OOD_ALL,
         "scale": "tiny",
         "confidence": 0.9,
@@ -241,7 +241,7 @@ def test_table3_caption_names_the_paired_interval(tmp_path: Path) -> None:
 def _items(root: Path, label: str, seed: int) -> np.ndarray:
     import json
 
-    path = eval_path(root, "tinyA", "math2", label, seed)
+    path = eval_path(root, "tinyA", "math2", label, Run(0, seed))
     return np.asarray(json.loads(path.read_text())["tasks"]["rpb_math2"]["items"], dtype=float)
 
 
@@ -345,7 +345,8 @@ def test_build_claims_renders_the_audit_with_its_computed_level(tmp_path: Path) 
     layers = [{"layer": i, "split_half_nmi": 0.8} for i in range(2)]
     entry = {"structure": {"layers": layers, "uniform": {"split_half_nmi": 0.1}}}
     write_json(tmp_path / "testbed.json", {"tinyA": entry, "tinyB": entry})
-    t1 = {"model": "tinyA", "corpus": "math", "methods": METHODS, "seeds": seeds}
+    runs = run_names_on(seeds)
+    t1 = {"model": "tinyA", "corpus": "math", "methods": METHODS, "runs": runs}
     spec = {
         "scale": "tiny",
         "ood": OOD_ALL,
@@ -360,9 +361,9 @@ def test_build_claims_renders_the_audit_with_its_computed_level(tmp_path: Path) 
         "n_resamples": 100,
         "table1": t1,
         "table2": t1 | {"model": "tinyB"},
-        "table3": {"models": ["tinyA"], "corpus": "math2", "seeds": seeds},
-        "table4": {"model": "tinyA", "corpora": ["math"], "seeds": seeds, "methods": anchors},
-        "table5": {"model": "tinyA", "corpus": "math", "seeds": seeds}
+        "table3": {"models": ["tinyA"], "corpus": "math2", "runs": runs},
+        "table4": {"model": "tinyA", "corpora": ["math"], "runs": runs, "methods": anchors},
+        "table5": {"model": "tinyA", "corpus": "math", "runs": runs}
         | {"correlate": [*METHODS, *anchors], "methods": [*METHODS, "hard"]}
         | {"kinds": {"hard": "hard"}},
     }

@@ -41,6 +41,7 @@ from rpb.router_swap import (
     swap_saved_parts,
 )
 from rpb.routing import find_routers
+from rpb.specs import Run
 from rpb.trainable import TRAINABLE, parameter_parts, select_trainable
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -302,13 +303,13 @@ def test_labels_name_the_actual_parts_whatever_the_factors() -> None:
 
 def test_a_run_on_a_replicate_base_swaps_with_its_own_base(tmp_path: Path) -> None:
     models = {"tinyA": {"replicates": [1]}}
-    dirs = swap_input_dirs("res", models, "tinyA", "math", "none_with_base_trunk", 1002)
+    dirs = swap_input_dirs("res", models, "tinyA", "math", "none_with_base_trunk", Run(1, 2))
     assert dirs == {
         "target": "res/runs/tinyA/math/none/base1/seed2/model",
         "source": "res/models/tinyA/base1/model",
     }
     spec = {"corpus": "math", "method": "none", "swap_tree": "diagnostic/router_swap"}
-    paths = cell_eval_paths(tmp_path, spec, "tinyA", 1002)
+    paths = cell_eval_paths(tmp_path, spec, "tinyA", Run(1, 2))
     assert paths["base"] == tmp_path / "eval/tinyA/math/base/base1/seed0.json"
     assert paths["trained"] == tmp_path / "eval/tinyA/math/none/base1/seed2.json"
     assert paths["base_with_trained_trunk"] == (

@@ -12,10 +12,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from result_worlds import PLANTED, R, T, planted_values, shapley_by_orders
+from result_worlds import PLANTED, R, T, planted_values, run_names_on, shapley_by_orders
 
 from rpb.report.router_swap_table import build_router_swap_table
 from rpb.router_swap import PARTS, cell_eval_paths, cells, decompose, table_inputs
+from rpb.specs import Run
 
 
 def _eval_json(path: Path, em: dict[str, float], p: dict[str, float], ll: float) -> None:
@@ -41,7 +42,7 @@ SPEC = {
     "models": ["tinyA"],
     "corpus": "math",
     "method": "none",
-    "seeds": [0, 1],
+    "runs": run_names_on([0, 1]),
     "in_domain": ["math"],
     "ood": ["addition", "facts"],
     "swap_tree": "diagnostic/router_swap",
@@ -65,7 +66,7 @@ def _world(tmp_path: Path) -> dict:
             truth[(seed, "addition", metric)] = planted_values(
                 base, halved if metric == "p_target" else em
             )
-        for cell, path in cell_eval_paths(tmp_path, SPEC, "tinyA", seed).items():
+        for cell, path in cell_eval_paths(tmp_path, SPEC, "tinyA", Run(0, seed)).items():
             s = cells(PARTS)[cell]
             em = {
                 "math": 50.0,
@@ -127,15 +128,19 @@ def test_table_recovers_planted_effects_per_seed_and_metric(tmp_path: Path) -> N
 
 def test_table_names_a_missing_cell_and_refuses_mixed_metrics(tmp_path: Path) -> None:
     _world(tmp_path)
-    paths = cell_eval_paths(tmp_path, SPEC, "tinyA", 1)
+    paths = cell_eval_paths(tmp_path, SPEC, "tinyA", Run(0, 1))
     assert set(table_inputs(tmp_path, SPEC)) == {
-        str(p) for seed in (0, 1) for p in cell_eval_paths(tmp_path, SPEC, "tinyA", seed).values()
+        str(p)
+        for seed in (0, 1)
+        for p in cell_eval_paths(tmp_path, SPEC, "tinyA", Run(0, seed)).values()
     }
     result = json.loads(paths["trained_with_base_trunk"].read_text())
     for entry in result["tasks"].values():
         entry.pop("p_target", None)  # an output from before p(target) was recorded
     paths["trained_with_base_trunk"].write_text(json.dumps(result))
-    with pytest.raises(ValueError, match="cell trained_with_base_trunk of tinyA seed 1 scores"):
+    with pytest.raises(
+        ValueError, match="cell trained_with_base_trunk of tinyA run base0/seed1 scores"
+    ):
         build_router_swap_table(tmp_path, SPEC, tmp_path / "t.csv")
     paths["trained_with_base_trunk"].unlink()
     with pytest.raises(FileNotFoundError, match=r"none_with_base_trunk/base0/seed1.json"):

@@ -15,6 +15,7 @@ from result_worlds import PAPER_WORLD, write_json, write_run
 
 from rpb.report.run_records import (
     base_analysis,
+    base_runs,
     coactivation_counts,
     exact_match_items,
     in_domain_items,
@@ -24,9 +25,10 @@ from rpb.report.run_records import (
     run_record,
     run_score,
     run_scores,
+    runs_text,
     training_history,
 )
-from rpb.specs import analysis_path, eval_path, results_path
+from rpb.specs import Run, analysis_path, eval_path, results_path, runs_on
 
 SPEC = {"ood": ["addition", "facts"]}
 WHERE = Path("eval.json")
@@ -37,16 +39,23 @@ def _eval(**tasks: list[int]) -> dict:
 
 
 def test_paths_name_a_run_by_its_base_and_seed(tmp_path: Path) -> None:
-    # Run id 1002: seed 2 on base 1 (tinyA's first replicate), in every path of the run.
-    assert eval_path(tmp_path, "tinyA", "math", "rpb", 1002) == (
+    # Seed 2 on base 1 (tinyA's first replicate), in every path of the run.
+    assert eval_path(tmp_path, "tinyA", "math", "rpb", Run(1, 2)) == (
         tmp_path / "eval/tinyA/math/rpb/base1/seed2.json"
     )
-    assert analysis_path(tmp_path, "tinyA", "math", "rpb", 2) == (
+    assert analysis_path(tmp_path, "tinyA", "math", "rpb", Run(0, 2)) == (
         tmp_path / "analysis/tinyA/math/rpb/base0/seed2.json"
     )
     fields = {"model": "tinyA", "corpus": "math", "method": "rpb"}
-    assert results_path("model", **fields, run=1002) == "runs/tinyA/math/rpb/base1/seed2/model"
+    assert results_path("model", **fields, run=Run(1, 2)) == "runs/tinyA/math/rpb/base1/seed2/model"
     assert results_path("base_model", model="tinyA", base=1) == "models/tinyA/base1/model"
+
+
+def test_notes_name_runs_by_base_and_seed() -> None:
+    assert runs_text(runs_on(2, [0, 1])) == "seeds [0, 1] on bases [0, 1]"
+    assert runs_text([Run(0, 0), Run(1, 2)]) == "runs base0/seed0, base1/seed2"
+    # Each base is evaluated (label `base`) as its run base<b>/seed0.
+    assert base_runs([Run(1, 2), Run(0, 1), Run(1, 0)]) == [Run(0, 0), Run(1, 0)]
 
 
 def test_items_of_our_eval_sets_and_of_standard_tasks() -> None:
@@ -88,36 +97,42 @@ def test_a_non_finite_item_score_names_its_file() -> None:
     )
 
 
-def test_run_scores_are_per_seed_and_must_pair_item_by_item(tmp_path: Path) -> None:
-    for seed, items in ((0, [1, 1, 0, 0]), (1, [1, 1, 1, 0])):
-        write_json(eval_path(tmp_path, "m", "math", "rpb", seed), _eval(rpb_math=items))
-    scores, n_items = run_scores(tmp_path, SPEC, "m", "math", "rpb", [0, 1], "in_domain")
+def test_run_scores_are_per_run_and_must_pair_item_by_item(tmp_path: Path) -> None:
+    runs = [Run(0, 0), Run(1, 0)]
+    for run, items in zip(runs, ([1, 1, 0, 0], [1, 1, 1, 0]), strict=True):
+        write_json(eval_path(tmp_path, "m", "math", "rpb", run), _eval(rpb_math=items))
+    scores, n_items = run_scores(tmp_path, SPEC, "m", "math", "rpb", runs, "in_domain")
     np.testing.assert_array_equal(scores, [50.0, 75.0])
     assert n_items == 4
-    write_json(eval_path(tmp_path, "m", "math", "rpb", 1), _eval(rpb_math=[1, 0]))
-    with pytest.raises(ValueError, match=r"rpb/base0/seed1\.json: 2 items, but seed 0 has 4"):
-        run_scores(tmp_path, SPEC, "m", "math", "rpb", [0, 1], "in_domain")
+    write_json(eval_path(tmp_path, "m", "math", "rpb", runs[1]), _eval(rpb_math=[1, 0]))
+    with pytest.raises(
+        ValueError, match=r"rpb/base1/seed0\.json: 2 items, but run base0/seed0 has 4"
+    ):
+        run_scores(tmp_path, SPEC, "m", "math", "rpb", runs, "in_domain")
 
 
 def test_a_run_record_is_accuracy_and_the_layer_means(tmp_path: Path) -> None:
-    write_run(tmp_path, "m", "math", "rpb", 1, PAPER_WORLD["rpb"])
-    record = run_record(tmp_path, SPEC, "m", "math", "rpb", 1)
-    u = np.random.default_rng(1001).random(40)  # write_run's item draw for seed 1
+    run = Run(0, 1)
+    write_run(tmp_path, "m", "math", "rpb", run, PAPER_WORLD["rpb"])
+    record = run_record(tmp_path, SPEC, "m", "math", "rpb", run)
+    u = np.random.default_rng(1001).random(40)  # write_run's item draw for seed 1 on base 0
     assert record["in_domain"] == pytest.approx(100 * np.mean(u < 0.8))
     assert record["ood_mean"] == pytest.approx(100 * np.mean(u < 0.8))
     assert record["community_nmi"] == pytest.approx(0.71)
-    assert {k: record[k] for k in ("model", "corpus", "method", "seed")} == {
+    assert list(record)[:5] == ["model", "corpus", "method", "base", "seed"]
+    assert {k: record[k] for k in ("model", "corpus", "method", "base", "seed")} == {
         "model": "m",
         "corpus": "math",
         "method": "rpb",
+        "base": 0,
         "seed": 1,
     }
-    path = analysis_path(tmp_path, "m", "math", "rpb", 1)
+    path = analysis_path(tmp_path, "m", "math", "rpb", run)
     write_json(path, {"mean": {"modularity": 0.3}})
-    assert math.isnan(run_record(tmp_path, SPEC, "m", "math", "rpb", 1)["kl_to_base"])
+    assert math.isnan(run_record(tmp_path, SPEC, "m", "math", "rpb", run)["kl_to_base"])
     write_json(path, {"layers": []})
     with pytest.raises(ValueError, match=re.escape(f"{path}: no 'mean' entry")):
-        run_record(tmp_path, SPEC, "m", "math", "rpb", 1)
+        run_record(tmp_path, SPEC, "m", "math", "rpb", run)
 
 
 def test_a_missing_output_names_the_file_and_who_needs_it(tmp_path: Path) -> None:
@@ -145,28 +160,31 @@ def test_a_rewritten_output_is_read_again(tmp_path: Path) -> None:
 
 
 def test_training_history(tmp_path: Path) -> None:
-    path = tmp_path / results_path("train_history", model="m", corpus="math", method="none", run=0)
+    run = Run(0, 0)
+    fields = {"model": "m", "corpus": "math", "method": "none", "run": run}
+    path = tmp_path / results_path("train_history", **fields)
     write_json(path, {"history": [{"step": 2, "task_loss": 1.5}]})
-    assert training_history(tmp_path, "m", "math", "none", 0) == [{"step": 2, "task_loss": 1.5}]
+    assert training_history(tmp_path, "m", "math", "none", run) == [{"step": 2, "task_loss": 1.5}]
     write_json(path, {"history": []})
     with pytest.raises(ValueError, match=re.escape(f"{path}: no 'history' entries")):
-        training_history(tmp_path, "m", "math", "none", 0)
+        training_history(tmp_path, "m", "math", "none", run)
 
 
 def test_coactivation_counts_of_the_base_and_each_method(tmp_path: Path) -> None:
+    run = Run(0, 0)
     for label in ("base", "none", "rpb"):
-        write_run(tmp_path, "m", "math", label, 0, PAPER_WORLD[label])
-    named = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], 0)
+        write_run(tmp_path, "m", "math", label, run, PAPER_WORLD[label])
+    named = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], run)
     assert list(named) == ["base", "none (base0/seed0)", "rpb (base0/seed0)"]
     summary, base = base_analysis(tmp_path, "m", "math")
     np.testing.assert_array_equal(named["base"], base)
     assert summary["probe"]["tokens"] == 600 and base.shape == (2, 4, 4)
     assert not np.array_equal(named["none (base0/seed0)"], base)
     # A corpus without a base analysis: the base counts stored beside the first method's.
-    analysis_path(tmp_path, "m", "math", "base", 0).with_suffix(".safetensors").unlink()
-    fallback = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], 0)
+    analysis_path(tmp_path, "m", "math", "base", run).with_suffix(".safetensors").unlink()
+    fallback = coactivation_counts(tmp_path, "m", "math", ["none", "rpb"], run)
     np.testing.assert_array_equal(fallback["base"], base)
     with pytest.raises(
         FileNotFoundError, match=r"missing input for the figure: .*hard/base0/seed0"
     ):
-        coactivation_counts(tmp_path, "m", "math", ["none", "hard"], 0)
+        coactivation_counts(tmp_path, "m", "math", ["none", "hard"], run)

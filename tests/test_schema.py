@@ -29,6 +29,7 @@ import yaml
 from rpb.pipeline.config_check import check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, frozen
 from rpb.pipeline.schema import SECTIONS, generate, train_settings
+from rpb.specs import Run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
@@ -407,7 +408,7 @@ def test_a_training_sections_other_keys_are_the_planners() -> None:
         required = {k for k in generated if fields[k].default is dataclasses.MISSING}
         assert set(node["required"]) & set(fields) == required
     plan = Plan(PipelineConfig.parse(_checked("config.yaml")))
-    for spec in (plan.posttrain_spec("tinyA", 1001), plan.pretrain_spec("tinyA")):
+    for spec in (plan.posttrain_spec("tinyA", Run(1, 1)), plan.pretrain_spec("tinyA")):
         assert not set(spec) & set().union(*PLANNER_KEYS.values())
         TrainSpec.from_dict(spec)
 

@@ -9,10 +9,20 @@ import re
 import string
 from pathlib import Path
 
+import numpy as np
 import pytest
 from smoke_pipeline import snakemake_in_repo
 
-from rpb.specs import CORPORA, EVAL_SETS, METHOD_SPECS, PATHS, Option, method_spec, results_path
+from rpb.specs import (
+    CORPORA,
+    EVAL_SETS,
+    METHOD_SPECS,
+    PATHS,
+    Option,
+    Run,
+    method_spec,
+    results_path,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FIELDS = {"model": "tinyA", "corpus": "math2", "method": "rpb_keep", "base": 1, "seed": 3}
@@ -72,11 +82,11 @@ def test_the_rules_write_where_the_loaders_read(tmp_path: Path) -> None:
     each as a target plans a job listing it among its outputs, so the layout the tables read is
     the one the jobs write."""
     results = tmp_path / "results"
-    # Run 1000 (seed 0 on base 1): the replicate base names its runs, models and priors alike.
-    fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "run": 1000}
+    # Seed 0 on base 1: the replicate base names its runs, models and priors alike.
+    fields = {"model": "tinyA", "corpus": "math", "method": "rpb", "run": Run(1, 0)}
     targets = {kind: f"{results}/{results_path(kind, **fields)}" for kind in PATHS}
     # A swapped model lies in the router-swap diagnostic's tree, under a label naming its parts.
-    swapped = fields | {"method": "none_with_base_trunk", "run": 0}
+    swapped = fields | {"method": "none_with_base_trunk", "run": Run(0, 0)}
     targets["swapped_model"] = f"{results}/diagnostic/router_swap/" + results_path(
         "swapped_model", **swapped
     )
@@ -93,19 +103,38 @@ def test_the_rules_write_where_the_loaders_read(tmp_path: Path) -> None:
     assert {k: t for k, t in targets.items() if t not in planned} == {}
 
 
-def test_run_ids_pool_seeds_over_bases_and_map_back() -> None:
-    from rpb.specs import base_index, base_of_run, run_fields, run_id, run_ids, run_name
+def test_runs_pool_seeds_over_bases_and_name_themselves() -> None:
+    from rpb.specs import Run, base_of_run, runs_on, spec_runs
 
     models = {"tinyA": {"replicates": [7]}, "tinyA_base1": {"replicate_of": "tinyA"}, "hub": {}}
-    ids = run_ids(2, [0, 1, 2])
-    assert ids == [0, 1, 2, 1000, 1001, 1002]
-    assert [base_of_run(models, "tinyA", r) for r in ids] == ["tinyA"] * 3 + ["tinyA_base1"] * 3
-    # Paths and tables split the id again; the pretraining seed (7) is not the base's name.
-    assert [run_name(r) for r in ids[2:4]] == ["base0/seed2", "base1/seed0"]
-    assert [run_id(**run_fields(r)) for r in ids] == ids
-    assert [base_index(r) for r in ids] == [0, 0, 0, 1, 1, 1]
-    assert run_ids(1, [4]) == [4]  # one base: the run ids are the seeds
+    runs = runs_on(2, [0, 1, 2])
+    assert runs == [Run(b, s) for b in (0, 1) for s in (0, 1, 2)] == sorted(runs)
+    assert [base_of_run(models, "tinyA", r) for r in runs] == ["tinyA"] * 3 + ["tinyA_base1"] * 3
+    # Paths, specs and tables name a run by its base and seed; the pretraining seed (7) is not
+    # the base's name.
+    assert (
+        [r.name for r in runs[2:4]] == ["base0/seed2", "base1/seed0"] == list(map(str, runs[2:4]))
+    )
+    assert [Run.parse(r.name) for r in runs] == runs
+    assert spec_runs({"runs": ["base1/seed0", "base0/seed2"]}) == [Run(1, 0), Run(0, 2)]
+    assert Run(np.int64(1), 2) == Run(1, 2) and type(Run(np.int64(1), 2).base) is int
     with pytest.raises(ValueError, match="needs base 1, but hub has 1"):
-        base_of_run(models, "hub", 1003)
+        base_of_run(models, "hub", Run(1, 3))
+    for bad in ("seed2", "base1/seed", "1002", "base-1/seed0"):
+        with pytest.raises(ValueError, match="not a run name"):
+            Run.parse(bad)
+    for base, seed in ((-1, 0), (0, "1"), (0, 1.0)):
+        with pytest.raises(ValueError, match="must be an integer >= 0"):
+            Run(base, seed)
+
+
+def test_the_torch_seed_of_a_run_is_the_one_every_run_so_far_had() -> None:
+    """Runs were seeded with 1000 * base + seed before they were named by base and seed; the
+    same numbers keep every model, evaluation and analysis made so far reproducible bit for bit."""
+    from rpb.specs import torch_seed
+
+    pairs = [(0, 0), (0, 1), (0, 999), (1, 0), (1, 2), (2, 5), (7, 123)]
+    assert [torch_seed(b, s) for b, s in pairs] == [1000 * b + s for b, s in pairs]
+    assert [torch_seed(b, s) for b, s in pairs] == [0, 1, 999, 1000, 1002, 2005, 7123]
     with pytest.raises(ValueError, match=r"\[0, 1000\)"):
-        run_ids(2, [1000])
+        torch_seed(1, 1000)  # would be base 2's seed 0

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 from conftest import skip_table_figures
-from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, write_json, write_world
+from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, run_names_on, write_json, write_world
 from safetensors.torch import save_file
 from scipy import stats
 
@@ -31,7 +31,7 @@ from rpb.report.tables import (
     per_task_frame,
     with_interval,
 )
-from rpb.specs import analysis_path, eval_path
+from rpb.specs import Run, analysis_path, eval_path, spec_runs
 
 # The tests that look at the heatmaps; every other one builds its tables without drawing them.
 DRAWS_FIGURES = {
@@ -54,7 +54,7 @@ SPEC: dict[str, Any] = {
     "model": "tinyA",
     "corpus": "math",
     "methods": ["none", "lbl", "rpb"],
-    "seeds": [0, 1],
+    "runs": run_names_on([0, 1]),
     "in_domain": ["math"],
     "ood": OOD,
     "scale": "smoke",
@@ -66,7 +66,7 @@ LEVELS["rpb"] = (0.8, 0.6, 0.28)
 
 def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
     """Eval and analysis JSONs laid out as the pipeline writes them; returns what was written:
-    per label and seed the exact-match items (`tasks`), the p(target) items of their
+    per label and seed (on base 0) the exact-match items (`tasks`), the p(target) items of their
     loglikelihood twins (`p_target`, drawn independently of them) and the layer means."""
     rng = np.random.default_rng(0)
     p_rng = np.random.default_rng(1)  # its own stream: exact match's draws stay as they were
@@ -74,7 +74,8 @@ def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
     for label in ["base", *spec["methods"]]:
         p_in, p_ood, modularity = LEVELS[label]
         written[label] = {}
-        for seed in [0] if label == "base" else spec["seeds"]:
+        for run in [Run(0, 0)] if label == "base" else spec_runs(spec):
+            seed = run.seed
             tasks = {"math": (rng.random(25) < p_in).astype(int).tolist()}
             tasks |= {t: (rng.random(10) < p_ood).astype(int).tolist() for t in spec["ood"]}
             p_target = {t: p_rng.random(len(v)).tolist() for t, v in tasks.items()}
@@ -83,7 +84,7 @@ def _fake_results(root: Path, spec: dict) -> dict[str, dict[int, dict]]:
                 "community_nmi": 0.5 + 0.1 * seed,
                 "coact_cosine": 0.9 - 0.05 * seed,
             }
-            fields = (root, spec["model"], spec["corpus"], label, seed)
+            fields = (root, spec["model"], spec["corpus"], label, run)
             payload = {f"rpb_{t}": {"items": v, "metric": "exact_match"} for t, v in tasks.items()}
             payload |= {f"rpb_{t}_ll": {"p_target": v} for t, v in p_target.items()}
             write_json(eval_path(*fields), {"tasks": payload})
@@ -138,7 +139,8 @@ def test_table1_columns_and_rows(table: tuple[pd.DataFrame, dict, Path]) -> None
     # The Markdown says which measure each column is.
     assert "columns without a suffix are exact match" in md and "are p(target)" in md
     meta = json.loads(out.with_suffix(".meta.json").read_text())
-    assert meta["seeds"] == [0, 1] and meta["measures"] == ["exact_match", "p_target"]
+    assert meta["runs"] == ["base0/seed0", "base0/seed1"]
+    assert meta["measures"] == ["exact_match", "p_target"]
     assert list((out.parent / "figures").glob("table1_coactivation*"))
 
 
@@ -201,7 +203,7 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     bench = {"gsm8k": [1, 1, 0, 0], "minerva_math500": [1, 0]}
     for label, seeds in written.items():
         for seed, entry in seeds.items():
-            path = eval_path(results, "tinyA", "math", label, seed)
+            path = eval_path(results, "tinyA", "math", label, Run(0, seed))
             tasks = {t: {"items": v} for t, v in entry["tasks"].items() if t != "math"}
             write_json(path, {"tasks": tasks | {t: {"items": v} for t, v in bench.items()}})
     spec = SPEC | {"corpus_tasks": {"math": ["gsm8k", "minerva_math500"]}, "scale": "paper"}
@@ -215,7 +217,7 @@ def test_paper_scale_reads_standard_tasks_named_by_corpus_tasks(tmp_path: Path) 
     bench["minerva_math500"] = [1, 1]
     for label, seeds in written.items():
         for seed in seeds:
-            path = eval_path(results, "tinyA", "math", label, seed)
+            path = eval_path(results, "tinyA", "math", label, Run(0, seed))
             result = json.loads(path.read_text())
             result["tasks"]["minerva_math500"]["items"] = [1, 1]
             path.write_text(json.dumps(result))
@@ -236,7 +238,7 @@ def test_several_benchmarks_have_their_p_target_beside_exact_match(tmp_path: Pat
     written = _fake_results(results, SPEC)
     for label, seeds in written.items():
         for seed in seeds:
-            path = eval_path(results, "tinyA", "math", label, seed)
+            path = eval_path(results, "tinyA", "math", label, Run(0, seed))
             result = json.loads(path.read_text())
             result["tasks"]["rpb_math2"] = {"items": [1, 0]}
             result["tasks"]["rpb_math2_ll"] = {"p_target": [0.9, 0.7]}
@@ -262,7 +264,7 @@ def test_an_output_without_p_target_names_file_and_task(tmp_path: Path) -> None:
     """At tiny scale p(target) is required: an eval output from before it is an error naming
     the file and the loglikelihood task, not a table without it."""
     _fake_results(tmp_path, SPEC)
-    path = eval_path(tmp_path, "tinyA", "math", "rpb", 1)
+    path = eval_path(tmp_path, "tinyA", "math", "rpb", Run(0, 1))
     result = json.loads(path.read_text())
     del result["tasks"]["rpb_facts_ll"]
     path.write_text(json.dumps(result))
@@ -284,7 +286,7 @@ def test_paper_numbers_only_for_family_a(tmp_path: Path) -> None:
 
 def test_missing_input_names_the_file(tmp_path: Path) -> None:
     _fake_results(tmp_path, SPEC)
-    missing = analysis_path(tmp_path, "tinyA", "math", "rpb", 1)
+    missing = analysis_path(tmp_path, "tinyA", "math", "rpb", Run(0, 1))
     missing.unlink()
     with pytest.raises(FileNotFoundError, match=re.escape(str(missing))):
         build_table1(tmp_path, SPEC, tmp_path / "t.csv")
@@ -292,7 +294,7 @@ def test_missing_input_names_the_file(tmp_path: Path) -> None:
 
 def test_missing_task_names_file_and_task(tmp_path: Path) -> None:
     _fake_results(tmp_path, SPEC)
-    path = eval_path(tmp_path, "tinyA", "math", "lbl", 0)
+    path = eval_path(tmp_path, "tinyA", "math", "lbl", Run(0, 0))
     result = json.loads(path.read_text())
     del result["tasks"]["rpb_facts"]
     path.write_text(json.dumps(result))
@@ -323,7 +325,7 @@ def test_table2_is_table1_for_another_model(tmp_path: Path) -> None:
 def test_table3_paired_difference_per_model(tmp_path: Path) -> None:
     seeds = (0, 1, 2, 3, 4)
     write_world(tmp_path, PAPER_WORLD, corpora=("math2",), seeds=seeds, n_items=400)
-    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "seeds": list(seeds)}
+    spec = {**STAT, "models": ["tinyA", "tinyB"], "corpus": "math2", "runs": run_names_on(seeds)}
     spec |= {"method": "rpb", "reference": "lbl", "families": {"tinyA": "A", "tinyB": "B"}}
     df = build_table3(tmp_path, spec, tmp_path / "table3.csv")
     assert list(zip(df["model"], df["metric"], strict=True)) == [
@@ -376,12 +378,12 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
     }
     write_world(tmp_path, {**world, "base": PAPER_WORLD["base"]}, models=("tinyA",))
     methods = list(world)
-    spec = {**STAT, "model": "tinyA", "corpora": ["math", "math2"], "seeds": [0, 1]}
+    spec = {**STAT, "model": "tinyA", "corpora": ["math", "math2"], "runs": run_names_on([0, 1])}
     spec["methods"] = methods
     df = build_table4(tmp_path, spec, tmp_path / "table4.csv")
     assert len(df) == 2 * 2 * 4
     assert list(df.columns) == [
-        *["model", "corpus", "seed", "method", "in_domain", "in_domain_p", "ood_mean"],
+        *["model", "corpus", "base", "seed", "method", "in_domain", "in_domain_p", "ood_mean"],
         *["ood_mean_p", "rank_in_domain", "rank_in_domain_p", "rank_ood_mean", "rank_ood_mean_p"],
     ]
     best = df[df["rank_in_domain"] == 1]
@@ -414,7 +416,7 @@ def test_table4_ranks_and_consistency(tmp_path: Path) -> None:
 
 def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
-    spec = {**STAT, "model": "tinyA", "corpus": "math", "seeds": [0, 1]}
+    spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names_on([0, 1])}
     spec |= {"methods": ["none", "lbl", "rpb", "hard"], "kinds": {"hard": "hard"}}
     spec["correlate"] = ["none", "lbl", "rpb", "anchor_weight", "anchor_logit", "anchor_kl"]
     df = build_table5(tmp_path, spec, tmp_path / "table5.csv")
@@ -455,9 +457,9 @@ def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
     from rpb.report.tables import method_row, table5_frames
 
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
-    spec = {**STAT, "model": "tinyA", "corpus": "math", "seeds": [0, 1], "family": "B"}
+    spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names_on([0, 1]), "family": "B"}
     spec |= {"methods": ["none", "rpb", "hard"], "correlate": ["none", "rpb"]}
-    row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [0, 1])
+    row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [Run(0, 0), Run(0, 1)])
     assert row["n_seeds"] == 2 and row["ood_mean"] == pytest.approx(
         np.mean([row[f"ood_{t}"] for t in OOD_ALL])
     )
@@ -495,7 +497,7 @@ def test_a_failed_table_job_leaves_none_of_the_old_table(
     assert all(p.is_file() for p in group)
     assert (results / ".integrity" / "table1.meta.json.json").is_file()
     # An input the table needs goes missing (as after a deleted run): the rebuild fails.
-    eval_path(results, "tinyA", "math", "rpb", 1).unlink()
+    eval_path(results, "tinyA", "math", "rpb", Run(0, 1)).unlink()
     assert main(argv) == 2
     assert [p.name for p in group if p.exists()] == []
     assert not (results / ".integrity" / "table1.meta.json.json").exists()

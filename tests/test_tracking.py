@@ -17,7 +17,7 @@ import pytest
 from conftest import new_store
 
 from rpb.pipeline import tracking
-from rpb.specs import run_fields
+from rpb.specs import Run, spec_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -304,9 +304,11 @@ def _finished_by_name(runs: list[Any]) -> dict[str, Any]:
     }
 
 
-def _job_name(stage: str, model: str, corpus: str, method: str, run_id: int) -> str:
-    """The run name of a job on results run id `run_id` (1000 * base + seed)."""
-    schema = tracking.schema_tags(model=model, corpus=corpus, method=method, **run_fields(run_id))
+def _job_name(stage: str, model: str, corpus: str, method: str, run: Run) -> str:
+    """The run name of a job on run `run`."""
+    schema = tracking.schema_tags(
+        model=model, corpus=corpus, method=method, base=run.base, seed=run.seed
+    )
     return tracking.mlflow_run_name(stage, schema)
 
 
@@ -338,11 +340,14 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     ood = [c for c in table.columns if c.startswith("ood_") and not c.endswith("_p")]
     accuracy = ["in_domain", "ood_mean", *ood]
     structure = ["community_nmi", "coact_cosine", "modularity"]
-    # Run ids are 1000 * base + seed; each base is evaluated as method `base` under its seed 0.
-    base_ids = sorted({1000 * (s // 1000) for s in spec["seeds"]})
+    # Each base is evaluated as method `base` under its seed 0.
+    table_runs = spec_runs(spec)
+    base_runs = sorted({Run(run.base, 0) for run in table_runs})
     for method, row in table.iterrows():
-        seeds = base_ids if method == "base" else spec["seeds"]
-        names = [(spec["model"], spec["corpus"], method, s) for s in seeds]
+        names = [
+            (spec["model"], spec["corpus"], method, r)
+            for r in (base_runs if method == "base" else table_runs)
+        ]
         evals = [latest[_job_name("eval", *name)] for name in names]
         analyses = [latest[_job_name("analysis", *name)] for name in names]
         for run in evals + analyses:

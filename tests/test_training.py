@@ -153,3 +153,15 @@ def test_train_history_records_finetune_settings_only_when_set() -> None:
     tuned = TrainSpec(steps=4, batch_size=2, lr=1e-3, grad_accum=2, report_to="tensorboard")
     assert tuned.record()["grad_accum"] == 2 and tuned.record()["report_to"] == "tensorboard"
     assert "eval_every" not in tuned.record()
+
+
+def test_a_post_training_run_records_its_base_and_seed_and_keeps_its_torch_seed() -> None:
+    """A post-training spec names its run (base, seed); its torch seed is the one the run always
+    had (rpb.specs.torch_seed). Without a base (pretraining, `rpb finetune`) the seed is the torch
+    seed and the history records no base, as before."""
+    run = TrainSpec(steps=4, batch_size=2, lr=1e-3, base=1, seed=2)
+    assert run.torch_seed == 1002
+    assert (run.record()["base"], run.record()["seed"]) == (1, 2)
+    assert TrainSpec(steps=4, batch_size=2, lr=1e-3, base=0, seed=3).record()["base"] == 0
+    pretraining = TrainSpec(steps=4, batch_size=2, lr=1e-3, seed=1234)
+    assert pretraining.torch_seed == 1234 and "base" not in pretraining.record()

@@ -27,7 +27,7 @@ from typing import Any
 from rpb.method_config import MethodConfig
 from rpb.numerics import PIN_ENV
 from rpb.report.registry import REPORT_JOBS
-from rpb.specs import TRAINABLE, run_fields, run_name
+from rpb.specs import TRAINABLE, Run
 
 log = logging.getLogger("rpb")
 # What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
@@ -79,6 +79,12 @@ def _train_spec(args: argparse.Namespace):
     return spec
 
 
+def _run_of(spec: Any) -> Run:
+    """The run a post-training TrainSpec trains: its base and seed (a spec written by hand
+    without a base: base 0, whose torch seed is the seed itself, TrainSpec.torch_seed)."""
+    return Run(spec.base if spec.base is not None else 0, spec.seed)
+
+
 def _track_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "tracking_uri": args.tracking_uri,
@@ -90,14 +96,6 @@ def _track_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 def _run_dir_of(model_dir: Path) -> Path:
     """Model directories live in `<job dir>/model`; the job's run id file sits in `<job dir>`."""
     return Path(model_dir).parent
-
-
-def _base_and_seed(run_id: int | str | None) -> dict[str, int | None]:
-    """The schema's `base` and `seed` of a results run id (`1000 * base + seed`); a job started by
-    hand without one has neither."""
-    if run_id is None or not str(run_id).isdigit():
-        return {"base": None, "seed": None}
-    return dict(run_fields(run_id))
 
 
 def _lineage(**dirs: Path | None) -> dict[str, str | None]:
@@ -293,6 +291,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from rpb.pipeline.training import is_main_process, posttrain
 
     spec = _train_spec(args)
+    identity = _run_of(spec)
     parents = _lineage(
         base=_run_dir_of(args.base),
         prior=args.prior.parent / f"{args.prior.stem}.run" if args.prior else None,
@@ -304,8 +303,9 @@ def cmd_train(args: argparse.Namespace) -> None:
             model=args.name,
             method=args.label,
             corpus=args.corpus_name,
-            **_base_and_seed(spec.seed),
-            # `train.seed` is the torch seed, the run id; the schema's `seed` is within the base.
+            # The run's base and seed (its torch seed is TrainSpec.torch_seed of the two).
+            base=identity.base,
+            seed=identity.seed,
             params={**method_params(args.label, args.method), "train": args.spec},
             parents=parents,
             run_dir=args.out,
@@ -343,7 +343,8 @@ def cmd_router_swap(args: argparse.Namespace) -> None:
         model=args.name,
         method=args.label,
         corpus=args.corpus_name,
-        **_base_and_seed(args.seed),
+        base=args.base_index,
+        seed=args.seed,
         params={"target": str(args.target), "source": str(args.source), "parts": args.parts},
         parents=parents,
         run_dir=_run_dir_of(args.out),
@@ -368,7 +369,8 @@ def _model_job_run(args: argparse.Namespace, stage: str):
         model=args.name,
         method=args.label,
         corpus=args.corpus_name,
-        **_base_and_seed(args.seed),
+        base=args.base_index,
+        seed=args.seed,
         params=model_job_params(
             method=args.label,
             model_dir=args.model,
@@ -446,10 +448,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     trained = time.perf_counter()
     if not is_main_process():
         return
+    run = _run_of(_train_spec(args))
     shared = {
         "name": args.name,
         "label": args.label,
-        "seed": str(_train_spec(args).seed),
+        "base_index": run.base,
+        "seed": run.seed,
         "corpus_name": args.corpus_name,
         "model": args.out / "model",
         "eval_dir": args.eval_dir,
@@ -482,7 +486,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
     done = time.perf_counter()
     line = (
-        f"rpb pipeline run: {args.name}/{args.corpus_name}/{args.label}/{run_name(shared['seed'])} "
+        f"rpb pipeline run: {args.name}/{args.corpus_name}/{args.label}/{run} "
         f"done in {done - start:.1f} s (train {trained - start:.1f} s, "
         f"eval {evaluated - trained:.1f} s, analysis {done - evaluated:.1f} s)"
     )
@@ -716,6 +720,13 @@ def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
     p.add_argument(out, type=Path, required=True)
 
 
+def _add_run(p: argparse.ArgumentParser) -> None:
+    """The run a job reads the model of, for the tracking schema's `base` and `seed` (a job started
+    by hand may leave them out)."""
+    p.add_argument("--base-index", type=int, default=None, help="the run's base (0: the model)")
+    p.add_argument("--seed", type=int, default=None, help="the run's seed within its base")
+
+
 def _add_base_of(p: argparse.ArgumentParser) -> None:
     """Which family and base a pretrained model is (`tinyA_base1`: family tinyA, base 1), for the
     tracking schema's `model` and `base` (rpb.pipeline.tracking.SCHEMA_TAGS)."""
@@ -891,7 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("router-swap", cmd_router_swap, "save a model with parts of another model")
     p.add_argument("--name", required=True)
     p.add_argument("--label", required=True, help="the swapped model's label")
-    p.add_argument("--seed", default="-")
+    _add_run(p)
     p.add_argument("--corpus-name", default="-")
     p.add_argument("--target", type=Path, required=True, help="the model the swap starts from")
     p.add_argument("--source", type=Path, required=True, help="the model the parts come from")
@@ -908,7 +919,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("eval", cmd_eval, "evaluate a model with lm-evaluation-harness")
     p.add_argument("--name", required=True)
     p.add_argument("--label", required=True)
-    p.add_argument("--seed", default="-")
+    _add_run(p)
     p.add_argument("--corpus-name", default="-")
     p.add_argument("--model", type=Path, required=True)
     _add_eval(p)
@@ -918,7 +929,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("analyze", cmd_analyze, "co-activation and routing-drift analysis against the base")
     p.add_argument("--name", required=True)
     p.add_argument("--label", required=True)
-    p.add_argument("--seed", default="-")
+    _add_run(p)
     p.add_argument("--corpus-name", default="-")
     p.add_argument("--model", type=Path, required=True)
     p.add_argument("--base", type=Path, required=True)

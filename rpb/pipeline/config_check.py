@@ -734,8 +734,8 @@ def expand_replicates(config: MutableMapping[str, Any]) -> None:
             copy = json.loads(json.dumps({k: v for k, v in entry.items() if k != "replicates"}))
             copy["pretrain"]["seed"] = seed
             models[derived] = copy | {"replicate_of": name}
-    # A table pools a model's runs over its bases by run id (rpb.specs.run_ids); tables that
-    # compare models (table 3) need the same bases per model.
+    # A table pools a model's runs over its bases (rpb.specs.runs_on); tables that compare models
+    # (table 3) need the same bases per model.
     counts = {
         n: len(e.get("replicates") or [])
         for n, e in models.items()

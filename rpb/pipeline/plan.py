@@ -4,9 +4,9 @@ pure functions from it to what each job reads and the spec it gets (`Plan`).
 `workflow/rules/common.smk` builds one `Plan` after rpb.pipeline.config_check has validated and
 expanded the config, and its rules hand their wildcards to it; nothing here knows Snakemake, so
 tests/test_plan.py calls it directly, and tests/test_plan_snapshot.py checks that Snakemake still
-plans the same jobs through it. Within the plan a run is its run id (`rpb.specs.run_ids`: base and
-seed in one integer, the run's torch seed); its paths come from `rpb.specs.PATHS`, which split the
-id again into `base{b}/seed{s}`, and so do the rules' wildcards (`Plan.run_id`).
+plans the same jobs through it. Within the plan a post-training run is a `rpb.specs.Run` (its base
+and its seed within the base), as the rules' `{base}` and `{seed}` wildcards name it (`Plan.run`);
+its paths come from `rpb.specs.PATHS` (`base{b}/seed{s}`), and a table's spec names its runs so.
 """
 
 from __future__ import annotations
@@ -21,7 +21,14 @@ from typing import Any
 from rpb.method_config import MethodConfig
 from rpb.pipeline.bases import base_identity, find_fixed_base
 from rpb.report.registry import REPORTS, Shape
-from rpb.specs import base_of_run, bases_of, results_path, run_fields, run_id, run_ids
+from rpb.specs import (
+    Run,
+    base_of_run,
+    bases_of,
+    results_path,
+    run_names,
+    runs_on,
+)
 
 # The diagnostics `all` builds at tiny and smoke scale, by their output.
 DIAGNOSTIC_OUTPUTS = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
@@ -384,7 +391,7 @@ class PipelineConfig:
 
 class Plan:
     """Every job's inputs and spec, as functions of the config and a job's (model, corpus,
-    method, run id). Paths are strings under `config.results`, as Snakemake takes them."""
+    method, run). Paths are strings under `config.results`, as Snakemake takes them."""
 
     def __init__(self, config: PipelineConfig) -> None:
         self.config = config
@@ -409,56 +416,58 @@ class Plan:
         """`model` and its replicate bases (models.<model>.replicates)."""
         return bases_of(self.config.raw_models, model)
 
-    def runs(self, model: str, seeds: Sequence[int]) -> list[int]:
-        """The run ids of `seeds` on each of `model`'s bases (rpb.specs.run_ids)."""
-        return run_ids(len(self.bases(model)), seeds)
+    def runs(self, model: str, seeds: Sequence[int]) -> list[Run]:
+        """The runs of `seeds` on each of `model`'s bases, base by base (rpb.specs.runs_on)."""
+        return runs_on(len(self.bases(model)), seeds)
 
-    def base_run_ids(self, model: str) -> list[int]:
-        """The ids under which each base of `model` is evaluated and analysed (label `base`)."""
+    def base_runs(self, model: str) -> list[Run]:
+        """The runs under which each base of `model` is evaluated and analysed (label `base`:
+        `base<b>/seed0`)."""
         return self.runs(model, [0])
 
-    def run_base(self, model: str, run: int) -> str:
+    def run_base(self, model: str, run: Run) -> str:
         """The base model (a key of `models`) run `run` of `model` was trained from."""
-        return base_of_run(self.config.raw_models, model, int(run))
+        return base_of_run(self.config.raw_models, model, run)
 
-    def run_id(self, base: Any, seed: Any) -> int:
-        """The run id of the rules' `{base}` and `{seed}` wildcards (rpb.specs.run_id)."""
-        return run_id(base, seed)
+    @staticmethod
+    def run(base: Any, seed: Any) -> Run:
+        """The run of the rules' `{base}` and `{seed}` wildcards (text)."""
+        return Run(int(base), int(seed))
 
     def base_model(self, model: str, base: Any) -> str:
         """The config entry (a key of `models`) of base `base` of `model` (`tinyA`, 1:
         `tinyA_base1`)."""
-        return self.run_base(model, run_id(base, 0))
+        return self.run_base(model, Run(int(base), 0))
 
     # --- paths -------------------------------------------------------------------------------
 
     def path(self, kind: str, **fields: Any) -> str:
         return f"{self.results}/{results_path(kind, **fields)}"
 
-    def model_dir(self, model: str, method: str, corpus: str | None, run: Any) -> str:
+    def model_dir(self, model: str, method: str, corpus: str | None, run: Run) -> str:
         """The model folder of a (model, method, corpus, run); label `base`: the run's base."""
         if method == "base":
             return self.base_model_dir(model, run)
         return self.path("model", model=model, corpus=corpus, method=method, run=run)
 
-    def _base_index(self, model: str, run: Any) -> int:
+    def _base_index(self, model: str, run: Run) -> int:
         """The base run `run` of `model` starts from (a base it lacks: ValueError naming it)."""
         self.run_base(model, run)
-        return run_fields(run)["base"]
+        return run.base
 
-    def base_model_dir(self, model: str, run: Any) -> str:
+    def base_model_dir(self, model: str, run: Run) -> str:
         """The pretrained (or downloaded) base run `run` of `model` starts from."""
         return self.path("base_model", model=model, base=self._base_index(model, run))
 
-    def evaluated_model(self, model: str, corpus: str, method: str, run: Any) -> str:
+    def evaluated_model(self, model: str, corpus: str, method: str, run: Run) -> str:
         """The model an evaluation or analysis job reads (label `base`: the run's base)."""
         return self.model_dir(model, method, corpus, run)
 
-    def base_prior(self, model: str, corpus: str, run: Any) -> str:
+    def base_prior(self, model: str, corpus: str, run: Run) -> str:
         """The routing prior of run `run`'s base on `corpus`."""
         return self.path("prior", model=model, base=self._base_index(model, run), corpus=corpus)
 
-    def permuted_prior(self, model: str, corpus: str, run: Any) -> str:
+    def permuted_prior(self, model: str, corpus: str, run: Run) -> str:
         base = self._base_index(model, run)
         return self.path("permuted_prior", model=model, base=base, corpus=corpus)
 
@@ -466,7 +475,7 @@ class Plan:
     def permuted_prior_labels(self) -> list[str]:
         return [label for label, m in self.config.methods.items() if m.prior == "permuted"]
 
-    def method_prior(self, model: str, corpus: str, method: str, run: Any) -> str:
+    def method_prior(self, model: str, corpus: str, method: str, run: Run) -> str:
         """The prior a run trains with: its base's, or for a method whose entry says `prior:
         permuted` its base's with the experts permuted per layer (control P2)."""
         if method in self.permuted_prior_labels:
@@ -498,12 +507,12 @@ class Plan:
         """Evaluation and analysis outputs (or other `kinds` of rpb.specs.PATHS) of `methods` x
         `seeds` on one corpus, on every base of `model`, and with `base` each base's own."""
         root = self.results if root is None else root
-        labels = [("base", self.base_run_ids(model))] if base else []
+        labels = [("base", self.base_runs(model))] if base else []
         labels += [(m, self.runs(model, seeds)) for m in methods]
         return [
             f"{root}/{results_path(kind, model=model, corpus=corpus, method=label, run=run)}"
-            for label, ids in labels
-            for run in ids
+            for label, runs in labels
+            for run in runs
             for kind in kinds
         ]
 
@@ -514,16 +523,17 @@ class Plan:
         with the options off their family's default, so a new option reruns nothing."""
         return self.config.methods[label].method.to_dict(defaults=False)
 
-    def posttrain_spec(self, model: str, run: Any) -> dict[str, Any]:
-        """The TrainSpec of a post-training job of config entry `model`; its threads come from
-        `--threads`. `posttrain.lr_by_base` gives a base its own learning rate (testbed v3: a
-        rate per base, docs/testbed.md); any other base trains at `posttrain.lr`."""
+    def posttrain_spec(self, model: str, run: Run) -> dict[str, Any]:
+        """The TrainSpec of a post-training job of config entry `model` on run `run` (its `base`
+        and `seed`; TrainSpec.torch_seed seeds it); its threads come from `--threads`.
+        `posttrain.lr_by_base` gives a base its own learning rate (testbed v3: a rate per base,
+        docs/testbed.md); any other base trains at `posttrain.lr`."""
         spec = plain(self.config.posttrain)
         by_base = spec.pop("lr_by_base", None) or {}
-        base = f"base{run_fields(run)['base']}"
+        base = f"base{run.base}"
         if base in by_base.get(model, {}):
             spec["lr"] = by_base[model][base]
-        return spec | {"seed": int(run)}
+        return spec | {"base": run.base, "seed": run.seed}
 
     def base_identity(self, model: str) -> dict[str, Any]:
         """What decides the bytes of config entry `model`'s pretrained base (rpb.pipeline.bases)."""
@@ -605,7 +615,7 @@ class Plan:
             "family": config.models[t1.model].family,
             "corpus": t1.corpus,
             "methods": list(t1.methods),
-            "seeds": self.runs(t1.model, config.seeds),
+            "runs": run_names(self.runs(t1.model, config.seeds)),
             "in_domain": list(config.evaluation.in_domain),
         }
 
@@ -613,13 +623,14 @@ class Plan:
         corpus = self.config.table1.corpus
         paths = []
         for model in self.original_pretrained:
+            # The testbed reads each model's own base (base 0) alone.
             paths += [
-                self.path("eval", model=model, corpus=corpus, method="base", run=0),
-                self.base_prior(model, corpus, 0),
+                self.path("eval", model=model, corpus=corpus, method="base", run=Run(0, 0)),
+                self.base_prior(model, corpus, Run(0, 0)),
             ]
             paths += [
-                self.path("eval", model=model, corpus=corpus, method="none", run=seed)
-                for seed in self.config.seeds
+                self.path("eval", model=model, corpus=corpus, method="none", run=run)
+                for run in runs_on(1, self.config.seeds)
             ]
         return paths
 
@@ -682,13 +693,15 @@ class Plan:
         return paths
 
     def table_spec(self, name: str) -> dict[str, Any]:
-        """The JSON spec a table job gets: the table's config entry, seeds and statistics, and
-        what its shape's `spec` adds (rpb.report.registry.SPEC_EXTRAS)."""
+        """The JSON spec a table job gets: the table's config entry, its runs (`runs`, by name)
+        and statistics, and what its shape's `spec` adds (rpb.report.registry.SPEC_EXTRAS)."""
         config = self.config
         t = config.tables[name]
         # Runs pooled over each model's bases; config_check gives every pretrained model as many.
-        seeds = self.runs(t.models[0], self.table_seeds(name))
-        spec = self.common_spec() | plain(t.entry) | {"seeds": seeds}
+        # They spell out the entry's own `seeds` (seeds per base), which they replace.
+        runs = run_names(self.runs(t.models[0], self.table_seeds(name)))
+        entry = {k: v for k, v in plain(t.entry).items() if k != "seeds"}
+        spec = self.common_spec() | entry | {"runs": runs}
         extras = {
             "family": lambda: {"family": config.models[t.model].family},
             "families": lambda: {"families": {m: config.models[m].family for m in t.models}},
@@ -723,7 +736,7 @@ class Plan:
             "model": sweep.model,
             "corpus": sweep.corpus,
             # Pooled over bases, as sweep_inputs.
-            "seeds": self.runs(sweep.model, sweep.seeds),
+            "runs": run_names(self.runs(sweep.model, sweep.seeds)),
             "curves": {c.name: list(c.labels) for c in sweep.curves},
             "methods": {lb: self.method_entry(lb) for lb in sorted(self._sweep_labels())},
         }
@@ -732,7 +745,7 @@ class Plan:
         config, t1 = self.config, self.config.table1
         spec = self.common_spec() | plain(config.claims.entry)
         spec["table1"] = {"model": t1.model, "corpus": t1.corpus, "methods": list(t1.methods)}
-        spec["table1"]["seeds"] = self.runs(t1.model, config.seeds)
+        spec["table1"]["runs"] = run_names(self.runs(t1.model, config.seeds))
         for name in self.audited_tables:
             spec[name] = self.table_spec(name)
         if "readings" in config.tables:  # manipulation check M2 applies the readings rule
@@ -797,17 +810,18 @@ class Plan:
             "models": list(swap.models),
             "corpus": swap.corpus,
             "method": swap.method,
-            "seeds": self.diagnostic_seeds("router_swap"),
+            # Each model's own base (base 0) alone, as this table has always read.
+            "runs": run_names(runs_on(1, self.diagnostic_seeds("router_swap"))),
             "in_domain": list(self.config.evaluation.in_domain),
             "swap_tree": SWAP_TREE,
         }
 
-    def swapped_model(self, model: str, corpus: str, method: str, run: Any) -> str:
+    def swapped_model(self, model: str, corpus: str, method: str, run: Run) -> str:
         """A router-swap diagnostic's model folder (label `method`: rpb.router_swap)."""
         fields = {"model": model, "corpus": corpus, "method": method, "run": run}
         return f"{self.swap_root}/{results_path('swapped_model', **fields)}"
 
-    def diagnostic_model_dir(self, model: str, corpus: str, method: str, run: Any) -> str:
+    def diagnostic_model_dir(self, model: str, corpus: str, method: str, run: Run) -> str:
         if method == "base":
             return self.base_model_dir(model, run)
         fields = {"model": model, "corpus": corpus, "method": method, "run": run}
@@ -821,7 +835,7 @@ class Plan:
             regime.model, regime.corpus, list(regime.methods), seeds, True, self.diagnostic_root
         )
 
-    def diagnostic_spec(self, run: Any) -> dict[str, Any]:
+    def diagnostic_spec(self, run: Run) -> dict[str, Any]:
         regime = self.config.diagnostics.regime
         spec = self.posttrain_spec(regime.model, run) | {"trainable": plain(regime.trainable)}
         if regime.trunk_lr_scale is not None:
@@ -839,7 +853,9 @@ class Plan:
             "family": config.models[regime.model].family,
             "corpus": regime.corpus,
             "methods": list(regime.methods),
-            "seeds": self.diagnostic_seeds("regime"),
+            # The model's own base (base 0) alone, as this table has always read, though its
+            # inputs train the regime on every base.
+            "runs": run_names(runs_on(1, self.diagnostic_seeds("regime"))),
             "in_domain": list(config.evaluation.in_domain),
             "ood": list(config.evaluation.ood),
             "corpus_tasks": plain(config.evaluation.corpus_tasks),

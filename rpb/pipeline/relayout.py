@@ -29,12 +29,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rpb.specs import run_name
+from rpb.specs import Run
 
 __all__ = [
     "apply_moves",
     "current_path",
     "legacy_bases",
+    "legacy_named_runs",
     "misread_diagnostics",
     "moves",
     "read_config",
@@ -52,6 +53,28 @@ _RUN = re.compile(
 _BASE_MODEL = re.compile(r"^models/(?P<key>[^/]+)/base(?P<rest>/.*)?$")
 _PRIOR = re.compile(r"^priors/(?P<key>[^/]+)/(?!base\d+(?:/|$))(?P<rest>.+)$")
 _FIGURE = re.compile(r"^(?P<head>figures/[^/]+_runs/.+)_seed(?P<run>\d+)(?P<rest>\.[a-z]+)$")
+# The first layout's run id packed a run into one integer, 1000 * base + seed. Only this module
+# (and bench/compare_results.py through it) still reads such ids; the current code names a run
+# by its base and seed (rpb.specs.Run) and derives its torch seed alone so (rpb.specs.torch_seed).
+_LEGACY_STRIDE = 1000
+
+
+def _legacy_run(run_id: int | str) -> Run:
+    """The run of a first-layout run id: 1002 is seed 2 on base 1."""
+    return Run(*divmod(int(run_id), _LEGACY_STRIDE))
+
+
+def legacy_named_runs(frame: Any) -> Any:
+    """A first-layout table (a pandas DataFrame) with its column `seed` of run ids split into
+    `base` and `seed`, as the current tables write them; any other frame as it is."""
+    import pandas as pd
+
+    if "seed" not in frame or "base" in frame or not pd.api.types.is_integer_dtype(frame["seed"]):
+        return frame
+    base, seed = divmod(frame["seed"], _LEGACY_STRIDE)
+    named = frame.assign(seed=seed)
+    named.insert(named.columns.get_loc("seed"), "base", base)
+    return named
 
 
 def read_config(configfiles: Sequence[Path | str]) -> dict[str, Any]:
@@ -95,7 +118,7 @@ def current_path(relative: str, bases: Mapping[str, tuple[str, int]]) -> str | N
         inner = current_path(relative.removeprefix(f"{RECORDS}/"), bases)
         return None if inner is None else f"{RECORDS}/{inner}"
     if match := _RUN.match(relative):
-        return f"{match['head']}/{run_name(match['run'])}{match['rest']}"
+        return f"{match['head']}/{_legacy_run(match['run'])}{match['rest']}"
     if (match := _BASE_MODEL.match(relative)) and match["key"] in bases:
         model, k = bases[match["key"]]
         return f"models/{model}/base{k}{match['rest'] or ''}"
@@ -103,7 +126,7 @@ def current_path(relative: str, bases: Mapping[str, tuple[str, int]]) -> str | N
         model, k = bases[match["key"]]
         return f"priors/{model}/base{k}/{match['rest']}"
     if (match := _FIGURE.match(relative)) and not re.search(r"_base\d+$", match["head"]):
-        return f"{match['head']}_{run_name(match['run']).replace('/', '_')}{match['rest']}"
+        return f"{match['head']}_{_legacy_run(match['run']).name.replace('/', '_')}{match['rest']}"
     return None
 
 

@@ -29,7 +29,7 @@ from rpb.coactivation import (
 )
 from rpb.pipeline.analysis import corpus_texts, routing_pass, text_batches
 from rpb.prior import RouterPrior
-from rpb.specs import eval_path, results_path
+from rpb.specs import Run, eval_path, results_path
 
 
 def base_structure(model_dir: Path, corpus: Path, prior_path: Path, seed: int = 0) -> dict:
@@ -122,8 +122,8 @@ def testbed_report(
             results / "data" / "post" / f"{corpus}.jsonl",
             results / results_path("prior", model=model, base=0, corpus=corpus),
         )
-        base_eval = _task_scores(eval_path(results, model, corpus, "base", 0))
-        tuned = [_task_scores(eval_path(results, model, corpus, "none", s)) for s in seeds]
+        base_eval = _task_scores(eval_path(results, model, corpus, "base", Run(0, 0)))
+        tuned = [_task_scores(eval_path(results, model, corpus, "none", Run(0, s))) for s in seeds]
         tuned_mean = {t: float(np.mean([r[t] for r in tuned])) for t in tuned[0]}
         history = json.loads((base_dir.parent / "train_history.json").read_text())
         report[model] = {

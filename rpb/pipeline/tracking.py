@@ -1011,9 +1011,10 @@ def log_analysis_summary(summary: Mapping[str, Any]) -> dict[str, float]:
 
 def table_metrics(stage: str, frame: Any) -> dict[str, float]:
     """A table's headline numbers as metrics of its run: `<stage>/<row>/<column>`
-    (`table1/rpb/in_domain`, `table1/rpb/in_domain_ci_low`; `table3/in_domain/rpb/lbl/diff`), in
-    the table's own units (its accuracy columns, exact match and `_p`, in percent); empty cells
-    are left out. The stage first: one chart section per table, apart from the eval runs'."""
+    (`table1/rpb/in_domain`, `table1/rpb/in_domain_ci_low`; `table3/in_domain/rpb/lbl/diff`; a
+    row per run, `table4/rpb/base1/seed0/in_domain`), in the table's own units (its accuracy
+    columns, exact match and `_p`, in percent); empty cells are left out. The stage first: one
+    chart section per table, apart from the eval runs'."""
     import math
 
     from rpb.report.registry import REPORTS
@@ -1024,7 +1025,8 @@ def table_metrics(stage: str, frame: Any) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for _, row in frame.iterrows():
         label = "/".join(
-            f"seed{row[k]}" if k == "seed" else _METRIC_CHARS.sub("_", str(row[k])) for k in keys
+            f"{k}{row[k]}" if k in ("base", "seed") else _METRIC_CHARS.sub("_", str(row[k]))
+            for k in keys
         )
         for column in columns:
             if column not in frame.columns:

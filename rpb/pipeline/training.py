@@ -50,7 +50,7 @@ from rpb.pipeline.data import (
 )
 from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior
-from rpb.specs import TRAINABLE
+from rpb.specs import TRAINABLE, torch_seed
 from rpb.trainable import select_trainable
 from rpb.trainer import RouterMethodTrainer, RoutingDriftCallback  # noqa: F401 (public here too)
 
@@ -99,8 +99,10 @@ class TrainSpec:
     warmup_ratio: float = field(default=0.0, metadata=_setting(*_BOTH, minimum=0, maximum=1))
     scheduler: str = field(default="cosine", metadata=_setting())
     max_length: int = field(default=64, metadata=_setting(*_BOTH, minimum=4))
-    # A post-training run's seed is its run id (rpb.pipeline.plan.Plan.posttrain_spec); a base's
-    # is in its identity (rpb.pipeline.bases), so the schema fills it in.
+    # A post-training run's base and its seed within the base (rpb.pipeline.plan.Plan.
+    # posttrain_spec; `torch_seed` seeds it). Pretraining has no base: its seed is in the base's
+    # identity (rpb.pipeline.bases), so the schema fills it in.
+    base: int | None = field(default=None, metadata=_setting())
     seed: int = field(default=0, metadata=_setting("pretrain", minimum=0, fill_default=True))
     log_every: int = field(default=10, metadata=_setting("posttrain", minimum=1))
     # 0: no intermediate checkpoints
@@ -144,10 +146,17 @@ class TrainSpec:
     # transformers' loggers (TrainingArguments.report_to), comma-separated.
     report_to: str = field(default="none", metadata=_setting())
 
+    @property
+    def torch_seed(self) -> int:
+        """The torch and data-order seed: a post-training run's `rpb.specs.torch_seed(base,
+        seed)`; without a base (pretraining, `rpb finetune`) the seed itself."""
+        return self.seed if self.base is None else torch_seed(self.base, self.seed)
+
     def record(self) -> dict[str, Any]:
         """The settings as recorded in `train_history.json`: the finetune-only fields are left
         out at their defaults, so a pipeline run's history stays byte for byte what it was before
-        they existed (bench/compare_results.py compares it)."""
+        they existed (bench/compare_results.py compares it), and so is `base` without one
+        (pretraining)."""
         record = asdict(self)
         for name in _RECORDED_WHEN_SET:
             if record[name] == TrainSpec.__dataclass_fields__[name].default:
@@ -163,7 +172,7 @@ class TrainSpec:
         return cls(**raw)
 
 
-_RECORDED_WHEN_SET = ("grad_accum", "eval_every", "report_to")
+_RECORDED_WHEN_SET = ("base", "grad_accum", "eval_every", "report_to")
 
 
 class TokenizedExamples(Dataset):
@@ -369,8 +378,8 @@ def _training_arguments(spec: TrainSpec, out_dir: Path, *, evaluate: bool) -> Tr
         weight_decay=spec.weight_decay,
         warmup_steps=round(spec.warmup_ratio * spec.steps),
         lr_scheduler_type=spec.scheduler,
-        seed=spec.seed,
-        data_seed=spec.seed,
+        seed=spec.torch_seed,
+        data_seed=spec.torch_seed,
         logging_steps=spec.log_every,
         save_strategy="steps" if spec.save_every > 0 else "no",
         save_steps=spec.save_every if spec.save_every > 0 else 500,
@@ -523,7 +532,9 @@ def pretrain(
 ) -> dict[str, Any]:
     """Pretrain a tiny base on the domain mixture with a load-balancing loss, like a real base."""
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = new_base_model(model_type, architecture, tokenizer, spec.seed, experts_implementation)
+    model = new_base_model(
+        model_type, architecture, tokenizer, spec.torch_seed, experts_implementation
+    )
     model.train()
     dataset = tokenize_pretraining(corpus, tokenizer, spec.max_length)
     method = make_method("lbl", strength=lbl_coef).attach(model)
@@ -564,7 +575,7 @@ def posttrain(
     readings); `save_model` false keeps no model (for runs that need only their readings).
     """
     tokenizer = AutoTokenizer.from_pretrained(base_dir, trust_remote_code=trust_remote_code)
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.torch_seed)
     # A steered folder (rpb.eval_routing) as base: its weights, routing with its saved routers.
     model = load_model(
         base_dir, steer=False, dtype=torch.float32, **experts_kwargs(experts_implementation)

@@ -49,7 +49,7 @@ from rpb.report.verdicts import (
     exceeds_verdict,
     underpowered,
 )
-from rpb.specs import analysis_path
+from rpb.specs import Run, analysis_path, spec_runs
 
 NONE = "none"  # the unanchored plain fine-tuning every check compares against
 UNDETERMINED = "undetermined"  # how a check's value starts when its runs could not judge it
@@ -326,11 +326,11 @@ class Audit:
         method: str,
         other: str,
         metric: str,
-        seeds: Sequence[int],
+        runs: Sequence[Run],
     ) -> tuple[tuple[float, float, Difference], tuple[float, float, Difference] | None]:
         """`rpb.report.tables.compare` on the judged measure, and on exact match beside it (None
         where exact match is the judged measure)."""
-        args = (self.results, spec, model, corpora, method, other, metric, seeds)
+        args = (self.results, spec, model, corpora, method, other, metric, runs)
         judged = compare(*args, measure=self.measure)
         return judged, (None if self.measure == EXACT_MATCH else compare(*args))
 
@@ -343,27 +343,27 @@ class Audit:
     def checks(self) -> list[Check]:
         return list(self._checks.values())
 
-    def _metric(self, model: str, corpus: str, label: str, seeds: Sequence[int], key: str):
+    def _metric(self, model: str, corpus: str, label: str, runs: Sequence[Run], key: str):
         return np.array(
-            [analysis_mean(self.results, model, corpus, label, s).get(key, math.nan) for s in seeds]
+            [analysis_mean(self.results, model, corpus, label, r).get(key, math.nan) for r in runs]
         )
 
     def _paired_metric(
-        self, model: str, corpus: str, label: str, seeds: Sequence[int], key: str
+        self, model: str, corpus: str, label: str, runs: Sequence[Run], key: str
     ) -> Difference | None:
-        a = self._metric(model, corpus, label, seeds, key)
-        b = self._metric(model, corpus, NONE, seeds, key)
+        a = self._metric(model, corpus, label, runs, key)
+        b = self._metric(model, corpus, NONE, runs, key)
         if not (np.isfinite(a).all() and np.isfinite(b).all()):
             return None
         return paired_runs(a, b, **self.level)
 
     # M1 -------------------------------------------------------------------------------------
-    def flattening_site(self, model: str) -> tuple[str, Sequence[int]] | None:
-        """The corpus and seeds where `model` has both `none` and reference runs (tables 1, 2)."""
+    def flattening_site(self, model: str) -> tuple[str, Sequence[Run]] | None:
+        """The corpus and runs where `model` has both `none` and reference runs (tables 1, 2)."""
         t1, t2 = self.spec["table1"], self.spec.get("table2", {})
         for table in (t1, t2):
             if table.get("model") == model and {NONE, self.reference} <= set(table["methods"]):
-                return table["corpus"], table["seeds"]
+                return table["corpus"], spec_runs(table)
         return None
 
     def reference_flattens(self, model: str) -> Check:
@@ -372,9 +372,9 @@ class Audit:
             site = self.flattening_site(model)
             if site is None:
                 return Check("M1", premise, False, f"undetermined: no none/{self.reference} runs")
-            corpus, seeds = site
-            ent = self._paired_metric(model, corpus, self.reference, seeds, "usage_entropy")
-            mod = self._paired_metric(model, corpus, self.reference, seeds, "modularity")
+            corpus, runs = site
+            ent = self._paired_metric(model, corpus, self.reference, runs, "usage_entropy")
+            mod = self._paired_metric(model, corpus, self.reference, runs, "modularity")
             if ent is None or mod is None:
                 return Check("M1", premise, False, "undetermined: entropy or modularity missing")
             passed = bool(ent.low > 0 or mod.high < 0)
@@ -396,16 +396,16 @@ class Audit:
             model, corpus = r.get("model", t5["model"]), r.get("corpus", t5["corpus"])
             lower, upper = r.get("lower", NONE), r.get("upper", "hard")
             min_gain = float(r.get("min_gain", 0.25))
-            seeds = r.get("seeds", t5["seeds"])
+            runs = spec_runs(r if "runs" in r else t5)
             premise = (
                 f"the configured {self.method} reading anchors (readings rule, {model}/{corpus})"
             )
             labels = (lower, self.method, upper)
             missing = [
-                (label, s)
+                (label, run)
                 for label in labels
-                for s in seeds
-                if not analysis_path(self.results, model, corpus, label, s).is_file()
+                for run in runs
+                if not analysis_path(self.results, model, corpus, label, run).is_file()
             ]
             if missing and self.partial:
                 return Check(
@@ -417,7 +417,7 @@ class Audit:
                 )
             means = {
                 label: {
-                    m: float(np.mean(self._metric(model, corpus, label, seeds, m)))
+                    m: float(np.mean(self._metric(model, corpus, label, runs, m)))
                     for m in ANCHOR_METRICS
                 }
                 for label in (lower, self.method, upper)
@@ -459,7 +459,7 @@ class Audit:
             texts, passed = [], True
             for h in hard:
                 overlap = self._metric(
-                    t5["model"], t5["corpus"], h, t5["seeds"], "topk_overlap_with_base"
+                    t5["model"], t5["corpus"], h, spec_runs(t5), "topk_overlap_with_base"
                 )
                 ok = bool(np.isfinite(overlap).all() and (overlap >= 1 - 1e-6).all())
                 passed &= ok
@@ -476,7 +476,9 @@ class Audit:
         def compute() -> Check:
             t5 = self.spec["table5"]
             premise = f"{anchor} reduces router drift vs none"
-            diff = self._paired_metric(t5["model"], t5["corpus"], anchor, t5["seeds"], "kl_to_base")
+            diff = self._paired_metric(
+                t5["model"], t5["corpus"], anchor, spec_runs(t5), "kl_to_base"
+            )
             if diff is None:
                 return Check("M4", premise, False, "undetermined: KL to the base missing")
             value = (

@@ -46,6 +46,7 @@ from rpb.report.stats import (
     rank_consistency,
 )
 from rpb.report.tables import (
+    BLOCK,
     EXACT_MATCH,
     MEASURE_NAMES,
     P_TARGET,
@@ -67,7 +68,7 @@ from rpb.report.verdicts import (
     UNDERPOWERED_BY_DESIGN,
     combine,
 )
-from rpb.specs import base_index
+from rpb.specs import Run, spec_runs
 
 # The report jobs this module builds (rpb.report.registry reads them from this source).
 REPORT_ENTRIES = (
@@ -146,7 +147,7 @@ def _direction_part(
     checks: Sequence[Check],
     with_headroom: bool = True,
 ) -> Part:
-    judged, em = audit.compare(audit.spec, model, [corpus], method, other, metric, table["seeds"])
+    judged, em = audit.compare(audit.spec, model, [corpus], method, other, metric, spec_runs(table))
     _, b, diff = judged
     where = f"{model}/{corpus} {metric} {method} - {other}"
     checks = list(checks)
@@ -271,7 +272,7 @@ def claim_c5(audit: Audit) -> list[Part]:
     for i, first in enumerate(methods):
         for second in methods[i + 1 :]:
             judged, em = audit.compare(
-                t4, t4["model"], corpora, first, second, "in_domain", t4["seeds"]
+                t4, t4["model"], corpora, first, second, "in_domain", spec_runs(t4)
             )
             diff = judged[2]
             where = f"{t4['model']} in_domain {first} - {second} (corpora {'+'.join(corpora)})"
@@ -291,9 +292,7 @@ def claim_c5(audit: Audit) -> list[Part]:
     runs = table4_frames(audit.results, t4)["runs"]
 
     def block_scores(column: str) -> np.ndarray:
-        return runs.pivot(index=["corpus", "seed"], columns="method", values=column)[
-            methods
-        ].to_numpy()
+        return runs.pivot(index=BLOCK, columns="method", values=column)[methods].to_numpy()
 
     # Judged on the primary measure; exact match's Friedman test is reported beside it.
     s = block_scores(f"in_domain{SUFFIX[audit.measure]}")
@@ -519,7 +518,7 @@ def control_permuted_prior(audit: Audit) -> list[Part]:
 
 def _control(audit: Audit, method: str, other: str, checks: list[Check]) -> list[Part]:
     t1 = audit.spec["table1"]
-    table = {**t1, "seeds": audit.spec.get("controls_seeds") or audit.spec["table5"]["seeds"]}
+    table = {**t1, "runs": audit.spec.get("controls_runs") or audit.spec["table5"]["runs"]}
     parts = []
     for metric in ("in_domain", "ood"):
         part = _direction_part(
@@ -861,12 +860,12 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
 
 
 def _restrict_runs(node: Any, k: int) -> Any:
-    """`node` (a spec) with every `seeds` / `controls_seeds` list cut to base k's runs."""
+    """`node` (a spec) with every `runs` / `controls_runs` list cut to base k's runs."""
     if isinstance(node, dict):
         return {
             key: (
-                [s for s in value if base_index(s) == k]
-                if key in ("seeds", "controls_seeds") and isinstance(value, list)
+                [name for name in value if Run.parse(name).base == k]
+                if key in ("runs", "controls_runs") and isinstance(value, list)
                 else _restrict_runs(value, k)
             )
             for key, value in node.items()
@@ -877,7 +876,7 @@ def _restrict_runs(node: Any, k: int) -> Any:
 def per_base_frames(results: Path, spec: dict[str, Any]) -> dict[int, pd.DataFrame]:
     """The audit of each base's runs alone, {base index: its claims frame}; empty when the runs
     come from one base."""
-    indices = sorted({base_index(s) for s in spec["table1"]["seeds"]})
+    indices = sorted({run.base for run in spec_runs(spec["table1"])})
     if len(indices) < 2:
         return {}
     out = {}

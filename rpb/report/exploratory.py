@@ -27,6 +27,7 @@ from rpb.report.registry import DATA, TABLE, Output, ReportJob, Shape, table_out
 from rpb.report.render import write_csv, write_table
 from rpb.report.run_records import DRIFT, RETENTION, runs_text, training_history
 from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
+from rpb.specs import spec_runs
 
 # The report jobs this module builds (rpb.report.registry reads them from this source).
 REPORT_ENTRIES = (
@@ -97,7 +98,7 @@ def sweep_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]
     """`table` (per curve and point: seed means of accuracy, retention and drift, with the
     point's strength and evaluation protocol) and `runs` (every run of every point)."""
     results = Path(results)
-    model, corpus, seeds = spec["model"], spec["corpus"], list(spec["seeds"])
+    model, corpus, runs = spec["model"], spec["corpus"], spec_runs(spec)
     records = []
     for curve, labels in spec["curves"].items():
         for label in labels:
@@ -106,22 +107,22 @@ def sweep_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]
                 raise ValueError(f"sweep curve {curve!r}: label {label!r} is not a method")
             method = MethodConfig.from_dict(entry, where=f"sweep method {label!r}")
             strength, protocol = method_strength(method), eval_protocol(method)
-            for seed in seeds:
-                rec = accuracy_record(results, spec, model, corpus, label, seed)
+            for run in runs:
+                rec = accuracy_record(results, spec, model, corpus, label, run)
                 records.append(
                     {"curve": curve, "label": label, "strength": strength, "protocol": protocol}
                     | rec
                 )
-    runs = pd.DataFrame(records)
+    frame = pd.DataFrame(records)
     metrics = [*accuracy_columns(spec), *RETENTION, *DRIFT]
     table = (
-        runs.groupby(["curve", "label", "strength", "protocol"], sort=False)[metrics]
+        frame.groupby(["curve", "label", "strength", "protocol"], sort=False)[metrics]
         .mean()
         .reset_index()
         .sort_values(["curve", "strength"], kind="stable")
     )
-    table.insert(4, "n_seeds", len(seeds))
-    return {"table": table, "runs": runs}
+    table.insert(4, "n_seeds", len(runs))
+    return {"table": table, "runs": frame}
 
 
 def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
@@ -136,7 +137,7 @@ def build_sweep(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFr
     table, runs = frames["table"], frames["runs"]
     out_csv = Path(out_csv)
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec_runs(spec))} "
         f"({spec.get('scale')} scale); means over seeds. {measures_text(spec)} "
         "strength 0 is plain fine-tuning (`none`: rpb with lambda = 0 and every anchor "
         "at mu = 0 are exactly it); inf is the lambda -> infinity limit, trained with the base "
@@ -243,9 +244,7 @@ def table4_matched_frames(
     for side, labels in sides.items():
         if len(labels) < 2:
             continue
-        frames = table4_frames(
-            results, spec | {"methods": labels, "corpora": [spec["corpus"]], "seeds": spec["seeds"]}
-        )
+        frames = table4_frames(results, spec | {"methods": labels, "corpora": [spec["corpus"]]})
         for row in frames["summary"].to_dict("records"):
             entry = scores.setdefault((side, row["method"]), {})
             entry[f"{row['metric']}"] = row["score"]
@@ -280,7 +279,7 @@ def build_table4_matched(
         sweep = pd.read_csv(out_csv.with_name(out_csv.name.replace("_table4_matched", "")))
     frames = table4_matched_frames(results, spec, sweep)
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec_runs(spec))} "
         f"({spec.get('scale')} scale), the softness sweep's runs. Matched: per curve, the trained "
         f"strength whose top-k overlap with the base (evaluation routing, seed mean) lies closest "
         f"to position {MATCH_POSITION} of the none -> hard gap (reached: within "
@@ -308,14 +307,14 @@ def build_table4_matched(
 
 
 def drift_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
-    """Training histories of each method and seed as one long table: `step`, the losses and the
-    layer-mean drift metrics."""
+    """Training histories of each method and run as one long table: the run's `base` and `seed`,
+    `step`, the losses and the layer-mean drift metrics."""
     rows = []
     for label in spec["methods"]:
-        for seed in spec["seeds"]:
-            history = training_history(Path(results), spec["model"], spec["corpus"], label, seed)
+        for run in spec_runs(spec):
+            history = training_history(Path(results), spec["model"], spec["corpus"], label, run)
             for entry in history:
-                row = {"method": label, "seed": seed, "step": entry["step"]}
+                row = {"method": label, "base": run.base, "seed": run.seed, "step": entry["step"]}
                 for key in ("task_loss", "router_loss"):
                     row[key] = entry.get(key, math.nan)
                 for key in (*DRIFT, "usage_entropy"):
@@ -349,14 +348,14 @@ def readings_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFra
     (`default_by_rule`) is the first anchoring reading in the configured order. Accuracy is
     listed after the verdict and plays no part in it. `runs`: every run."""
     results = Path(results)
-    model, corpus, seeds = spec["model"], spec["corpus"], list(spec["seeds"])
+    model, corpus, of = spec["model"], spec["corpus"], spec_runs(spec)
     lower, upper, min_gain = spec["lower"], spec["upper"], float(spec["min_gain"])
     labels = [lower, *spec["methods"], upper]
     runs = pd.DataFrame(
         [
-            accuracy_record(results, spec, model, corpus, label, seed)
+            accuracy_record(results, spec, model, corpus, label, run)
             for label in labels
-            for seed in seeds
+            for run in of
         ]
     )
     accuracy = accuracy_columns(spec)
@@ -367,7 +366,7 @@ def readings_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFra
     rows = []
     for label in labels:
         role = {lower: "lower bound", upper: "upper bound"}.get(label, "reading")
-        row: dict[str, Any] = {"method": label, "role": role, "n_seeds": len(seeds)}
+        row: dict[str, Any] = {"method": label, "role": role, "n_seeds": len(of)}
         row |= means.loc[label].to_dict()
         for metric, gap in gaps.items():
             # Where hard does not retain more than `none`, "between" has no meaning.
@@ -416,7 +415,7 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         else "no reading anchors, so the rule picks no default (the configured `rpb` stays; say so)"
     )
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec_runs(spec))} "
         f"({spec.get('scale')} scale); seed means of "
         f"the routing each model uses at evaluation, on the analysis probe set. *_position: the "
         f"share of the {lower} -> {upper} gap a reading covers; it anchors when every position is "
@@ -432,6 +431,6 @@ def build_readings(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.Dat
         out_csv.parent / "figures" / stem.name,
         x="topk_overlap_with_base",
         y="community_nmi",
-        title=f"RPB readings between {lower} and {upper} (per seed)",
+        title=f"RPB readings between {lower} and {upper} (per run)",
     )
     return table

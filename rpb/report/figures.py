@@ -109,8 +109,9 @@ def plot_retention_vs_accuracy(
     title: str = "Community retention vs accuracy",
 ) -> list[Path]:
     """Scatter of community retention (``x``) vs accuracy (``y``), one labelled point per row
-    (method/seed; the seed joins the label when there is a ``seed`` column), one colour per
-    ``label`` value."""
+    (method/run; the run joins the label as ``b<base>s<seed>`` when there are ``base`` and
+    ``seed`` columns, as ``s<seed>`` with a ``seed`` column alone), one colour per ``label``
+    value."""
     _require_columns(df, [x, y, label])
     if df.empty:
         raise ValueError("dataframe is empty")
@@ -118,9 +119,12 @@ def plot_retention_vs_accuracy(
     ax = fig.subplots()
     for name, group in df.groupby(label, sort=True):
         points = ax.scatter(group[x], group[y], label=str(name), alpha=0.85)
-        tags = (
-            [f"{name} s{s}" for s in group["seed"]] if "seed" in group else [str(name)] * len(group)
-        )
+        if {"base", "seed"} <= set(group):
+            tags = [f"{name} b{b}s{s}" for b, s in zip(group["base"], group["seed"], strict=True)]
+        elif "seed" in group:
+            tags = [f"{name} s{s}" for s in group["seed"]]
+        else:
+            tags = [str(name)] * len(group)
         for tag, xv, yv in zip(tags, group[x], group[y], strict=True):
             ax.annotate(
                 tag,

@@ -17,8 +17,8 @@ from typing import Any
 import pandas as pd
 
 from rpb.artifacts import atomic_path, remove_artifact, write_text
-from rpb.report.run_records import coactivation_counts, named_runs
-from rpb.specs import run_name
+from rpb.report.run_records import coactivation_counts
+from rpb.specs import Run, spec_runs
 
 __all__ = [
     "TABLE_SUFFIXES",
@@ -35,7 +35,7 @@ __all__ = [
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     with atomic_path(path) as tmp:  # a full disk leaves no partial table (rpb.artifacts)
-        named_runs(frame).to_csv(tmp, index=False, float_format="%.4f")
+        frame.to_csv(tmp, index=False, float_format="%.4f")
 
 
 # A table's own files beside its CSV: one group, written together by `write_table`.
@@ -68,7 +68,6 @@ def write_markdown(
     """`<title>. <note>`, then each section (an empty heading: the table alone)."""
     text = f"{title}. {note}\n"
     for heading, frame in sections:
-        frame = named_runs(frame)
         body = frame.to_markdown(index=False, floatfmt=floatfmt) if len(frame) else "(no rows)"
         text += f"\n{heading}\n\n{body}\n" if heading else f"\n{body}\n"
     write_text(path, text)
@@ -105,12 +104,12 @@ def write_table(
 
 
 def coactivation_figure(
-    results: Path, model: str, corpus: str, methods: Sequence[str], seed: int, path_stem: Path
+    results: Path, model: str, corpus: str, methods: Sequence[str], run: Run, path_stem: Path
 ) -> list[Path]:
-    """Heatmaps of the base and each method (at `seed`) of one model and corpus."""
+    """Heatmaps of the base and each method (on run `run`) of one model and corpus."""
     from rpb.report.figures import plot_coactivation_heatmaps
 
-    named = coactivation_counts(results, model, corpus, methods, seed)
+    named = coactivation_counts(results, model, corpus, methods, run)
     path_stem.parent.mkdir(parents=True, exist_ok=True)
     return plot_coactivation_heatmaps(named, path_stem, base="base")
 
@@ -120,27 +119,27 @@ def run_figures(
     model: str,
     corpora: Sequence[str],
     methods: Sequence[str],
-    seeds: Sequence[int],
+    runs: Sequence[Run],
     folder: Path,
 ) -> list[Path]:
-    """Every run's heatmaps, not the first seed's alone: per corpus and run the base and each
+    """Every run's heatmaps, not the first run's alone: per corpus and run the base and each
     method on that run, `<folder>/<corpus>_base<b>_seed<s>.{png,pdf}` (the report shows the
     folder, workflow/rules/tables.smk)."""
     paths: list[Path] = []
     for corpus in corpora:
-        for seed in seeds:
-            stem = Path(folder) / f"{corpus}_{run_name(seed).replace('/', '_')}"
-            paths += coactivation_figure(results, model, corpus, methods, seed, stem)
+        for run in runs:
+            stem = Path(folder) / f"{corpus}_{run.name.replace('/', '_')}"
+            paths += coactivation_figure(results, model, corpus, methods, run, stem)
     return paths
 
 
 def table_figures(results: Path, spec: dict, stem: Path) -> list[Path]:
-    """A method table's heatmaps: `<stem>.{png,pdf}` for its first corpus and seed (the figure
+    """A method table's heatmaps: `<stem>.{png,pdf}` for its first corpus and run (the figure
     beside the table) and every run's in `<stem>_runs/` (`run_figures`); the spec names one
     `corpus` or several `corpora`."""
-    model, methods, seeds = spec["model"], spec["methods"], spec["seeds"]
+    model, methods, runs = spec["model"], spec["methods"], spec_runs(spec)
     corpora = spec.get("corpora") or [spec["corpus"]]
-    paths = coactivation_figure(results, model, corpora[0], methods, seeds[0], stem)
+    paths = coactivation_figure(results, model, corpora[0], methods, runs[0], stem)
     return paths + run_figures(
-        results, model, corpora, methods, seeds, stem.with_name(f"{stem.name}_runs")
+        results, model, corpora, methods, runs, stem.with_name(f"{stem.name}_runs")
     )

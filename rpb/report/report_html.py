@@ -29,7 +29,6 @@ import numpy as np
 import pandas as pd
 
 from rpb.artifacts import write_text
-from rpb.report.run_records import named_runs
 
 __all__ = [
     "CLAIMS_BY_TABLE",
@@ -154,7 +153,7 @@ def write_table_html(
 ) -> Path:
     """A table's page: `title`, its generated `note` as the caption, each (heading, frame)
     section as a table (the same sections and number format as its Markdown)."""
-    rendered = [(h, table_html(named_runs(frame), floatfmt)) for h, frame in sections]
+    rendered = [(h, table_html(frame, floatfmt)) for h, frame in sections]
     return write_text(Path(path), page(title, note, rendered))
 
 

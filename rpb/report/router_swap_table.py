@@ -17,7 +17,7 @@ import pandas as pd
 
 from rpb.artifacts import atomic_path, write_text
 from rpb.report.registry import ReportJob
-from rpb.report.run_records import in_domain_tasks, named_runs, read_json, runs_text
+from rpb.report.run_records import in_domain_tasks, read_json, runs_text
 from rpb.router_swap import (
     PARTS,
     REST,
@@ -29,6 +29,7 @@ from rpb.router_swap import (
     factors,
     subsets,
 )
+from rpb.specs import spec_runs
 
 # The report jobs this module builds (rpb.report.registry reads them from this source).
 REPORT_ENTRIES = (
@@ -82,7 +83,7 @@ def _with_groups(
 
 
 def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
-    """One row per (model, seed, task, metric): the 2^k cells and their decomposition, plus the
+    """One row per (model, run, task, metric): the 2^k cells and their decomposition, plus the
     `in_domain` and `ood_mean` groups (means over their tasks; the decomposition is linear, so
     their effects add up too)."""
     results = Path(results)
@@ -93,18 +94,18 @@ def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
     groups = {"in_domain": in_domain_tasks(spec, spec["corpus"]), "ood_mean": list(spec["ood"])}
     rows = []
     for model in spec["models"]:
-        for seed in spec["seeds"]:
+        for run in spec_runs(spec):
             scores = {
                 cell: _with_groups(
                     task_scores(read_json(path, "the router-swap table"), tasks, path), groups
                 )
-                for cell, path in cell_eval_paths(results, spec, model, seed).items()
+                for cell, path in cell_eval_paths(results, spec, model, run).items()
             }
             keys = list(scores["base"])
             for cell, values in scores.items():
                 if list(values) != keys:
                     raise ValueError(
-                        f"router swap: cell {cell} of {model} seed {seed} scores other tasks or "
+                        f"router swap: cell {cell} of {model} run {run} scores other tasks or "
                         f"metrics than the base ({sorted(set(values) ^ set(keys))[0]})"
                     )
             for task, metric in keys:
@@ -115,7 +116,9 @@ def router_swap_rows(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
                         "model": model,
                         "method": spec["method"],
                         "corpus": spec["corpus"],
-                        "seed": seed,
+                        # Its seed alone: column `base` is the base cell's score, and the table
+                        # reads base 0's runs (rpb.pipeline.plan.Plan.router_swap_spec).
+                        "seed": run.seed,
                         "task": task,
                         "metric": metric,
                         **values,
@@ -171,7 +174,7 @@ def build_router_swap_table(results: Path, spec: dict[str, Any], out_csv: Path) 
     residual = max(_residuals(rows, list(factors(parts))))
     # Atomic and recorded (rpb.artifacts): a full disk or a kill leaves no partial table.
     with atomic_path(out_csv) as tmp:
-        named_runs(rows).to_csv(tmp, index=False, float_format="%.6g")
+        rows.to_csv(tmp, index=False, float_format="%.6g")
     with atomic_path(out_csv.with_name(f"{out_csv.stem}_summary.csv")) as tmp:
         summary.to_csv(tmp, index=False, float_format="%.6g")
     write_text(out_csv.with_suffix(".md"), _markdown(summary, spec, parts, residual))
@@ -188,7 +191,7 @@ def _markdown(
     rest = f" ({REST}: {', '.join(groups[REST])})" if REST in groups else ""
     text = (
         f"Router-swap decomposition by part ({spec.get('scale')} scale, method {m}, corpus "
-        f"{spec['corpus']}, {runs_text(spec['seeds'])}; mean over seeds, per-seed rows in "
+        f"{spec['corpus']}, {runs_text(spec_runs(spec))}; mean over seeds, per-seed rows in "
         f"router_swap.csv). Factors: {', '.join(names)}{rest} (rpb.trainable.parameter_parts); "
         f"{len(cell_sets)} cells, each factor's tensors from the base (B) or from {m} (T). total "
         "= T - B; main = (B with T's part) - B; the main effects and interactions (in the CSV) "

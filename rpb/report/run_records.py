@@ -1,5 +1,6 @@
 """Reading this run's outputs: what the tables, the claims audit and the router-swap table know
-about one trained model (a run: model, corpus, method label, seed).
+about one trained model (model, corpus, method label and its run: a base and a seed,
+`rpb.specs.Run`).
 
 Paths come from the results layout in `rpb.specs.PATHS`; everything here reads, nothing writes.
 A run's score (`run_score`) is the mean over its benchmarks of each benchmark's item mean in
@@ -18,18 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from rpb.specs import (
-    RUN_STRIDE,
+    Run,
     analysis_path,
-    base_index,
     eval_path,
     results_path,
-    run_fields,
-    run_ids,
-    run_name,
     run_path,
+    runs_on,
+    spec_runs,
 )
 
 __all__ = [
@@ -43,7 +41,6 @@ __all__ = [
     "in_domain_items",
     "in_domain_tasks",
     "metric_tasks",
-    "named_runs",
     "numeric_paths",
     "read_json",
     "run_record",
@@ -61,34 +58,20 @@ DRIFT = ["kl_to_base", "topk_overlap_with_base"]
 ACCURACY = ["in_domain", "ood_mean"]
 
 
-def base_runs(seeds: Sequence[int]) -> list[int]:
-    """The ids under which the bases of runs `seeds` were evaluated (label `base`): one per base
-    index (rpb.specs.run_ids), so a table's base row pools every base its runs start from."""
-    return sorted({RUN_STRIDE * base_index(s) for s in seeds}) or [0]
+def base_runs(runs: Sequence[Run]) -> list[Run]:
+    """The runs under which the bases of `runs` were evaluated (label `base`): `base<b>/seed0`,
+    one per base, so a table's base row pools every base its runs start from."""
+    return sorted({Run(run.base, 0) for run in runs}) or [Run(0, 0)]
 
 
-def named_runs(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` with a column `seed` of run ids split into `base` and `seed` (run 1002: base 1,
-    seed 2), as paths and MLflow name runs (rpb.specs.run_fields); other frames as they are."""
-    if "seed" not in frame or "base" in frame or not pd.api.types.is_integer_dtype(frame["seed"]):
-        return frame
-    base, seed = (frame["seed"] // RUN_STRIDE, frame["seed"] % RUN_STRIDE)
-    named = frame.assign(seed=seed)
-    named.insert(named.columns.get_loc("seed"), "base", base)
-    return named
-
-
-def runs_text(runs: Sequence[int]) -> str:
-    """Run ids as a note names them: `seeds [0, 1] on bases [0, 1]` for a full grid, else each
+def runs_text(runs: Sequence[Run]) -> str:
+    """Runs as a note names them: `seeds [0, 1] on bases [0, 1]` for a full grid, else each
     run's `base<b>/seed<s>`."""
-    fields = [run_fields(r) for r in runs]
-    bases = sorted({f["base"] for f in fields})
-    seeds = sorted({f["seed"] for f in fields})
-    if sorted(map(int, runs)) == sorted(run_ids(len(bases), seeds)) and bases == list(
-        range(len(bases))
-    ):
+    bases = sorted({run.base for run in runs})
+    seeds = sorted({run.seed for run in runs})
+    if sorted(runs) == runs_on(len(bases), seeds) and bases == list(range(len(bases))):
         return f"seeds {seeds} on bases {bases}"
-    return "runs " + ", ".join(run_name(r) for r in runs)
+    return "runs " + ", ".join(run.name for run in runs)
 
 
 def read_json(path: Path, what: str = "the table") -> dict[str, Any]:
@@ -141,9 +124,9 @@ def in_domain_items(
     return np.concatenate([exact_match_items(eval_result, t, path) for t in tasks])
 
 
-def analysis_mean(results: Path, model: str, corpus: str, label: str, seed: int) -> dict:
+def analysis_mean(results: Path, model: str, corpus: str, label: str, run: Run) -> dict:
     """The layer-mean structure and drift metrics of one analysis output."""
-    path = analysis_path(results, model, corpus, label, seed)
+    path = analysis_path(results, model, corpus, label, run)
     summary = read_json(path)
     if "mean" not in summary:
         raise ValueError(f"{path}: no 'mean' entry in the analysis output")
@@ -182,47 +165,48 @@ def run_scores(
     model: str,
     corpus: str,
     label: str,
-    seeds: Sequence[int],
+    runs: Sequence[Run],
     metric: str,
     items: Callable[[dict[str, Any], str, Path], np.ndarray] | None = None,
 ) -> tuple[np.ndarray, int]:
     """Per-run scores (%) of `label` on `metric` ("in_domain": the corpus's in-domain tasks;
-    "ood": the OOD tasks), one per seed in order, and the items per run. A seed whose item count
-    differs from the first seed's is an error naming its file (runs must be paired item by item).
+    "ood": the OOD tasks), one per run in order, and the items per run. A run whose item count
+    differs from the first run's is an error naming its file (runs must be paired item by item).
     `items` as in `run_score`."""
     tasks = metric_tasks(spec, corpus, metric)
     scores, n_items = [], None
-    for seed in seeds:
-        path = eval_path(results, model, corpus, label, seed)
+    for run in runs:
+        path = eval_path(results, model, corpus, label, run)
         score, _, n = run_score(read_json(path), tasks, path, items)
         if n_items is not None and n != n_items:
-            raise ValueError(f"{path}: {n} items, but seed {seeds[0]} has {n_items}")
+            raise ValueError(f"{path}: {n} items, but run {runs[0]} has {n_items}")
         scores.append(score)
         n_items = n
     return np.array(scores), int(n_items or 0)
 
 
 def run_record(
-    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
+    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, run: Run
 ) -> dict[str, Any]:
-    """One trained model: in-domain and mean OOD accuracy (%) and its analysis metrics (NaN
-    where its analysis output lacks one)."""
-    path = eval_path(results, model, corpus, label, seed)
+    """One trained model: its run's `base` and `seed`, in-domain and mean OOD accuracy (%) and
+    its analysis metrics (NaN where its analysis output lacks one)."""
+    path = eval_path(results, model, corpus, label, run)
     result = read_json(path)
-    record: dict[str, Any] = {"model": model, "corpus": corpus, "method": label, "seed": seed}
+    record: dict[str, Any] = {"model": model, "corpus": corpus, "method": label}
+    record |= {"base": run.base, "seed": run.seed}
     record["in_domain"] = run_score(result, in_domain_tasks(spec, corpus), path)[0]
     record["ood_mean"] = run_score(result, spec["ood"], path)[0]
-    mean = analysis_mean(results, model, corpus, label, seed)
+    mean = analysis_mean(results, model, corpus, label, run)
     for key in ("modularity", *RETENTION, *DRIFT, "usage_entropy"):
         record[key] = mean.get(key, math.nan)
     return record
 
 
 def training_history(
-    results: Path, model: str, corpus: str, label: str, seed: int
+    results: Path, model: str, corpus: str, label: str, run: Run
 ) -> list[dict[str, Any]]:
     """The logged training steps of one post-training run (`train_history.json`)."""
-    path = run_path("train_history", results, model, corpus, label, seed)
+    path = run_path("train_history", results, model, corpus, label, run)
     history = read_json(path).get("history")
     if not history:
         raise ValueError(f"{path}: no 'history' entries")
@@ -235,9 +219,8 @@ def numeric_paths(results: Path, spec: dict[str, Any]) -> list[dict[str, Any]]:
     paths were recorded, counts as "unrecorded"; a hub base has none), each with how many
     trainings used it: one entry when the table is of one path."""
     histories: list[Path] = []
-    for run in spec["seeds"]:
-        base = run_fields(run)["base"]
-        model = Path(results) / results_path("base_model", model=spec["model"], base=base)
+    for run in spec_runs(spec):
+        model = Path(results) / results_path("base_model", model=spec["model"], base=run.base)
         if (model.parent / "train_history.json").exists():
             histories.append(model.parent / "train_history.json")
         for label in spec["methods"]:
@@ -261,30 +244,31 @@ def _load_counts(path: Path, key: str = "counts") -> np.ndarray:
 
 
 def coactivation_counts(
-    results: Path, model: str, corpus: str, methods: Sequence[str], seed: int
+    results: Path, model: str, corpus: str, methods: Sequence[str], run: Run
 ) -> dict[str, np.ndarray]:
-    """Co-activation counts [layers, experts, experts] of the base and of each method's run at
-    `seed`, named for a figure (`base`, `<label> (base<b>/seed<s>)`)."""
-    # The base analysis is per (model, corpus) and base (run `seed` starts from base
-    # `base_index(seed)`, evaluated as run RUN_STRIDE * k); a corpus without one (math2) uses the
-    # base counts that every analysis stores beside its own (the same base, the same probe set).
-    base_file = run_path("analysis_counts", results, model, corpus, "base", base_runs([seed])[0])
+    """Co-activation counts [layers, experts, experts] of the base and of each method's run
+    `run`, named for a figure (`base`, `<label> (base<b>/seed<s>)`)."""
+    # The base analysis is per (model, corpus) and base (run `run` starts from base `run.base`,
+    # evaluated as run base<b>/seed0); a corpus without one (math2) uses the base counts that
+    # every analysis stores beside its own (the same base, the same probe set).
+    base_file = run_path("analysis_counts", results, model, corpus, "base", base_runs([run])[0])
     if base_file.is_file():
         base = _load_counts(base_file)
     else:
-        first = run_path("analysis_counts", results, model, corpus, methods[0], seed)
+        first = run_path("analysis_counts", results, model, corpus, methods[0], run)
         base = _load_counts(first, "base_counts")
     named = {"base": base}
     for label in methods:
-        path = run_path("analysis_counts", results, model, corpus, label, seed)
+        path = run_path("analysis_counts", results, model, corpus, label, run)
         if not path.is_file():
             raise FileNotFoundError(f"missing input for the figure: {path}")
-        named[f"{label} ({run_name(seed)})"] = _load_counts(path)
+        named[f"{label} ({run.name})"] = _load_counts(path)
     return named
 
 
 def base_analysis(results: Path, model: str, corpus: str) -> tuple[dict[str, Any], np.ndarray]:
     """The base's analysis output on `corpus` (per-layer rows, probe size) and its counts."""
-    path = analysis_path(results, model, corpus, "base", 0)
+    path = analysis_path(results, model, corpus, "base", Run(0, 0))
     summary = read_json(path)
-    return summary, _load_counts(run_path("analysis_counts", results, model, corpus, "base", 0))
+    counts = run_path("analysis_counts", results, model, corpus, "base", Run(0, 0))
+    return summary, _load_counts(counts)

@@ -19,7 +19,7 @@ The exploratory tables (sweep, drift, RPB readings) are in `rpb.report.explorato
 
 Scores are percentages; retention metrics (NMI, ARI, cosine) and modularity are fractions.
 Intervals are run-level (docs/claims.md): a run's score is the mean over its benchmarks of each
-benchmark's item mean, and runs (seeds) are the unit of replication.
+benchmark's item mean, and runs (a base and a seed each) are the unit of replication.
 
 Accuracy is shown in two measures side by side (`measures`): exact match (columns without a
 suffix, as ever) and, wherever the eval sets are the testbed's own (every scale but `paper`),
@@ -75,7 +75,7 @@ from rpb.report.stats import (
     run_interval,
     within_cluster_spearman,
 )
-from rpb.specs import eval_path
+from rpb.specs import Run, eval_path, spec_runs
 
 # The report jobs this module builds (rpb.report.registry reads them from this source).
 REPORT_ENTRIES = (
@@ -137,7 +137,7 @@ REPORT_ENTRIES = (
             Output("consistency", "table4_consistency.csv", DATA, "Data"),
             Output("pairs", "table4_pairs.csv", DATA, "Data"),
         ),
-        (("method", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
+        (("method", "base", "seed"), ("in_domain", "ood_mean", "rank_in_domain", "rank_ood_mean")),
         Shape(corpora=True, base="first corpus", audited=True, lists_claims=("method",)),
     ),
     ReportJob(
@@ -260,34 +260,34 @@ def measure_scores(
     model: str,
     corpus: str,
     label: str,
-    seeds: Sequence[int],
+    runs: Sequence[Run],
     metric: str,
     measure: str,
 ) -> tuple[np.ndarray, int]:
     """`rpb.report.run_records.run_scores` on `measure`: per-run scores (%) of `label` on `metric`
-    ("in_domain" or "ood"), one per seed, and the items per run."""
+    ("in_domain" or "ood"), one per run, and the items per run."""
     return run_scores(
         results,
         spec,
         model,
         corpus,
         label,
-        seeds,
+        runs,
         metric,
         lambda result, task, where: measure_items(result, task, where, measure),
     )
 
 
 def accuracy_record(
-    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seed: int
+    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, run: Run
 ) -> dict[str, Any]:
     """`rpb.report.run_records.run_record` (exact match and the analysis metrics) with the run's
     p(target) beside its exact match where measured: `in_domain_p` (the mean over the corpus's
     in-domain tasks) and `ood_mean_p` (the mean over the OOD tasks)."""
-    record = run_record(results, spec, model, corpus, label, seed)
+    record = run_record(results, spec, model, corpus, label, run)
     if P_TARGET not in measures(spec):
         return record
-    path = eval_path(results, model, corpus, label, seed)
+    path = eval_path(results, model, corpus, label, run)
     result = read_json(path)
     tasks = {"in_domain": in_domain_tasks(spec, corpus), "ood_mean": list(spec["ood"])}
     out: dict[str, Any] = {}
@@ -387,25 +387,25 @@ def _accuracy_cells(
 
 
 def method_row(
-    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, seeds: Sequence[int]
+    results: Path, spec: dict[str, Any], model: str, corpus: str, label: str, runs: Sequence[Run]
 ) -> dict[str, Any]:
-    """One method's row over its runs (`seeds`; the base: [0]), in each measure (`measures`;
-    p(target)'s columns with `_p`): in-domain (the mean of its benchmarks) with a t-interval
-    over the runs at `spec['confidence']` (a single run: the interval of its item sampling),
-    each in-domain benchmark `in_domain_<task>`, each OOD task `ood_<task>` and `ood_mean`; and
-    the seed means of the layer-mean analysis metrics (ROW_METRICS; NaN where an output lacks
-    one)."""
+    """One method's row over its runs (`runs`; the base: each base's, `base_runs`), in each
+    measure (`measures`; p(target)'s columns with `_p`): in-domain (the mean of its benchmarks)
+    with a t-interval over the runs at `spec['confidence']` (a single run: the interval of its
+    item sampling), each in-domain benchmark `in_domain_<task>`, each OOD task `ood_<task>` and
+    `ood_mean`; and the run means of the layer-mean analysis metrics (ROW_METRICS; NaN where an
+    output lacks one)."""
     level = _level_kwargs(spec)
     tasks = in_domain_tasks(spec, corpus)
     evals = []
     analysis: dict[str, list[float]] = {key: [] for key in ROW_METRICS}
-    for seed in seeds:
-        path = eval_path(results, model, corpus, label, seed)
+    for run in runs:
+        path = eval_path(results, model, corpus, label, run)
         evals.append((path, read_json(path)))
-        mean = analysis_mean(results, model, corpus, label, seed)
+        mean = analysis_mean(results, model, corpus, label, run)
         for key, values in analysis.items():
             values.append(mean.get(key, math.nan))
-    row: dict[str, Any] = {"model": model, "method": label, "n_seeds": len(seeds)}
+    row: dict[str, Any] = {"model": model, "method": label, "n_seeds": len(runs)}
     for measure in measures(spec):
         row |= _accuracy_cells(evals, tasks, spec["ood"], measure, level)
     for key, values in analysis.items():
@@ -472,9 +472,9 @@ def method_table_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
     (family A only)."""
     results = Path(results)
     model, corpus = spec["model"], spec["corpus"]
-    runs = [("base", base_runs(spec["seeds"]))]
-    runs += [(label, list(spec["seeds"])) for label in spec["methods"]]
-    rows = [method_row(results, spec, model, corpus, label, seeds) for label, seeds in runs]
+    runs = spec_runs(spec)
+    labels = [("base", base_runs(runs)), *((label, runs) for label in spec["methods"])]
+    rows = [method_row(results, spec, model, corpus, label, of) for label, of in labels]
     for row in rows:
         paper = PAPER_TABLE1.get(row["method"])
         paper = paper if spec.get("family", PAPER_FAMILY) == PAPER_FAMILY else None
@@ -503,7 +503,7 @@ def build_method_table(
         "scale": spec.get("scale"),
         "model": spec["model"],
         "corpus": spec["corpus"],
-        "seeds": spec["seeds"],
+        "runs": list(spec["runs"]),
         "measures": measures(spec),
         "verdicts": list(verdicts),
         # Which CPU numeric path trained the runs (rpb.numerics): one entry for a pinned table.
@@ -582,7 +582,7 @@ PAPER_ROW = "paper in-domain (Moonlight-16B-A3B)"
 def _title(title: str, spec: dict[str, Any]) -> str:
     return (
         f"{title} ({spec.get('scale')} scale, model {spec['model']}, corpus {spec['corpus']}, "
-        f"{runs_text(spec['seeds'])})"
+        f"{runs_text(spec_runs(spec))})"
     )
 
 
@@ -608,10 +608,11 @@ def headline_frame(results: Path, spec: dict[str, Any], table: pd.DataFrame) -> 
     results = Path(results)
     level = _level_kwargs(spec)
     rows = []
+    runs = spec_runs(spec)
     for _, row in table.iterrows():
         label = str(row["method"])
-        seeds = base_runs(spec["seeds"]) if label == "base" else list(spec["seeds"])
-        paths = [eval_path(results, spec["model"], spec["corpus"], label, s) for s in seeds]
+        of = base_runs(runs) if label == "base" else runs
+        paths = [eval_path(results, spec["model"], spec["corpus"], label, run) for run in of]
         evals = [(path, read_json(path)) for path in paths]
         cells: dict[str, Any] = {"method": label, "runs": int(row["n_seeds"])}
         for column, name in HEADLINE_METRICS.items():
@@ -709,19 +710,19 @@ def compare(
     method: str,
     other: str,
     metric: str,
-    seeds: Sequence[int],
+    runs: Sequence[Run],
     measure: str = EXACT_MATCH,
 ) -> tuple[float, float, Difference]:
     """`method` - `other` (percent) on `measure` (exact match or p(target)) by paired per-run
-    differences: one run per (corpus, seed), its score the mean over `metric`'s tasks of each
+    differences: one per (corpus, run), its score the mean over `metric`'s tasks of each
     task's item mean ("in_domain": each corpus's in-domain tasks, `in_domain_tasks`; "ood": the
     OOD tasks). The t-interval over the runs at `spec['confidence']`, with its MDE at
     `spec['power']`, the per-run spread floored by the items' own (`item_sd_of_difference`).
     Returns (method's mean score, other's mean score, the Difference)."""
     a_runs, b_runs, n_items, item_pairs = [], [], 0, []
     for corpus in corpora:
-        a, n_items = measure_scores(results, spec, model, corpus, method, seeds, metric, measure)
-        b, n_other = measure_scores(results, spec, model, corpus, other, seeds, metric, measure)
+        a, n_items = measure_scores(results, spec, model, corpus, method, runs, metric, measure)
+        b, n_other = measure_scores(results, spec, model, corpus, other, runs, metric, measure)
         if n_other != n_items:
             raise ValueError(
                 f"{model}/{corpus}: {method} has {n_items} {metric} items per run, {other} "
@@ -730,9 +731,9 @@ def compare(
         a_runs.append(a)
         b_runs.append(b)
         tasks = metric_tasks(spec, corpus, metric)
-        for seed in seeds:
-            pa = eval_path(results, model, corpus, method, seed)
-            pb = eval_path(results, model, corpus, other, seed)
+        for run in runs:
+            pa = eval_path(results, model, corpus, method, run)
+            pb = eval_path(results, model, corpus, other, run)
             ra, rb = read_json(pa), read_json(pb)
             item_pairs.append(
                 [
@@ -758,14 +759,14 @@ def compare_row(
     method: str,
     other: str,
     metric: str,
-    seeds: Sequence[int],
+    runs: Sequence[Run],
     other_name: str = "other",
 ) -> dict[str, Any]:
     """`comparison_row` of `compare` in every measure of `spec`'s scale, side by side (exact
     match's columns as ever, p(target)'s with `_p`)."""
     row: dict[str, Any] = {}
     for measure in measures(spec):
-        a, b, diff = compare(results, spec, model, corpora, method, other, metric, seeds, measure)
+        a, b, diff = compare(results, spec, model, corpora, method, other, metric, runs, measure)
         row |= comparison_row(method, other, a, b, diff, other_name, SUFFIX[measure])
     return row
 
@@ -790,7 +791,7 @@ def table3_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
                     method,
                     reference,
                     metric,
-                    spec["seeds"],
+                    spec_runs(spec),
                     other_name="reference",
                 )
             )
@@ -799,12 +800,12 @@ def table3_frame(results: Path, spec: dict[str, Any]) -> pd.DataFrame:
 
 def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
     """Table 3 (CSV and Markdown): method vs reference per model on the independent corpus,
-    paired per run (seed), with a t-interval, p-value and MDE (scores in percent)."""
+    paired per run (base and seed), with a t-interval, p-value and MDE (scores in percent)."""
     table = table3_frame(results, spec)
     note = (
         f"{spec['method']} minus {spec['reference']} after post-training on the independently "
-        f"generated corpus `{spec['corpus']}` ({spec.get('scale')} scale, seeds "
-        f"{list(spec['seeds'])}). {measures_text(spec)} diff: mean of the per-run paired "
+        f"generated corpus `{spec['corpus']}` ({spec.get('scale')} scale, "
+        f"{runs_text(spec_runs(spec))}). {measures_text(spec)} diff: mean of the per-run paired "
         f"differences (a run's in_domain: {_in_domain_text(in_domain_tasks(spec, spec['corpus']))}"
         "; ood: the mean of the OOD tasks), "
         f"{_interval(spec, 'runs')} and the paired t-test's p-value, so p < 1 - level "
@@ -815,32 +816,35 @@ def build_table3(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     return table
 
 
-# --- table 4: anchors and RPB, ranks per corpus and seed ---------------------------------------
+# --- table 4: anchors and RPB, ranks per corpus and run ----------------------------------------
+
+# A block of table 4: one corpus and one run (its base and seed), every method trained on it.
+BLOCK = ["corpus", "base", "seed"]
 
 
 def table4_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame]:
-    """`runs` (per corpus, seed and method: scores and ranks within the block), `summary` (mean
+    """`runs` (per corpus, run and method: scores and ranks within the block), `summary` (mean
     score and rank per method), `consistency` (per accuracy column: is any ordering consistent
-    across blocks?) and `pairs` (every pair's paired difference over seeds x items of all
+    across blocks?) and `pairs` (every pair's paired difference over runs x items of all
     corpora), each accuracy in every measure of the scale (`accuracy_columns`)."""
     results = Path(results)
     model, methods = spec["model"], list(spec["methods"])
-    corpora, seeds = list(spec["corpora"]), list(spec["seeds"])
+    corpora, of = list(spec["corpora"]), spec_runs(spec)
     alpha = 1.0 - float(spec.get("confidence", 0.95))
     runs = pd.DataFrame(
         [
-            accuracy_record(results, spec, model, corpus, label, seed)
+            accuracy_record(results, spec, model, corpus, label, run)
             for corpus in corpora
-            for seed in seeds
+            for run in of
             for label in methods
         ]
     )
     accuracy = accuracy_columns(spec)
     summary, consistency = [], []
     for metric in accuracy:
-        scores = runs.pivot(index=["corpus", "seed"], columns="method", values=metric)[methods]
+        scores = runs.pivot(index=BLOCK, columns="method", values=metric)[methods]
         ranks = pd.DataFrame(block_ranks(scores.to_numpy()), index=scores.index, columns=methods)
-        runs = runs.join(ranks.stack().rename(f"rank_{metric}"), on=["corpus", "seed", "method"])
+        runs = runs.join(ranks.stack().rename(f"rank_{metric}"), on=[*BLOCK, "method"])
         check = rank_consistency(scores.to_numpy(), methods)
         consistency.append(
             {
@@ -867,10 +871,10 @@ def table4_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     for i, first in enumerate(methods):
         for second in methods[i + 1 :]:
             for metric in ("in_domain", "ood"):
-                row = compare_row(results, spec, model, corpora, first, second, metric, seeds)
+                row = compare_row(results, spec, model, corpora, first, second, metric, of)
                 pairs.append({"metric": metric} | row)
-    columns = ["model", "corpus", "seed", "method", *accuracy, *(f"rank_{m}" for m in accuracy)]
-    runs = runs[columns].sort_values(["corpus", "seed", "rank_in_domain"], kind="stable")
+    columns = ["model", *BLOCK, "method", *accuracy, *(f"rank_{m}" for m in accuracy)]
+    runs = runs[columns].sort_values([*BLOCK, "rank_in_domain"], kind="stable")
     return {
         "runs": runs.reset_index(drop=True),
         "summary": pd.DataFrame(summary),
@@ -889,13 +893,13 @@ def rank_order(mean_rank: dict[str, float]) -> str:
 
 
 def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataFrame:
-    """Table 4: per (corpus, seed) each method's in-domain and OOD accuracy and rank (the CSV),
+    """Table 4: per (corpus, run) each method's in-domain and OOD accuracy and rank (the CSV),
     side tables `_summary`, `_consistency`, `_pairs`, Markdown of all, and heatmaps."""
     frames = table4_frames(results, spec)
     out_csv = Path(out_csv)
     alpha = 1.0 - float(spec.get("confidence", 0.95))
     note = (
-        f"Model {spec['model']}, corpora {list(spec['corpora'])}, {runs_text(spec['seeds'])} "
+        f"Model {spec['model']}, corpora {list(spec['corpora'])}, {runs_text(spec_runs(spec))} "
         f"({spec.get('scale')} scale). {measures_text(spec)} rank_<column>: rank of that "
         "column within a (corpus, seed) block, 1 = best, ties averaged. Consistency, per "
         "accuracy column (metric): Kendall's W across blocks and the Friedman test "
@@ -968,15 +972,15 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     measure of the scale."""
     results = Path(results)
     model, corpus = spec["model"], spec["corpus"]
-    methods, seeds, soft = list(spec["methods"]), list(spec["seeds"]), list(spec["correlate"])
+    methods, of, soft = list(spec["methods"]), spec_runs(spec), list(spec["correlate"])
     level = _level_kwargs(spec)
     labels = list(dict.fromkeys([*methods, *soft]))
     runs = pd.DataFrame(
-        [accuracy_record(results, spec, model, corpus, m, s) for m in labels for s in seeds]
+        [accuracy_record(results, spec, model, corpus, m, run) for m in labels for run in of]
     )
     rows = [
-        method_row(results, spec, model, corpus, label, label_seeds)
-        for label, label_seeds in [("base", base_runs(seeds)), *((m, seeds) for m in methods)]
+        method_row(results, spec, model, corpus, label, label_runs)
+        for label, label_runs in [("base", base_runs(of)), *((m, of) for m in methods)]
     ]
     columns = ["model", "method", "n_seeds", *RETENTION, "modularity"]
     columns += [*row_accuracy_columns(spec, corpus, per_task=False), *DRIFT]
@@ -985,13 +989,14 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
     correlation = []
     for retention in RETENTION:
         for accuracy in accuracy_columns(spec):
-            pts = soft_runs[[retention, accuracy, "seed"]].dropna()
-            # Within each seed across the methods: runs of a seed share the initial model and
-            # data order, so pooled runs are not independent points (docs/claims.md).
+            pts = soft_runs[[retention, accuracy, "base", "seed"]].dropna()
+            # Within each run across the methods: the methods' runs of one (base, seed) share the
+            # initial model and data order, so pooled runs are not independent points
+            # (docs/claims.md).
             corr = within_cluster_spearman(
                 pts[retention].to_numpy(),
                 pts[accuracy].to_numpy(),
-                pts["seed"].to_numpy(),
+                pts.groupby(["base", "seed"], sort=False).ngroup().to_numpy(),
                 **level,
             )
             correlation.append(
@@ -1015,15 +1020,15 @@ def table5_frames(results: Path, spec: dict[str, Any]) -> dict[str, pd.DataFrame
         for other in [m for m in methods if m not in hard]:
             for metric in ("in_domain", "ood", "community_nmi"):
                 if metric == "community_nmi":
-                    per_seed = runs.set_index(["method", "seed"])[metric]
-                    a = np.array([per_seed[(h, s)] for s in seeds])
-                    b = np.array([per_seed[(other, s)] for s in seeds])
+                    per_run = runs.set_index(["method", "base", "seed"])[metric]
+                    a = np.array([per_run[(h, run.base, run.seed)] for run in of])
+                    b = np.array([per_run[(other, run.base, run.seed)] for run in of])
                     if not (np.isfinite(a).all() and np.isfinite(b).all()):
                         continue  # NMI is undefined where the base has a single community
                     diff = paired_runs(a, b, **level)
                     row = comparison_row(h, other, float(a.mean()), float(b.mean()), diff)
                 else:
-                    row = compare_row(results, spec, model, [corpus], h, other, metric, seeds)
+                    row = compare_row(results, spec, model, [corpus], h, other, metric, of)
                 hard_rows.append({"metric": metric} | row)
     return {
         "table": table,
@@ -1043,7 +1048,7 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     frames = table5_frames(results, spec)
     out_csv = Path(out_csv)
     note = (
-        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec['seeds'])} "
+        f"Model {spec['model']}, corpus {spec['corpus']}, {runs_text(spec_runs(spec))} "
         f"({spec.get('scale')} scale). Retention: the live model's co-activation structure "
         "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
         f"cosine of the co-activation matrices), mean over MoE layers. {measures_text(spec)} "

@@ -188,8 +188,8 @@ def experts_flag(wildcards):
 
 
 def run_of(wc):
-    """The run id of a job's `{base}` and `{seed}` (rpb.specs.run_id)."""
-    return PLAN.run_id(wc.base, wc.seed)
+    """The run (rpb.specs.Run) of a job's `{base}` and `{seed}`."""
+    return PLAN.run(wc.base, wc.seed)
 
 
 def evaluated_model(wc):

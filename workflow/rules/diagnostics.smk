@@ -45,11 +45,11 @@ rule router_swap:
         mem_mb=4000,
     params:
         part=lambda wc: part_swap.parse_label(wc.label)[2],
-        run=run_of,
         track=DIAGNOSTIC_TRACK,
     shell:
         "rpb pipeline router-swap --name {wildcards.model} --label {wildcards.label}"
-        " --seed {params.run} --corpus-name {wildcards.corpus} --target {input.target}"
+        " --base-index {wildcards.base} --seed {wildcards.seed} --corpus-name {wildcards.corpus}"
+        " --target {input.target}"
         " --source {input.source} --parts {params.part} --out {output.model}"
         " {params.track} > {log} 2>&1"
 

@@ -23,7 +23,6 @@ rule evaluate:
         mem_mb=4000,
     params:
         track=TRACK,
-        run=run_of,
         eval_dir=EVAL_DIR,
         tasks=",".join(EVAL_TASKS),
         limit=PLAN.config.evaluation.limit,
@@ -31,8 +30,9 @@ rule evaluate:
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "rpb pipeline eval --name {wildcards.model} --label {wildcards.method} --seed {params.run}"
-        " --corpus-name {wildcards.corpus} --model {input.model} --eval-dir {params.eval_dir}"
+        "rpb pipeline eval --name {wildcards.model} --label {wildcards.method}"
+        " --base-index {wildcards.base} --seed {wildcards.seed} --corpus-name {wildcards.corpus}"
+        " --model {input.model} --eval-dir {params.eval_dir}"
         " --tasks {params.tasks} --limit {params.limit} --batch-size {params.batch_size}"
         " --work {output.work} --out {output.result} {params.trust} {params.experts}"
         " {params.track} > {log} 2>&1"
@@ -60,15 +60,15 @@ rule analyze:
         mem_mb=4000,
     params:
         track=TRACK,
-        run=run_of,
         eval_dir=EVAL_DIR,
         tasks=",".join(PROBE_TASKS),
         limit=PROBE_LIMIT,
         trust=trust_remote_code_flag,
         experts=experts_flag,
     shell:
-        "rpb pipeline analyze --name {wildcards.model} --label {wildcards.method} --seed {params.run}"
-        " --corpus-name {wildcards.corpus} --model {input.model} --base {input.base}"
+        "rpb pipeline analyze --name {wildcards.model} --label {wildcards.method}"
+        " --base-index {wildcards.base} --seed {wildcards.seed} --corpus-name {wildcards.corpus}"
+        " --model {input.model} --base {input.base}"
         " --prior {input.prior} --eval-dir {params.eval_dir} --tasks {params.tasks}"
         " --limit {params.limit} --out {output.summary} {params.trust} {params.experts}"
         " {params.track} > {log} 2>&1"
