@@ -267,5 +267,14 @@ def test_the_damped_trunk_arm_trains_only_the_diagnostic_jobs_trunk(plan: Plan) 
     assert plan.diagnostic_spec(run)["trainable"] == "moe"
     assert plan.posttrain_spec("tinyA", run).get("trunk_lr_scale", 0.0) == 0.0
     assert "trunk_lr_scale: 0.1" in plan.diagnostic_table1_spec()["title"]
+    # The table reads every run its inputs train: 2 seeds on each of tinyA's 2 bases.
+    read = plan.diagnostic_table1_spec()["runs"]
+    assert read == ["base0/seed0", "base0/seed1", "base1/seed0", "base1/seed1"]
+    trained = {
+        p.split("/")[-2] + "/" + p.split("/")[-1].removesuffix(".json")
+        for p in plan.diagnostic_table1_inputs()
+        if "/eval/" in p and "/none/" in p
+    }
+    assert trained == set(read)
     # Table 5 states hard's handicap where the trunk is frozen (the default's posttrain).
     assert plan.table_spec("table5")["trunk_frozen"] is True

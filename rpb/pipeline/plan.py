@@ -853,9 +853,9 @@ class Plan:
             "family": config.models[regime.model].family,
             "corpus": regime.corpus,
             "methods": list(regime.methods),
-            # The model's own base (base 0) alone, as this table has always read, though its
-            # inputs train the regime on every base.
-            "runs": run_names(runs_on(1, self.diagnostic_seeds("regime"))),
+            # Every base's runs, as its inputs train them and table 1 reads them (the damped-trunk
+            # arm is written as 2 seeds per base; the table read base 0 alone until 2026-12-05).
+            "runs": run_names(self.runs(regime.model, self.diagnostic_seeds("regime"))),
             "in_domain": list(config.evaluation.in_domain),
             "ood": list(config.evaluation.ood),
             "corpus_tasks": plain(config.evaluation.corpus_tasks),
