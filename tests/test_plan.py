@@ -278,3 +278,17 @@ def test_the_damped_trunk_arm_trains_only_the_diagnostic_jobs_trunk(plan: Plan) 
     assert trained == set(read)
     # Table 5 states hard's handicap where the trunk is frozen (the default's posttrain).
     assert plan.table_spec("table5")["trunk_frozen"] is True
+
+
+def test_the_sweep_trains_the_bases_it_names(default_config: dict[str, Any]) -> None:
+    """`sweep.bases: 1` (the default's budget trim) keeps the sweep on base 0; without it the
+    sweep pools every base; its spec reads exactly the runs its inputs list."""
+    trimmed = Plan(PipelineConfig.parse(copy.deepcopy(default_config)))
+    assert trimmed.sweep_runs() == [Run(0, 0)]
+    assert trimmed.sweep_spec()["runs"] == ["base0/seed0"]
+    assert not [p for p in trimmed.sweep_inputs() if "/base1/" in p]
+    config = copy.deepcopy(default_config)
+    del config["sweep"]["bases"]
+    every = Plan(PipelineConfig.parse(config))
+    assert every.sweep_runs() == [Run(0, 0), Run(1, 0)]
+    assert {p.split("/")[-2] for p in every.sweep_inputs()} == {"base0", "base1"}

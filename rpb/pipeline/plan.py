@@ -200,17 +200,20 @@ class SweepCurve:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    """The softness sweep: its curves of method labels on one model, corpus and seeds."""
+    """The softness sweep: its curves of method labels on one model, corpus and seeds, on the
+    model's first `bases` bases (None: every base)."""
 
     model: str
     corpus: str
     seeds: tuple[int, ...]
     curves: tuple[SweepCurve, ...]
+    bases: int | None = None
 
     @classmethod
     def parse(cls, entry: Mapping[str, Any]) -> SweepConfig:
         curves = tuple(SweepCurve(c["name"], tuple(c["labels"])) for c in entry["curves"])
-        return cls(entry["model"], entry["corpus"], tuple(entry["seeds"]), curves)
+        seeds = tuple(entry["seeds"])
+        return cls(entry["model"], entry["corpus"], seeds, curves, entry.get("bases"))
 
 
 @dataclass(frozen=True)
@@ -726,17 +729,30 @@ class Plan:
     def _sweep_labels(self) -> list[str]:
         return list(dict.fromkeys(lb for c in self.config.sweep.curves for lb in c.labels))
 
+    def sweep_runs(self) -> list[Run]:
+        """The sweep's runs: its seeds on the model's first `sweep.bases` bases (all by default;
+        testbed v3 trims the sweep to base 0 to keep `all` near its budget)."""
+        sweep = self.config.sweep
+        n_bases = len(self.bases(sweep.model))
+        return runs_on(min(sweep.bases or n_bases, n_bases), sweep.seeds)
+
     def sweep_inputs(self) -> list[str]:
         sweep = self.config.sweep
-        return self.run_outputs(sweep.model, sweep.corpus, self._sweep_labels(), list(sweep.seeds))
+        where = {"model": sweep.model, "corpus": sweep.corpus}
+        return [
+            f"{self.results}/{results_path(kind, method=label, run=run, **where)}"
+            for label in self._sweep_labels()
+            for run in self.sweep_runs()
+            for kind in ("eval", "analysis")
+        ]
 
     def sweep_spec(self) -> dict[str, Any]:
         sweep = self.config.sweep
         return self.common_spec() | {
             "model": sweep.model,
             "corpus": sweep.corpus,
-            # Pooled over bases, as sweep_inputs.
-            "runs": run_names(self.runs(sweep.model, sweep.seeds)),
+            # Pooled over the bases it trains, as sweep_inputs.
+            "runs": run_names(self.sweep_runs()),
             "curves": {c.name: list(c.labels) for c in sweep.curves},
             "methods": {lb: self.method_entry(lb) for lb in sorted(self._sweep_labels())},
         }
