@@ -41,7 +41,7 @@ from rpb.pipeline.tracking import (
     tracked_run,
 )
 from rpb.pipeline.training import CHECKPOINT_STATE, last_complete_checkpoint
-from rpb.specs import eval_path
+from rpb.specs import Run, eval_path
 
 # 20 examples, batch 4, 12 steps: 2.4 epochs, so the resumed run crosses an epoch boundary.
 CORPUS = [{"prompt": f"SumOf{a}And{a + 3}?", "completion": str(2 * a + 3)} for a in range(10, 30)]
@@ -443,7 +443,7 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
     "Unterminated string starting at: line 755 column 9", naming no file. The evaluation output
     has an integrity record (rpb.pipeline.evaluation.save_results writes it) whose size no longer
     matches; without one, the JSON format check would catch it."""
-    evaluation = eval_path(smoke_copy, "tinyA", "math", "none", 0)
+    evaluation = eval_path(smoke_copy, "tinyA", "math", "none", Run(0, 0))
     before = _finished(smoke_copy)
     _truncate(evaluation, keep=0.6)
     proc, _ = _snakemake(smoke_copy, "--cores", "2", str(smoke_copy / "table1.csv"))

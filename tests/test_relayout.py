@@ -150,7 +150,8 @@ def test_the_move_maps_the_first_layouts_plan_onto_the_current_one(name: str) ->
     and analyses its runs against that base's model and prior (the first layout read base 0's
     for both); and a pretraining job now also reads its committed fixed base (bases/). Two later
     changes add jobs or inputs, each checked to be only that: the damped-trunk arm's lbl runs in
-    the diagnostic regime, and table 1's inputs gaining the hard runs its check M2 reads."""
+    the diagnostic regime, and table 1's inputs gaining the hard runs its check M2 reads; one
+    drops inputs: the sweep reads base 0's runs alone."""
     assert any(case.name == name for case in CASES)
     legacy = json.loads(gzip.decompress(LEGACY_PLANS.read_bytes()))[name]
     current = json.loads(snapshot_path(next(c for c in CASES if c.name == name)).read_text())
@@ -175,6 +176,9 @@ def test_the_move_maps_the_first_layouts_plan_onto_the_current_one(name: str) ->
             continue
         if rule == "diagnostic_table1":  # since the layouts: the damped-trunk arm's lbl runs
             assert not dropped and added and all("/lbl/" in p for p in added), added
+            continue
+        if rule == "sweep":  # since 2026-12-05: the sweep reads base 0 alone (sweep.bases: 1)
+            assert dropped and not added and all("/base1/" in p for p in dropped), dropped
             continue
         assert rule in ("diagnostic_evaluate", "diagnostic_analyze"), (rule, outputs)
         assert outputs[0].startswith("<results>/diagnostic/") and "/base1/" in outputs[0]
