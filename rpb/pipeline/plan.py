@@ -506,12 +506,15 @@ class Plan:
         base: bool = False,
         root: str | None = None,
         kinds: Sequence[str] = ("eval", "analysis"),
+        runs: Sequence[Run] | None = None,
     ) -> list[str]:
         """Evaluation and analysis outputs (or other `kinds` of rpb.specs.PATHS) of `methods` x
-        `seeds` on one corpus, on every base of `model`, and with `base` each base's own."""
+        `seeds` on one corpus, on every base of `model` (or of `methods` x `runs`, where given),
+        and with `base` each base's own."""
         root = self.results if root is None else root
+        runs = self.runs(model, seeds) if runs is None else runs
         labels = [("base", self.base_runs(model))] if base else []
-        labels += [(m, self.runs(model, seeds)) for m in methods]
+        labels += [(m, runs) for m in methods]
         return [
             f"{root}/{results_path(kind, model=model, corpus=corpus, method=label, run=run)}"
             for label, runs in labels
@@ -738,13 +741,8 @@ class Plan:
 
     def sweep_inputs(self) -> list[str]:
         sweep = self.config.sweep
-        where = {"model": sweep.model, "corpus": sweep.corpus}
-        return [
-            f"{self.results}/{results_path(kind, method=label, run=run, **where)}"
-            for label in self._sweep_labels()
-            for run in self.sweep_runs()
-            for kind in ("eval", "analysis")
-        ]
+        labels = self._sweep_labels()
+        return self.run_outputs(sweep.model, sweep.corpus, labels, [], runs=self.sweep_runs())
 
     def sweep_spec(self) -> dict[str, Any]:
         sweep = self.config.sweep
