@@ -7,9 +7,10 @@ over the cores (`--cores`, default 2) as the wall time a fresh run would spend o
     python bench/plan_cost.py --case default-all --results /tmp/fresh/results   # an estimate
 
 A job of the plan without a benchmark file in the folder (`all` when only table 1 ran there) is
-estimated by the median of its rule's measured jobs; post-training rules share one median
-(`posttrain_run`, `diagnostic_posttrain`: the same 1,600-step training). A rule with no measured
-job at all is counted as 0 s and named. Snakemake's files record wall time per job, so jobs that
+estimated by the median of its rule's measured jobs, pooled with the rules that do the same work
+(`POOLS`: the post-training rules run the same 1,600-step training, the evaluation rules evaluate
+one model on the same tasks, the analysis rules analyse one). A rule with no measured job in its
+pool is counted as 0 s and named. Snakemake's files record wall time per job, so jobs that
 ran beside other work read longer than idle: from a folder that ran alone on an idle machine the
 sum is that run's cost; otherwise it is an upper bound. Jobs without a benchmark (tables, figures:
 seconds each) are not counted.
@@ -25,8 +26,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAPSHOTS = ROOT / "tests" / "data" / "plan_snapshot"
-# Rules whose jobs are the same training (their medians are pooled for jobs not measured).
-TRAINING_RULES = ("posttrain_run", "diagnostic_posttrain")
+# Rules whose jobs do the same work: a job not measured is estimated at its pool's median.
+POOLS = (
+    ("posttrain_run", "diagnostic_posttrain"),
+    ("evaluate", "diagnostic_evaluate", "router_swap_evaluate"),
+    ("analyze", "diagnostic_analyze"),
+)
 # The benchmark folder of each rule that writes one, and how its file is named from wildcards
 # (workflow/rules/*.smk, `benchmark:`).
 BENCHMARK_DIRS = {
@@ -78,10 +83,10 @@ def plan_cost(case: str, results: Path) -> dict[str, dict[str, float]]:
             measured[rule].append(read_seconds(path))
         else:
             missing[rule] += 1
-    training = [s for rule in TRAINING_RULES for s in measured[rule]]
+    pool_of = {rule: pool for pool in POOLS for rule in pool}
     cost = {}
     for rule, n in planned.items():
-        pool = training if rule in TRAINING_RULES else measured[rule]
+        pool = [s for r in pool_of.get(rule, (rule,)) for s in measured[r]]
         median = statistics.median(pool) if pool else 0.0
         cost[rule] = {
             "planned": n,

@@ -322,7 +322,10 @@ def _merged(*names: str) -> dict[str, Any]:
     return config
 
 
-@pytest.mark.parametrize("names", [("config.yaml",), ("config.yaml", "smoke.yaml")])
+@pytest.mark.parametrize(
+    "names",
+    [("config.yaml",), ("config.yaml", "smoke.yaml"), ("config.yaml", "readings_rule.yaml")],
+)
 def test_shipped_configs_pass_and_get_snakemakes_defaults(names: tuple[str, ...]) -> None:
     from snakemake.utils import validate
 
@@ -756,3 +759,15 @@ def test_eval_only_sets_are_out_of_domain_tasks_of_the_synthetic_corpora() -> No
         match=r"^analysis\.probe_tasks\[0\]: 'addition3' is an eval-only set of the synthetic",
     ):
         check_config(paper, SCHEMA)
+
+
+def test_the_readings_rule_overlay_reruns_the_readings_at_the_seeds_the_rule_ran() -> None:
+    """docs/methods.md's readings table (4 runs per reading) regenerates from the default with
+    config/readings_rule.yaml; the default itself runs seed 0 alone (docs/testbed.md, budget)."""
+    default = _merged("config.yaml")
+    overlaid = _merged("config.yaml", "readings_rule.yaml")
+    assert default["tables"]["readings"]["seeds"] == [0]
+    assert overlaid["tables"]["readings"]["seeds"] == default["tables"]["seeds"] == [0, 1]
+    for config in (default, overlaid):
+        del config["tables"]["readings"]["seeds"]
+    assert overlaid == default  # the overlay changes nothing else

@@ -218,6 +218,22 @@ def test_exploratory_tables_take_their_own_seeds() -> None:
     assert spec["runs"] == ["base0/seed0", "base1/seed0"] and "seeds" not in spec
 
 
+def test_check_m2_reads_the_confirmatory_seeds_where_the_readings_run_fewer() -> None:
+    config = _checked(
+        "config.yaml", results_dir="R", tables={"seeds": [0, 1], "readings": {"seeds": [0]}}
+    )
+    plan = Plan(PipelineConfig.parse(config))
+    assert plan.table_spec("readings")["runs"] == ["base0/seed0", "base1/seed0"]
+    confirmatory = ["base0/seed0", "base0/seed1", "base1/seed0", "base1/seed1"]
+    assert plan.claims_spec()["readings"]["runs"] == confirmatory
+    m2 = plan.readings_check_runs()
+    for label in ("none", "rpb", "hard"):  # the rule's lower end, claims.method, its upper end
+        assert f"R/analysis/tinyA/math/{label}/base1/seed1.json" in m2
+    # Table 1 builds M2's runs, so its verdicts do not depend on how many the readings run.
+    assert "R/analysis/tinyA/math/hard/base1/seed1.json" in plan.table1_inputs()
+    assert not any("rpb_keep/base0/seed1" in p for p in plan.claims_runs())
+
+
 def test_table_specs_carry_what_each_table_needs(plan: Plan) -> None:
     t3 = plan.table_spec("table3")
     assert (t3["method"], t3["reference"]) == ("rpb", "lbl")

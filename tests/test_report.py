@@ -28,14 +28,35 @@ def smoke_all(smoke_run: Path) -> Path:
     return smoke_run
 
 
+def _plan_cost_module():
+    spec = importlib.util.spec_from_file_location("plan_cost", ROOT / "bench" / "plan_cost.py")
+    plan_cost = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plan_cost)
+    return plan_cost
+
+
+def test_plan_cost_estimates_a_job_from_the_rules_that_do_the_same_work(tmp_path: Path) -> None:
+    """A rule none of whose jobs ran (the diagnostics' evaluations, after `make table1`) is
+    estimated at its pool's median, not counted as 0 s; a rule with no pool and no measured job
+    is 0 s."""
+    plan_cost = _plan_cost_module()
+    folder = tmp_path / "benchmarks" / "eval"
+    folder.mkdir(parents=True)
+    (folder / "tinyA_math_base_base0_seed0.tsv").write_text("s\th:m:s\n10.0\t0:00:10\n")
+    cost = plan_cost.plan_cost("default-all", tmp_path)
+    assert cost["evaluate"]["measured"] == 1 and cost["evaluate"]["median_s"] == 10.0
+    for rule in ("diagnostic_evaluate", "router_swap_evaluate"):
+        assert cost[rule]["estimated_s"] == 10.0 * cost[rule]["planned"] > 0, rule
+    assert cost["router_swap"]["estimated_s"] == 0.0
+    assert cost["posttrain_run"]["estimated_s"] == 0.0  # no training measured
+
+
 @pytest.mark.slow
 def test_plan_cost_finds_every_rules_benchmarks(smoke_all: Path) -> None:
     """bench/plan_cost.py names each rule's benchmark files as the rules write them: the narrowed
     smoke `all` ran at least one job of every benchmarked rule of the smoke plan, and each is found
     (a wrong name would read "0 measured" and be estimated instead)."""
-    spec = importlib.util.spec_from_file_location("plan_cost", ROOT / "bench" / "plan_cost.py")
-    plan_cost = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(plan_cost)
+    plan_cost = _plan_cost_module()
     cost = plan_cost.plan_cost("smoke-all", smoke_all)
     assert set(cost) == set(plan_cost.BENCHMARK_DIRS)
     for rule, c in cost.items():

@@ -606,13 +606,14 @@ class Plan:
 
     def readings_check_runs(self) -> list[str]:
         """The runs manipulation check M2 reads: the readings rule's lower end, the configured
-        method and its upper end, at the readings' seeds; none without readings or claims."""
+        method and its upper end, at the confirmatory seeds (`tables.seeds`: M2 guards
+        confirmatory parts, so it reads their power even where the exploratory readings table
+        runs fewer seeds); none without readings or claims."""
         readings = self.config.tables.get("readings")
         if readings is None or self.config.claims is None:
             return []
         labels = [readings.lower, self.config.claims.method, readings.upper]
-        seeds = self.table_seeds("readings")
-        return self.run_outputs(readings.model, readings.corpus, labels, seeds)
+        return self.run_outputs(readings.model, readings.corpus, labels, self.confirmatory_seeds)
 
     def table1_spec(self) -> dict[str, Any]:
         config, t1 = self.config, self.config.table1
@@ -763,7 +764,11 @@ class Plan:
         for name in self.audited_tables:
             spec[name] = self.table_spec(name)
         if "readings" in config.tables:  # manipulation check M2 applies the readings rule
-            spec["readings"] = self.table_spec("readings")
+            # ... to the runs readings_check_runs plans: the confirmatory seeds, not the table's.
+            readings = self.table_spec("readings")
+            model = config.tables["readings"].model
+            readings["runs"] = run_names(self.runs(model, self.confirmatory_seeds))
+            spec["readings"] = readings
         # M0: the families whose premise the screen found not met (docs/testbed.md). The screen
         # judged the tiny testbed; the smoke scale is a plumbing run and the paper's models others.
         unmet = config.calibration.get("premise_not_met") or {}
