@@ -307,7 +307,7 @@ def claim_c5(audit: Audit) -> list[Part]:
         n_sims=int(spec.get("n_resamples", 2000)),
     )
     text = (
-        f"in-domain {MEASURE_NAMES[audit.measure]} ranking over {check.n_blocks} (corpus, seed) "
+        f"in-domain {MEASURE_NAMES[audit.measure]} ranking over {check.n_blocks} (corpus, run) "
         f"blocks: Kendall's W {fmt(check.kendall_w, 2)}, Friedman p={fmt(check.friedman_p, 3)}, "
         f"its power {fmt(pw.power, 2)} against an ordering spanning {audit.margin:g} pp (block "
         f"noise {fmt(pw.noise_sd)} pp); mean-rank order {rank_order(check.mean_rank)}"
@@ -787,7 +787,7 @@ def build_claims(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         "Verdict rules: docs/claims.md. Each part is judged on one interval: the "
         f"{describe_interval(audit.confidence, '(base, seed) runs')} of a paired per-run "
         "difference, or for an association the "
-        f"{describe_interval(audit.confidence, 'the per-seed rhos')}; minimum detectable "
+        f"{describe_interval(audit.confidence, 'the per-run rhos')}; minimum detectable "
         f"effects at {100 * audit.power:g}% power; margin ±{audit.margin:g} pp, NMI margin "
         f"{audit.nmi_margin:g}, rho margin {audit.rho_margin:g}.",
         _measure_line(audit.measure),

@@ -901,11 +901,11 @@ def build_table4(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
     note = (
         f"Model {spec['model']}, corpora {list(spec['corpora'])}, {runs_text(spec_runs(spec))} "
         f"({spec.get('scale')} scale). {measures_text(spec)} rank_<column>: rank of that "
-        "column within a (corpus, seed) block, 1 = best, ties averaged. Consistency, per "
+        "column within a (corpus, run) block, 1 = best, ties averaged. Consistency, per "
         "accuracy column (metric): Kendall's W across blocks and the Friedman test "
         f"(consistent_ordering: p < {alpha:.2g}); identical_ranking: the same strict order in "
         "every block; same_best: one method first in every block. Pairs: mean paired per-run "
-        f"difference, one run per (corpus, seed), {_interval(spec, 'runs')}, p-value and MDE."
+        f"difference, one run per (corpus, run), {_interval(spec, 'runs')}, p-value and MDE."
     )
     write_table(
         out_csv,
@@ -1052,9 +1052,10 @@ def build_table5(results: Path, spec: dict[str, Any], out_csv: Path) -> pd.DataF
         f"({spec.get('scale')} scale). Retention: the live model's co-activation structure "
         "against the base's on the same probe set (community NMI / ARI of Louvain partitions, "
         f"cosine of the co-activation matrices), mean over MoE layers. {measures_text(spec)} "
-        f"Correlation: Spearman's rho across {list(spec['correlate'])} within each seed, the "
-        f"mean over seeds with the {_interval(spec, 'the per-seed rhos')} (an "
-        "association; runs of a seed are not independent), one row per retention metric and "
+        f"Correlation: Spearman's rho across {list(spec['correlate'])} within each run (a "
+        f"base and a seed), the mean over runs with the {_interval(spec, 'the per-run rhos')} "
+        "(an association; the methods' runs of one base and seed are not independent), one row "
+        "per retention metric and "
         "accuracy column. Hard: paired per-run difference hard - other with its "
         f"{_interval(spec, 'runs')} and MDE (community_nmi rows: no p(target) twin). Base: "
         "non-uniformity of the "
