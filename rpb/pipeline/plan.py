@@ -604,16 +604,21 @@ class Plan:
             paths += self.readings_check_runs()
         return list(dict.fromkeys(paths))
 
+    def m2_runs(self) -> list[Run]:
+        """The runs check M2 reads on the readings' model: the confirmatory seeds (`tables.seeds`)
+        on each base. M2 guards confirmatory parts, so it reads their power even where the
+        exploratory readings table runs fewer seeds."""
+        return self.runs(self.config.tables["readings"].model, self.confirmatory_seeds)
+
     def readings_check_runs(self) -> list[str]:
-        """The runs manipulation check M2 reads: the readings rule's lower end, the configured
-        method and its upper end, at the confirmatory seeds (`tables.seeds`: M2 guards
-        confirmatory parts, so it reads their power even where the exploratory readings table
-        runs fewer seeds); none without readings or claims."""
+        """The run outputs manipulation check M2 reads: the readings rule's lower end, the
+        configured method and its upper end on `m2_runs`; none without readings or claims."""
         readings = self.config.tables.get("readings")
         if readings is None or self.config.claims is None:
             return []
         labels = [readings.lower, self.config.claims.method, readings.upper]
-        return self.run_outputs(readings.model, readings.corpus, labels, self.confirmatory_seeds)
+        runs = self.m2_runs()
+        return self.run_outputs(readings.model, readings.corpus, labels, [], runs=runs)
 
     def table1_spec(self) -> dict[str, Any]:
         config, t1 = self.config, self.config.table1
@@ -764,11 +769,9 @@ class Plan:
         for name in self.audited_tables:
             spec[name] = self.table_spec(name)
         if "readings" in config.tables:  # manipulation check M2 applies the readings rule
-            # ... to the runs readings_check_runs plans: the confirmatory seeds, not the table's.
-            readings = self.table_spec("readings")
-            model = config.tables["readings"].model
-            readings["runs"] = run_names(self.runs(model, self.confirmatory_seeds))
-            spec["readings"] = readings
+            # ... on the runs readings_check_runs plans, not the readings table's own.
+            runs = run_names(self.m2_runs())
+            spec["readings"] = self.table_spec("readings") | {"runs": runs}
         # M0: the families whose premise the screen found not met (docs/testbed.md). The screen
         # judged the tiny testbed; the smoke scale is a plumbing run and the paper's models others.
         unmet = config.calibration.get("premise_not_met") or {}
