@@ -59,11 +59,13 @@ all: install
 	snakemake --cores $(CORES) all
 	$(call ran,results,config/config.yaml)
 
-# Pretrain every committed base here (bases/manifest.json) on the pinned numeric path, and say
-# per base whether this machine gives the committed bytes (docs/reproducibility.md).
+# Pretrain every committed base here (bases/manifest.json) on the numeric path they were pretrained
+# on (compatible), and say per base whether this machine gives the committed bytes
+# (docs/reproducibility.md).
 BASES_RESULTS ?= results/bases
 bases: install
-	snakemake --cores $(CORES) --config bases=pretrain results_dir=$(BASES_RESULTS) -- \
+	snakemake --cores $(CORES) --config bases=pretrain cpu_numerics=compatible \
+		results_dir=$(BASES_RESULTS) -- \
 		$$($(PY) -m rpb.pipeline.bases targets $(BASES_RESULTS))
 	$(PY) -m rpb.pipeline.bases compare $(BASES_RESULTS)
 

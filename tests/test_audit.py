@@ -26,7 +26,7 @@ def test_judged_part_states_power_and_premises() -> None:
     noisy = paired_runs([60.0, 20.0, 45.0], [50.0, 40.0, 30.0])  # sd ~ 18 pp over 3 runs
     part = judged_part("x - y", noisy, "direction", 5.0, "evidence")
     assert part.verdict == INCONCLUSIVE and part.mde > 5.0
-    needed = int(re.search(r"needs (\d+) seeds", part.detail).group(1))
+    needed = int(re.search(r"needs (\d+) runs", part.detail).group(1))
     assert (
         part.detail.startswith("inconclusive (underpowered: MDE ") and needed == part.seeds_needed
     )
@@ -39,7 +39,7 @@ def test_judged_part_states_power_and_premises() -> None:
         "not testable: M2 not met: the configured rpb reading anchors, position -0.005"
     )
     one_seed = judged_part("x - y", run_interval([3.0]), "direction", 5.0, "evidence")
-    assert one_seed.verdict == INCONCLUSIVE and "needs at least 2 seeds" in one_seed.detail
+    assert one_seed.verdict == INCONCLUSIVE and "needs at least 2 runs" in one_seed.detail
     # An item-level interval of one run above 0 supports nothing about runs.
     one_run = judged_part("x - y", run_interval([30.0], min_sd=1.0), "direction", 5.0, "e")
     assert one_run.low > 0 and one_run.verdict == INCONCLUSIVE
@@ -117,34 +117,41 @@ def test_a_supported_p_target_part_needs_exact_match_to_agree() -> None:
         judged_part("x - y", up, "direction", 5.0, "e", metric="p_target")
 
 
-def test_an_ood_part_the_design_could_not_power_reads_underpowered_by_design() -> None:
-    """Testbed v3: an OOD part whose pre-registered design MDE exceeds its margin (the headroom)
-    reads "underpowered by design" whatever its interval shows, the rule's verdict in the note;
-    a failed check still reads as a failed check; without a design statement nothing changes."""
-    from types import SimpleNamespace
-
+def test_underpowered_by_design_labels_only_an_inconclusive_interval() -> None:
+    """A part whose pre-registered design MDE exceeds its margin reads "underpowered by design"
+    when its interval leaves it inconclusive, the rule's verdict in the note; an interval that
+    resolves anyway keeps its verdict (issue 56: P2's resolved OOD harm was hidden); a failed
+    check still reads as a failed check; without a design statement nothing changes."""
     from rpb.report.claims import by_design
-    from rpb.report.verdicts import UNDERPOWERED_BY_DESIGN
+    from rpb.report.verdicts import BELOW_MARGIN, INCONCLUSIVE, UNDERPOWERED_BY_DESIGN
 
-    up = paired_runs([60.0, 62.0, 61.0, 63.0], [40.0, 41.0, 40.5, 42.0])
-    part = judged_part("x - y", up, "direction", 1.89, "e", metric="p_target", exact_match=up)
-    assert part.verdict == SUPPORTED
-    design = SimpleNamespace(ood_margin=1.89, ood_design_mde=2.27)
-    judged = by_design(part, design)
+    wide = paired_runs([60.0, 52.0, 61.0, 45.0], [50.0, 58.0, 49.0, 55.0])
+    part = judged_part("x - y", wide, "direction", 1.89, "e", metric="p_target", exact_match=wide)
+    assert part.verdict == INCONCLUSIVE
+    judged = by_design(part, 2.27)
     assert judged.verdict == UNDERPOWERED_BY_DESIGN
-    assert judged.note == (
-        "design MDE 2.27 pp > margin 1.89 pp, the most a router method can undo here; the "
-        "interval alone reads supported"
+    assert judged.note.startswith(
+        "design MDE 2.27 pp > margin 1.89 pp, as predicted before any method ran; the interval "
+        "alone reads inconclusive"
     )
     assert (judged.estimate, judged.low, judged.high) == (part.estimate, part.low, part.high)
-    powered = SimpleNamespace(ood_margin=1.89, ood_design_mde=1.5)
-    assert by_design(part, powered) is part
-    assert by_design(part, SimpleNamespace(ood_margin=5.0, ood_design_mde=None)) is part
+    assert by_design(part, 1.5) is part  # a powered design: the rule's verdict
+    assert by_design(part, None) is part
+    # Resolved intervals stand: a clear gain, a gain below the margin, a clear loss.
+    up = paired_runs([60.0, 62.0, 61.0, 63.0], [40.0, 41.0, 40.5, 42.0])
+    small = paired_runs([41.0, 42.5, 41.2, 43.0], [40.0, 41.0, 40.5, 42.0])
+    down = paired_runs([40.0, 41.0, 40.5, 42.0], [60.0, 62.0, 61.0, 63.0])
+    for diff, verdict in ((up, SUPPORTED), (small, BELOW_MARGIN), (down, NOT_SUPPORTED)):
+        resolved = judged_part(
+            "x - y", diff, "direction", 1.89, "e", metric="p_target", exact_match=diff
+        )
+        assert resolved.verdict == verdict
+        assert by_design(resolved, 2.27) is resolved
     failed = Check("M1", "lbl flattens routing", False, "none")
     untestable = judged_part(
-        "x - y", up, "direction", 1.89, "e", [failed], metric="p_target", exact_match=up
+        "x - y", wide, "direction", 1.89, "e", [failed], metric="p_target", exact_match=wide
     )
-    assert by_design(untestable, design).verdict == NOT_TESTABLE
+    assert by_design(untestable, 2.27).verdict == NOT_TESTABLE
 
 
 def test_a_check_reads_as_what_it_means_never_as_a_failure() -> None:

@@ -269,11 +269,12 @@ BAD: dict[str, tuple[Callable[[dict], None], str, str]] = {
         "exceeds models.tinyA.architecture.max_position_embeddings (128)",
     ),
     "threads_text": (_set("threads_per_job", value="2"), "threads_per_job:", "not of type"),
-    "threads_on_the_pinned_path": (
+    "threads_on_a_pinned_path": (
         _set("threads_per_job", value=2),
         "threads_per_job:",
-        "cpu_numerics: pinned, which computes on one thread per job",
+        "cpu_numerics: native, which computes on one thread per job",
     ),
+    "old_pinned_spelling": (_set("cpu_numerics", value="pinned"), "cpu_numerics:", "not one of"),
     "unknown_numerics": (_set("cpu_numerics", value="fast"), "cpu_numerics:", "not one of"),
     "unknown_bases": (_set("bases", value="hub"), "bases:", "not one of"),
     "unknown_scale": (_set("scale", value="huge"), "scale:", "not one of"),

@@ -144,6 +144,63 @@ def test_same_seed_same_data_order(base) -> None:
     assert finals[0] == finals[1]
 
 
+def _what_a_run_sees(base, monkeypatch, method: str, seed: int) -> tuple[str, list[str]]:
+    """The digest of the model a post-training run starts from and of every batch it trains on,
+    in order (recorded at the collator, which builds each batch the sampler hands out)."""
+    import hashlib
+
+    from rpb.pipeline import training
+
+    batches: list[str] = []
+    start: list[str] = []
+    collate = training.RightPadCollator.__call__
+    run_training = training.run_training
+
+    def recording_collate(self, examples):
+        batch = collate(self, examples)
+        digest = hashlib.sha256(batch["input_ids"].numpy().tobytes())
+        digest.update(batch["labels"].numpy().tobytes())
+        batches.append(digest.hexdigest()[:16])
+        return batch
+
+    def recording_run(model, *args, **kwargs):
+        digest = hashlib.sha256()
+        for name, tensor in model.state_dict().items():
+            digest.update(name.encode() + tensor.detach().numpy().tobytes())
+        start.append(digest.hexdigest()[:16])
+        return run_training(model, *args, **kwargs)
+
+    monkeypatch.setattr(training.RightPadCollator, "__call__", recording_collate)
+    monkeypatch.setattr(training, "run_training", recording_run)
+    spec = TrainSpec(steps=3, batch_size=8, lr=1e-3, base=1, seed=seed, log_every=1, max_length=32)
+    posttrain(
+        base_dir=base["base"] / "model",
+        prior_path=base["prior"],
+        corpus=base["data"] / "post" / "math.jsonl",
+        method=MethodConfig(method),
+        spec=spec,
+        out_dir=base["root"] / f"batches_{method}_{seed}",
+        save_model=False,
+    )
+    monkeypatch.undo()
+    return start[0], batches
+
+
+def test_the_methods_of_one_run_start_alike_and_see_the_same_batches(base, monkeypatch) -> None:
+    """Every paired interval rests on this (issue 56): for one run (base, seed), each method
+    starts from the identical model and trains on the identical batches in the identical order;
+    another seed of the same base gets other batches."""
+    seen = {
+        m: _what_a_run_sees(base, monkeypatch, m, seed=2) for m in ("none", "lbl", "rpb", "hard")
+    }
+    start, batches = seen["none"]
+    assert len(batches) >= 3  # accelerate's loader fetches one batch ahead
+    for method, (method_start, method_batches) in seen.items():
+        assert method_start == start, method
+        assert method_batches == batches, method
+    assert _what_a_run_sees(base, monkeypatch, "none", seed=3)[1] != batches
+
+
 def test_train_history_records_finetune_settings_only_when_set() -> None:
     """A pipeline run's `train_history.json` stays byte for byte what it was before `rpb
     finetune`'s settings joined TrainSpec (bench/compare_results.py compares it)."""

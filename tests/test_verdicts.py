@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rpb.report.verdicts import (
+    BELOW_MARGIN,
     INCONCLUSIVE,
     NOT_SUPPORTED,
     NOT_TESTABLE,
@@ -24,7 +25,10 @@ NAN = float("nan")
 @pytest.mark.parametrize(
     ("low", "high", "expected"),
     [
-        (0.5, 9.0, SUPPORTED),  # above zero, however small
+        (5.5, 9.0, SUPPORTED),  # clears the margin
+        (0.5, 9.0, BELOW_MARGIN),  # above zero, not clear of the margin: not the claimed effect
+        (0.5, 4.0, BELOW_MARGIN),  # a real effect, resolved as smaller than the margin
+        (5.0, 9.0, BELOW_MARGIN),  # touching the margin is not clearing it
         (-9.0, -0.5, NOT_SUPPORTED),  # the other direction
         (-3.0, 4.0, NOT_SUPPORTED),  # inside (-5, 5): no effect of a claimable size
         (-3.0, 7.0, INCONCLUSIVE),  # could be zero, could be large
@@ -42,7 +46,8 @@ def test_direction_verdict(low: float, high: float, expected: str) -> None:
     ("low", "high", "expected"),
     [
         (-3.0, 4.0, INCONCLUSIVE),  # "no effect" from a design that could not see one
-        (0.5, 9.0, SUPPORTED),  # a resolved effect stands whatever the power
+        (5.5, 9.0, SUPPORTED),  # a resolved effect stands whatever the power
+        (0.5, 9.0, BELOW_MARGIN),  # a resolved sign too
         (-9.0, -0.5, NOT_SUPPORTED),  # so does a resolved effect the other way
     ],
 )
@@ -54,6 +59,14 @@ def test_direction_verdict_when_underpowered(low: float, high: float, expected: 
 def test_direction_without_margin_is_the_sign_rule() -> None:
     assert direction_verdict(-0.1, 0.1, margin=0.0) == INCONCLUSIVE
     assert direction_verdict(0.1, 0.2, margin=0.0) == SUPPORTED
+
+
+def test_an_effect_above_zero_but_under_the_margin_is_not_supported_as_claimed() -> None:
+    """Issue 56: with enough runs a true effect a third of the margin resolves above 0; the
+    claim ("beats by an effect worth claiming") must not read supported on it."""
+    assert direction_verdict(1.2, 2.2, margin=5.0, mde=1.4) == BELOW_MARGIN
+    assert combine([BELOW_MARGIN, SUPPORTED]) == BELOW_MARGIN
+    assert combine([BELOW_MARGIN, INCONCLUSIVE]) == INCONCLUSIVE
 
 
 @pytest.mark.parametrize(
@@ -87,6 +100,13 @@ def test_combine_and_bad_input() -> None:
     assert combine([NOT_TESTABLE, NOT_SUPPORTED]) == NOT_SUPPORTED  # a testable part refutes it
     assert combine([NOT_TESTABLE, PREMISE_NOT_MET, SUPPORTED]) == PREMISE_NOT_MET
     assert combine([PREMISE_NOT_MET, NOT_SUPPORTED]) == NOT_SUPPORTED
+    # Parts of one claim: a premise not met decides it (C6's accuracy parts and its structure).
+    assert combine([SUPPORTED, PREMISE_NOT_MET]) == PREMISE_NOT_MET
+    # One comparison replicated over families (C4): a family whose premise is not met neither
+    # hides nor decides another family's judged part.
+    assert combine([INCONCLUSIVE, PREMISE_NOT_MET], replicates=True) == INCONCLUSIVE
+    assert combine([SUPPORTED, PREMISE_NOT_MET], replicates=True) == SUPPORTED
+    assert combine([PREMISE_NOT_MET, PREMISE_NOT_MET], replicates=True) == PREMISE_NOT_MET
     assert combine([UNDERPOWERED_BY_DESIGN, UNDERPOWERED_BY_DESIGN]) == UNDERPOWERED_BY_DESIGN
     assert combine([UNDERPOWERED_BY_DESIGN, SUPPORTED]) == INCONCLUSIVE
     assert combine([UNDERPOWERED_BY_DESIGN, NOT_SUPPORTED]) == NOT_SUPPORTED

@@ -1,5 +1,5 @@
-"""The tiny testbed's fixed bases: pretrained once on the pinned CPU numeric path, committed with
-their sha256, and used the way the paper's hub checkpoints are.
+"""The tiny testbed's fixed bases: pretrained once on the compatible CPU numeric path
+(rpb.numerics), committed with their sha256, and used the way the paper's hub checkpoints are.
 
 Every CPU that pretrained its own bases got other bases, and table 1 moved with them by tens of
 points. So the bases are artifacts of the repository (`bases/<model>/base<b>/`: the model folder

@@ -1020,13 +1020,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     _offline()
-    if os.environ.get(PIN_ENV) == "pinned":
+    if os.environ.get(PIN_ENV):
         # The pipeline pins every job's CPU numeric path (rpb.numerics); a job that would compute
         # with other kernels stops before it computes anything.
-        from rpb.numerics import NumericPathError, apply_pinned
+        from rpb.numerics import NumericPathError, apply_path
 
         try:
-            apply_pinned()
+            apply_path()
         except NumericPathError as err:
             print(f"{command_name(args)}: error: {err}", file=sys.stderr)
             return 2

@@ -432,11 +432,12 @@ def _check_calibration(config: Mapping[str, Any]) -> None:
 
 
 def _cross_key_errors(config: Mapping[str, Any]) -> None:
-    if config["cpu_numerics"] == "pinned" and config["threads_per_job"] != 1:
-        # Summation order follows the thread count: the pinned path is one thread per job.
+    if config["cpu_numerics"] != "free" and config["threads_per_job"] != 1:
+        # Summation order follows the thread count: a pinned path is one thread per job.
         raise ConfigError(
-            f"threads_per_job: {config['threads_per_job']} with cpu_numerics: pinned, which "
-            "computes on one thread per job (set threads_per_job: 1, or cpu_numerics: free)"
+            f"threads_per_job: {config['threads_per_job']} with cpu_numerics: "
+            f"{config['cpu_numerics']}, which computes on one thread per job (set "
+            "threads_per_job: 1, or cpu_numerics: free)"
         )
     _check_calibration(config)
     for name in config["models"]:

@@ -58,8 +58,8 @@ ANSWER_TIMEOUT = 5.0  # s a client waits for a server's first answer to a reques
 PRELOAD_TIMEOUT = 300.0  # s a client waits for a server that queued its job while importing
 REQUEST_TIMEOUT = 5.0  # s the server waits for a connected client's request
 _MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes with the terminating NUL
-# The variables that choose a process's CPU kernels at its start (rpb.numerics' PINNED and PIN_ENV;
-# spelled here because this module imports no other rpb module).
+# The variables that choose a process's CPU kernels at its start (rpb.numerics' KERNEL_ENV and
+# PIN_ENV; spelled here because this module imports no other rpb module).
 NUMERIC_ENV = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "RPB_CPU_NUMERICS")
 # What the server imports before it forks: every job stage's libraries, and what they import
 # lazily on first use (MLflow's sqlite store and git context, lm-eval's helpers), found by

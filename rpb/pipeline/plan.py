@@ -274,8 +274,9 @@ class Diagnostics:
 
 @dataclass(frozen=True)
 class Execution:
-    """How the jobs run: torch threads per job, the CPU numeric path (`cpu_numerics`: pinned
-    jobs compute the same bits on every x86-64 CPU, rpb.numerics), the training launcher,
+    """How the jobs run: torch threads per job, the CPU numeric path (`cpu_numerics`: a path of
+    rpb.numerics, on which a CPU model computes the same bits run after run; or free), the
+    training launcher,
     one process per post-training run, the job server, and where MLflow records (a tracking URI
     of the config; `MLFLOW_TRACKING_URI` wins over it) under which experiment."""
 

@@ -27,6 +27,7 @@ from rpb.report.run_records import analysis_mean
 from rpb.report.stats import (
     DEFAULT_POWER,
     Difference,
+    mde,
     paired_runs,
     seeds_needed,
 )
@@ -39,6 +40,7 @@ from rpb.report.tables import (
     primary_measure,
 )
 from rpb.report.verdicts import (
+    BELOW_MARGIN,
     INCONCLUSIVE,
     NOT_TESTABLE,
     PREMISE_CHECK,
@@ -144,9 +146,10 @@ class Part:
 
 def _underpowered_note(mde: float, needed: int, unit: str) -> str:
     if needed < 0:
-        return "underpowered: one run per arm, no spread estimate; needs at least 2 seeds"
-    seeds = f"more than {needed - 1} seeds" if needed > 1000 else f"{needed} seeds"
-    return f"underpowered: MDE {fmt(mde, 1 if unit == 'pp' else 3)} {unit}, needs {seeds}"
+        return "underpowered: one run per arm, no spread estimate; needs at least 2 runs"
+    # A run is a (base, seed): what the formula counts is runs per method.
+    runs = f"more than {needed - 1} runs" if needed > 1000 else f"{needed} runs"
+    return f"underpowered: MDE {fmt(mde, 1 if unit == 'pp' else 3)} {unit}, needs {runs}"
 
 
 def exact_match_agrees(rule: str, estimate: float, margin: float, threshold: float = 0.0) -> bool:
@@ -225,7 +228,14 @@ def judged_part(
         raise ValueError(f"unknown rule {rule!r} (direction, equivalence, exceeds)")
     if not note and verdict == INCONCLUSIVE and underpowered(mde, margin):
         note = _underpowered_note(mde, needed, unit)
-    if verdict == SUPPORTED and metric == P_TARGET:
+    if verdict == BELOW_MARGIN:
+        where_high = (
+            "inside (0, margin): smaller than the margin"
+            if diff.high < margin
+            else ("reaching the margin: its size is not resolved")
+        )
+        note = f"above 0, not above the margin {margin:g}; interval {where_high}"
+    if verdict in (SUPPORTED, BELOW_MARGIN) and metric == P_TARGET:
         # p(target) moves with calibration alone; greedy answers must move the same way.
         assert exact_match is not None
         if not exact_match_agrees(rule, exact_match.estimate, margin, threshold):
@@ -300,12 +310,11 @@ class Audit:
         self.partial = partial
         self.method, self.reference = spec["method"], spec["reference"]
         self.margin = float(spec["margin"])
-        # OOD parts' margin and the design MDE they were judged underpowered by before any
-        # method ran (testbed v3: the screen's headroom; null: the in-domain margin, no design).
+        # OOD parts' margin (testbed v3: the screen's headroom; null: the in-domain margin), and
+        # the paired sd per measure that the design assumed before any method ran (null: none).
         ood_margin = spec.get("ood_margin")
         self.ood_margin = self.margin if ood_margin is None else float(ood_margin)
-        design = spec.get("ood_design_mde")
-        self.ood_design_mde = None if design is None else float(design)
+        self.design_sd = {k: float(v) for k, v in (spec.get("design_sd") or {}).items()}
         self.nmi_margin = float(spec["nmi_margin"])
         self.rho_margin = float(spec.get("rho_margin", 0.5))
         self.confidence = float(spec["confidence"])
@@ -317,6 +326,14 @@ class Audit:
     @property
     def level(self) -> dict[str, float]:
         return {"confidence": self.confidence, "power": self.power}
+
+    def design_mde(self, metric: str, n_runs: int) -> float | None:
+        """The MDE the design predicted for a `metric` part over `n_runs` planned runs per method
+        (`claims.design_sd`; None where the config states no design sd or n_runs < 2)."""
+        sd = self.design_sd.get(metric)
+        if sd is None or n_runs < 2:
+            return None
+        return mde(sd, n_runs, **self.level)
 
     def compare(
         self,
@@ -382,7 +399,7 @@ class Audit:
             value = (
                 f"{model}/{corpus} {self.reference} - none usage entropy {ent.estimate:+.4f} "
                 f"[{fmt(ent.low, 4)}, {fmt(ent.high, 4)}], modularity {mod.estimate:+.4f} "
-                f"[{fmt(mod.low, 4)}, {fmt(mod.high, 4)}] over {ent.n_seeds} seeds"
+                f"[{fmt(mod.low, 4)}, {fmt(mod.high, 4)}] over {ent.n_seeds} runs"
             )
             return Check("M1", premise, passed, value, negation)
 
@@ -484,7 +501,7 @@ class Audit:
             value = (
                 f"{t5['model']}/{t5['corpus']} {anchor} - none KL to the base router "
                 f"{diff.estimate:+.4f} [{fmt(diff.low, 4)}, {fmt(diff.high, 4)}] over "
-                f"{diff.n_seeds} seeds"
+                f"{diff.n_seeds} runs"
             )
             negation = f"{anchor} did not reduce router drift vs none"
             return Check("M4", premise, bool(diff.high < 0), value, negation)

@@ -164,21 +164,19 @@ def _direction_part(
         metric=audit.measure,
         exact_match=em[2] if em else None,
     )
-    return by_design(part, audit) if ood else part
+    return by_design(part, audit.design_mde(metric, len(spec_runs(table))))
 
 
-def by_design(part: Part, audit: Audit) -> Part:
-    """An OOD part the pre-registered design could not power (`claims.ood_design_mde` above
-    `claims.ood_margin`) reads "underpowered by design", its rule's verdict in the note; a failed
-    check still reads as such."""
-    design = audit.ood_design_mde
-    if design is None or design <= audit.ood_margin:
-        return part
-    if part.verdict in (NOT_TESTABLE, PREMISE_NOT_MET):
+def by_design(part: Part, design_mde: float | None) -> Part:
+    """A part the pre-registered design could not power (`design_mde`, from `claims.design_sd`
+    at the table's planned runs, above the part's margin) reads "underpowered by design" when its
+    interval leaves it inconclusive; an interval that resolves anyway (supported, positive below
+    the margin, not supported) keeps its verdict, and a failed check still reads as such."""
+    if design_mde is None or design_mde <= part.margin or part.verdict != INCONCLUSIVE:
         return part
     note = (
-        f"design MDE {design:g} pp > margin {audit.ood_margin:g} pp, the most a router method "
-        f"can undo here; the interval alone reads {part.detail}"
+        f"design MDE {design_mde:.2f} pp > margin {part.margin:g} pp, as predicted before any "
+        f"method ran; the interval alone reads {part.detail}"
     )
     return replace(part, verdict=UNDERPOWERED_BY_DESIGN, note=note)
 
@@ -558,6 +556,40 @@ PAPER = {
 }
 
 
+# Claims whose parts are one comparison replicated on each family (C4: table 3's models): a family
+# whose premise is not met is set aside while another family's part is judged (`combine`).
+REPLICATED_OVER_FAMILIES = frozenset({"C4"})
+
+
+def claim_verdict(claim: str, parts: Sequence[Part]) -> str:
+    """A claim's verdict from its parts' (`combine`; C4's parts as replicates over families)."""
+    return combine([p.verdict for p in parts], replicates=claim in REPLICATED_OVER_FAMILIES)
+
+
+def paper_gaps_text(parts: dict[str, list[Part]]) -> str:
+    """Which of the paper's C1 gaps (RPB minus each other method, Moonlight-16B-A3B in-domain)
+    the in-domain intervals exclude: a gap above an interval's upper end is ruled out on this
+    testbed, whatever the verdict. Empty where no C1 in-domain part compares a method the paper
+    reports."""
+    said = []
+    for part in parts.get("C1", []):
+        method, other = part.name.rsplit(" ", 3)[-3::2]
+        if " in_domain " not in f" {part.name} " or other not in PAPER_TABLE1:
+            continue
+        gap = PAPER_TABLE1[method] - PAPER_TABLE1[other] if method in PAPER_TABLE1 else None
+        if gap is None or math.isnan(part.high):
+            continue
+        outcome = "excluded" if part.high < gap else "not excluded"
+        said.append(f"{method} - {other} {gap:+.1f} pp, {outcome} (upper end {part.high:+.1f})")
+    if not said:
+        return ""
+    return (
+        "The paper's in-domain gaps (Moonlight-16B-A3B accuracy) against these intervals: "
+        + "; ".join(said)
+        + "."
+    )
+
+
 def judge_claims(
     results: Path, spec: dict[str, Any], audit: Audit | None = None
 ) -> dict[str, list[Part]]:
@@ -581,7 +613,7 @@ class TableJudgement:
     checks: list[Check]
 
     def verdict(self, claim: str) -> str:
-        return combine([p.verdict for p in self.parts[claim]])
+        return claim_verdict(claim, self.parts[claim])
 
     def lines(self, digits: int = 1) -> list[str]:
         """The lines that open the table's caption (`table_verdicts`)."""
@@ -589,6 +621,9 @@ class TableJudgement:
         for claim, parts in self.parts.items():
             shown = "; ".join(part_text(p, digits) for p in parts)
             lines.append(f"{claim} {self.verdict(claim)}: {shown}.")
+        gaps = paper_gaps_text(self.parts)
+        if gaps:
+            lines.append(gaps)
         lines.append("Checks: " + "; ".join(c.text() for c in self.checks) + ".")
         return lines
 
@@ -706,7 +741,7 @@ def claims_frame(parts: dict[str, list[Part]]) -> pd.DataFrame:
     their outcomes, its evidence, the paper's numbers where public, the table."""
     rows = []
     for claim, judged in parts.items():
-        verdict = combine([p.verdict for p in judged])
+        verdict = claim_verdict(claim, judged)
         for i, p in enumerate(judged, start=1):
             rows.append(
                 {

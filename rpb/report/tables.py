@@ -506,7 +506,7 @@ def build_method_table(
         "runs": list(spec["runs"]),
         "measures": measures(spec),
         "verdicts": list(verdicts),
-        # Which CPU numeric path trained the runs (rpb.numerics): one entry for a pinned table.
+        # Which CPU numeric paths trained the runs and their bases (rpb.numerics), with counts.
         "numeric_paths": numeric_paths(results, spec),
         "note": (
             "".join(f"{line} " for line in verdicts)

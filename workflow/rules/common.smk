@@ -18,7 +18,7 @@ from rpb.artifacts import (
     recover_after_kill,
     sha256_of,
 )
-from rpb.numerics import LOCK_ENV, PIN_ENV, pinned_environment
+from rpb.numerics import KERNEL_ENV, LOCK_ENV, PIN_ENV, path_environment
 from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
 from rpb.pipeline.config_check import ConfigError, check_config
 from rpb.pipeline.plan import PipelineConfig, Plan, plain
@@ -89,8 +89,10 @@ EXECUTION = PLAN.config.execution
 THREADS = EXECUTION.threads_per_job
 # The CPU numeric path of every job (rpb.numerics): ATen and MKL read it from the environment
 # when a process starts, so it is set here, before any job (or the job server) starts.
-if EXECUTION.cpu_numerics == "pinned":
-    os.environ.update(pinned_environment())
+if EXECUTION.cpu_numerics != "free":
+    for variable in KERNEL_ENV:  # a variable the path leaves unset must not leak in
+        os.environ.pop(variable, None)
+    os.environ.update(path_environment(EXECUTION.cpu_numerics))
 else:
     os.environ.pop(PIN_ENV, None)
 # Which locked environment computed the numbers: recorded with every run (rpb.numerics).
