@@ -23,8 +23,9 @@ candidates are interleaved in rounds: round r starts one child per candidate, wh
 A candidate is repeatable when every round gives the same train digest (and probe and op prints).
 Prints one line per candidate per round as it goes and writes
 bench/results/numeric_path_<cpu slug>_v2.json (the earlier format, numeric_path_<slug>.json, is
-kept as it was). Two records (e.g. an Intel and an AMD one) are compared per candidate and per
-operation with `--compare`:
+kept as it was), with the operations whose fingerprints split the candidates
+(`ops_differing_between_candidates`). Two records (e.g. an Intel and an AMD one) are compared
+per candidate and per operation with `--compare`:
 
     python bench/numeric_path.py [--rounds 3] [--warmup 3] [--steps 25] [--candidates a,b]
     python bench/numeric_path.py --compare bench/results/numeric_path_X_v2.json OTHER.json
@@ -365,6 +366,19 @@ def measure(names: list[str], rounds: int, warmup: int, steps: int) -> list[dict
     return rows
 
 
+def op_groups(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The operations whose fingerprints differ between the candidates of one record, gathered
+    by how they split the candidates: "a | b c" (a's bytes differ from b's and c's) -> ops."""
+    groups: dict[str, list[str]] = {}
+    for op in rows[0]["op_prints"] if rows else ():
+        split: dict[str, list[str]] = {}
+        for row in rows:
+            split.setdefault(row["op_prints"].get(op, "missing"), []).append(row["name"])
+        if len(split) > 1:
+            groups.setdefault(" | ".join(" ".join(n) for n in split.values()), []).append(op)
+    return groups
+
+
 def compare(mine: dict[str, Any], other: dict[str, Any]) -> list[str]:
     """Lines naming, per candidate both records hold, the train digest, probe prints and
     operations whose fingerprints differ between them."""
@@ -372,6 +386,9 @@ def compare(mine: dict[str, Any], other: dict[str, Any]) -> list[str]:
     b = {row["name"]: row for row in other.get("candidates", [])}
     lines = [f"A: {mine.get('cpu_model')} ({mine.get('date')})"]
     lines.append(f"B: {other.get('cpu_model')} ({other.get('date')})")
+    for label, record in (("A", mine), ("B", other)):
+        if "candidates" not in record:
+            lines.append(f"{label} is an earlier record (no candidates, probe prints per setting)")
     for name in [n for n in a if n in b]:
         ra, rb = a[name], b[name]
         ops = sorted(
@@ -425,6 +442,10 @@ def main() -> None:
             f"{row['name']:<14} {row['median']:7.3f} {row['ratio_to_fastest']:6.3f} "
             f"{'yes' if row['repeatable'] else 'NO':<10} {probe}"
         )
+    groups = op_groups(rows)
+    print("ops that differ between candidates:" + ("" if groups else " none"))
+    for split, ops in groups.items():
+        print(f"  {split}: {', '.join(ops)}")
     import torch
     import transformers
 
@@ -451,6 +472,7 @@ def main() -> None:
         # The machine's 1/5/15-minute load before and after: other jobs share the cores.
         "load_average": {"before": load_before, "after": load_after},
         "candidates": rows,
+        "ops_differing_between_candidates": groups,
     }
     out = args.out or ROOT / "bench" / "results" / f"numeric_path_{slug}_v2.json"
     out.write_text(json.dumps(record, indent=1) + "\n")

@@ -101,3 +101,12 @@ def test_compare_names_the_differing_op(bench, tmp_path):
         check=True,
     ).stdout
     assert "ops differ: sdpa_causal" in out
+
+
+def test_op_groups_split_the_candidates(bench):
+    rows = [
+        {"name": "a", "op_prints": {"mm": "1", "sdpa": "1", "silu": "1"}},
+        {"name": "b", "op_prints": {"mm": "2", "sdpa": "1", "silu": "1"}},
+        {"name": "c", "op_prints": {"mm": "2", "sdpa": "3", "silu": "1"}},
+    ]
+    assert bench.op_groups(rows) == {"a | b c": ["mm"], "a b | c": ["sdpa"]}
