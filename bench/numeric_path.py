@@ -48,18 +48,19 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script from any folder
 
-from rpb.numerics import cpu_model  # noqa: E402  (torch-free: the parent never imports torch)
+from rpb.numerics import KERNEL_ENV, PATHS, cpu_model  # noqa: E402  (torch-free)
 
 # The candidate paths: name -> (variables set at the process's start, oneDNN on). A variable not
-# named is removed from the child's environment. `compatible` is the pin of rpb/numerics.py today.
+# named is removed from the child's environment. `compatible` and `native` are the pipeline's own
+# paths (rpb.numerics.PATHS, oneDNN off), the others the alternatives measured against them.
 CANDIDATES: dict[str, tuple[dict[str, str], bool]] = {
-    "compatible": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "COMPATIBLE"}, False),
+    "compatible": (dict(PATHS["compatible"].env), False),
     "avx2": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}, False),
-    "native": ({}, False),
+    "native": (dict(PATHS["native"].env), False),
     "native_auto": ({"MKL_CBWR": "AUTO"}, False),
     "native_onednn": ({}, True),
 }
-PATH_VARS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR")
+PATH_VARS = KERNEL_ENV
 BASE = ROOT / "bases" / "tinyA" / "base0" / "model"
 # Table 1's shapes (config/config.yaml models.tinyA.architecture, posttrain batch and length).
 TABLE1_SHAPES = {

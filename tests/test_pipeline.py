@@ -250,3 +250,40 @@ def test_an_eval_only_set_is_evaluated_without_retraining_a_base(tmp_path: Path)
     assert f"rpb pipeline eval-set --data {out}/data --task addition3" in after
     runs = commands(after, ("rpb pipeline run ",))
     assert runs and all(",addition3 " in line for line in runs)
+
+
+@pytest.mark.slow
+def test_table1_stability_bench_judges_a_folder_like_table1s_caption(
+    smoke_results: Path, tmp_path: Path
+) -> None:
+    """bench/table1_stability.py (docs/reproducibility.md) judges C1 and C2 of two table-1
+    folders by the caption's rules: a folder against itself gives every verdict the caption's
+    and no shift; its README block names the paper's gaps the intervals exclude."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+
+    def bench(name: str):
+        spec = importlib.util.spec_from_file_location(name, root / "bench" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    stability = bench("table1_stability")
+    # The configs the smoke run was given (tests/smoke_pipeline.py writes the narrowing beside it).
+    narrowing = smoke_results.parent / f"{smoke_results.name}.yaml"
+    configs = [root / "config" / "config.yaml", root / "config" / "smoke.yaml", narrowing]
+    out = tmp_path / "stability"
+    stability.main(
+        ["--a", str(smoke_results), "--b", str(smoke_results), "--out", str(out)]
+        + [arg for c in configs for arg in ("--configfile", str(c))]
+    )
+    parts = json.loads(out.with_suffix(".json").read_text())["parts"]
+    assert {p["claim"] for p in parts} == {"C1", "C2"} and len(parts) == 4
+    caption = (smoke_results / "table1.md").read_text()
+    for part in parts:
+        assert part["verdict_a"] == part["verdict_b"]
+        assert part["shift_in_mde"] == 0 or math.isnan(part["shift_in_mde"])
+        assert f"{part['part']}: {part['verdict_a']} (" in caption
+    block = bench("readme_table1").block(smoke_results)
+    assert "The paper's in-domain gaps" in block and "| 45.77 |" in block
