@@ -511,6 +511,26 @@ def test_profiles_name_existing_rules():
         assert cfg["set-resources"]["posttrain"]["gpu"] >= 1
     slurm = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     assert slurm["executor"] == "slurm"
+    # Conda is an option (`--sdm conda`), not a requirement: a pip install runs the profile.
+    assert "software-deployment-method" not in slurm and "sdm" not in slurm
+
+
+@pytest.mark.workflow
+def test_paper_scale_doc_counts_and_gpu_hours():
+    """docs/paper_scale.md's job counts and GPU budget are the dry run's through profiles/slurm
+    (bench/gpu_hours.py: gpu x runtime of every planned job), for table 1 and `all`."""
+    spec = importlib.util.spec_from_file_location("gpu_hours", ROOT / "bench" / "gpu_hours.py")
+    gpu_hours = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_hours)
+    budgets = {t: gpu_hours.target_budget(t) for t in gpu_hours.TARGETS}
+    doc = " ".join((ROOT / "docs" / "paper_scale.md").read_text().split())
+    table1, whole = budgets["table1.csv"], budgets["all"]
+    assert f"`results/table1.csv` plans {table1['jobs']} jobs" in doc
+    assert f"{table1['rules']['posttrain']} trainings" in doc
+    assert f"`all` plans {whole['jobs']} jobs, {whole['rules']['posttrain']} of them" in doc
+    assert gpu_hours.markdown(budgets) in (ROOT / "docs" / "paper_scale.md").read_text()
+    # The sum is gpu x runtime: table 1's trainings are 8 GPUs x 24 h each in the profile.
+    assert table1["gpu_hours"]["posttrain"] == table1["rules"]["posttrain"] * 8 * 24
 
 
 def _job_counts(stdout: str) -> dict[str, int]:
@@ -535,10 +555,7 @@ def test_paper_dag_dry_run(tmp_path):
         "--configfile",
         "config/paper.yaml",
         "--profile",
-        "profiles/slurm",
-        # The profile deploys the conda envs; conda is not installed here (a dry run checks it).
-        "--software-deployment-method",
-        "env-modules",
+        "profiles/slurm",  # as docs/paper_scale.md gives it: no conda needed (none here)
         "--config",
         f"results_dir={results}",
         "--",
