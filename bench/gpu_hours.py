@@ -31,27 +31,17 @@ _RULE = re.compile(r"^(?:local)?rule (\w+):$")
 _RESOURCE = re.compile(r"(\w+)=([^,]*)")
 
 
-def dry_run(target: str, configfile: str, profile: str, extra: tuple[str, ...] = ()) -> str:
-    """The stdout of `snakemake -n` of `target` (a rule name, or a path under a fresh results
+def dry_run(
+    targets: str | list[str], configfile: str = "config/paper.yaml", profile: str = "profiles/slurm"
+) -> str:
+    """The stdout of `snakemake -n` of `targets` (rule names, or paths under a fresh results
     folder) through `profile`, from the repository root."""
     with tempfile.TemporaryDirectory(prefix="gpu_hours_") as tmp:
         results = os.path.join(tmp, "results")
-        goal = target if "." not in target else os.path.join(results, target)
-        cmd = [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-n",
-            "--configfile",
-            configfile,
-            "--profile",
-            profile,
-            *extra,
-            "--config",
-            f"results_dir={results}",
-            "--",
-            goal,
-        ]
+        names = [targets] if isinstance(targets, str) else targets
+        goals = [t if "." not in t else os.path.join(results, t) for t in names]
+        cmd = [sys.executable, "-m", "snakemake", "-n", "--configfile", configfile]
+        cmd += ["--profile", profile, "--config", f"results_dir={results}", "--", *goals]
         env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         if proc.returncode != 0:
