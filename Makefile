@@ -5,8 +5,13 @@ VENV ?= .venv
 PYTHON ?= python3
 CORES ?= all
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.rpb-installed
-LOCK := requirements/lock.txt
+CPU_LOCK := requirements/lock.txt
+GPU_LOCK := requirements/lock-gpu.txt
+# GPU=1 (or `make install-gpu`): the same versions with torch's CUDA build from PyPI
+# (requirements/lock-gpu.txt; Linux x86_64, NVIDIA driver >= 580: docs/install.md).
+GPU ?=
+LOCK := $(if $(GPU),$(GPU_LOCK),$(CPU_LOCK))
+STAMP := $(VENV)/.rpb-installed$(if $(GPU),-gpu)
 # Where pip finds torch's CPU wheel when no copy lies on disk (the lock pins torch==2.13.0+cpu):
 # make install TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_INDEX ?=
@@ -16,12 +21,13 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install lock bases compare-table1 table1 all report smoke check-config test test-fast bench lint format clean-results ui
+.PHONY: install install-gpu lock lock-gpu bases compare-table1 table1 all report smoke check-config test test-fast bench lint format clean-results ui
 
 # Exact versions with their hashes from the lock file (every dependency, torch's CPU build among
 # them), then this project itself without resolving anything again.
 $(STAMP): pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	rm -f $(VENV)/.rpb-installed $(VENV)/.rpb-installed-gpu
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet --require-hashes --no-deps -r $(LOCK) \
 		$(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
@@ -31,13 +37,31 @@ $(STAMP): pyproject.toml $(LOCK)
 
 install: $(STAMP)
 
+install-gpu:
+	$(MAKE) install GPU=1
+
 # Regenerate the lock file from pyproject.toml's ranges and requirements/constraints.txt: after a
 # change of either, or to take newer releases (then run make test, and compare table 1 with
 # docs/reproducibility.md's: new versions may change its bits).
 lock: install
 	$(PY) -m piptools compile --quiet --extra dev --generate-hashes --strip-extras \
 		--unsafe-package rpb --no-emit-index-url --no-emit-find-links \
-		-c requirements/constraints.txt -o $(LOCK) pyproject.toml
+		-c requirements/constraints.txt -o $(CPU_LOCK) pyproject.toml
+
+# The GPU lock from the CPU lock: every version the CPU lock pins, torch's PyPI (CUDA) build of
+# the same release, and what that build pulls in (nvidia-*, triton), resolved on PyPI alone.
+# tests/test_envs.py checks that the two agree; run it after `make lock`. PyPI only, no pip config
+# or find-links: a local torch-2.13.0+cpu wheel satisfies `torch==2.13.0` (a local version label)
+# and would be locked instead of the CUDA build.
+lock-gpu: install
+	grep -E '^[A-Za-z0-9_.-]+==' $(CPU_LOCK) | sed 's/ \\$$//' | grep -v '^torch==' \
+		> $(VENV)/pins-gpu.txt
+	sed -E 's/^torch==([^+]*)\+cpu$$/torch==\1/' requirements/constraints.txt \
+		> $(VENV)/constraints-gpu.txt
+	env -u PIP_FIND_LINKS PIP_CONFIG_FILE=/dev/null $(PY) -m piptools compile --quiet --extra dev \
+		--generate-hashes --strip-extras --unsafe-package rpb --no-emit-index-url \
+		--no-emit-find-links --index-url https://pypi.org/simple \
+		-c $(VENV)/constraints-gpu.txt -c $(VENV)/pins-gpu.txt -o $(GPU_LOCK) pyproject.toml
 
 # The results folder and config of the last `make table1`, `make all` or `make smoke`: `make ui`
 # and `make report` open that run's store and tables.

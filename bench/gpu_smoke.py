@@ -61,6 +61,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=None, help="default: posttrain.max_length")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per method")
     p.add_argument("--warmup", type=int, default=1, help="untimed rounds first")
+    p.add_argument(
+        "--steady",
+        type=int,
+        default=0,
+        help="untimed steps after each attach before the timed step (0: time the first step "
+        "after attaching the method's hooks)",
+    )
     p.add_argument("--no-checkpointing", action="store_true", help="no gradient checkpointing")
     p.add_argument("--out", type=Path, default=None, help="default: bench/results/gpu_smoke.json")
     p.add_argument("--tiny", action="store_true", help="CPU, small widths, seconds")
@@ -177,6 +184,8 @@ def run_model(name: str, entry: dict[str, Any], args, device, dtype) -> dict[str
         for label in order[shift:] + order[:shift]:
             method = methods[label].attach(model, prior)
             try:
+                for _ in range(args.steady):  # steady state: hooks attached, caches warm
+                    step(model, method, optimizer, batch, device)
                 seconds, peak = step(model, method, optimizer, batch, device)
             finally:
                 method.detach()

@@ -97,6 +97,10 @@ def switch_lbl(
     return (assigned / rows * (prob_sum / rows)).sum() * num_experts
 
 
+# sequence_lbl's boolean-mask selection, per MoE layer: forward nonzero + backward index_put.
+SEQUENCE_LBL_WAITS_PER_LAYER = 2
+
+
 def sequence_lbl(
     probs: list[Tensor], indices: list[Tensor], num_experts: int, mask: Tensor
 ) -> Tensor:
@@ -259,6 +263,13 @@ class RouterMethod:
     def gradient_path(self) -> str:
         """What reaches the router weight (one of GRADIENT_PATHS; docs/methods.md)."""
         return "moves_router" if self.adds_router_term and self.strength > 0 else "plain"
+
+    def host_waits_per_moe_layer(self) -> int:
+        """How many times per MoE layer a training step of this method (attached) makes the host
+        wait for the accelerator on purpose, beyond the model's own: 0 for every method but lbl's
+        sequence-wise loss (`sequence_lbl`). The one allowance tests/test_no_sync.py (CPU and CUDA)
+        and bench/gpu_check.py's `syncs` both read."""
+        return 0
 
     def state_dict(self) -> dict[str, Tensor]:
         """Training state to checkpoint beside the model (empty for stateless methods)."""
@@ -427,6 +438,16 @@ class LBL(RouterMethod):
         if self.options["pooling"] != "auto":
             return self.options["pooling"]
         return "per_layer" if kind == "deepseek_v3" else "pooled"
+
+    def host_waits_per_moe_layer(self) -> int:
+        """DeepSeek-V3's sequence-wise loss (`pooling` per_layer) averages over the sequences
+        that have tokens by selecting them with a boolean mask: a nonzero in the forward and its
+        index_put in the backward, two waits per MoE layer. A masked sum over every sequence is
+        the same number but not the same bits once a micro-batch holds a sequence with no token
+        (another summation order), so the wait stays and every CPU result keeps its bits (issue
+        46). The pooled formulas make none."""
+        kind = self._attached().handles[0].kind
+        return SEQUENCE_LBL_WAITS_PER_LAYER if self.pooling_for(kind) == "per_layer" else 0
 
     def _install(self) -> None:
         config = getattr(self.model, "config", None)

@@ -6,6 +6,8 @@ so the files are checked, not built."""
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 import tomllib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -125,3 +127,62 @@ def test_the_lock_file_satisfies_every_range_of_pyproject() -> None:
         assert req.specifier.contains(version, prereleases=True), (
             f"requirements/lock.txt has {name}=={version}, outside pyproject's {req}: make lock"
         )
+
+
+def _locked(path: Path) -> dict[str, str]:
+    """A lock file's pins: canonical name -> version."""
+    pins = re.findall(r"^([A-Za-z0-9_.-]+)==(\S+) ", path.read_text(), re.M)
+    return {canonicalize_name(name): version for name, version in pins}
+
+
+def _gpu_extra(name: str) -> bool:
+    """What torch's CUDA build pulls in beyond the CPU build: the nvidia-* CUDA libraries, triton,
+    and the CUDA meta-packages (cuda-*)."""
+    return name.startswith(("nvidia-", "cuda-")) or name == "triton"
+
+
+def test_the_gpu_lock_pins_the_cpu_locks_versions() -> None:
+    """requirements/lock-gpu.txt (`make install-gpu`) is the CPU lock with torch's CUDA build of
+    the same release: every other package at the same version, nothing dropped, nothing added
+    but torch's CUDA libraries, and every pin with its hashes (`--require-hashes`)."""
+    cpu = _locked(ROOT / "requirements" / "lock.txt")
+    gpu = _locked(ROOT / "requirements" / "lock-gpu.txt")
+    assert cpu["torch"] == f"{_torch_pin()}+cpu"
+    assert gpu["torch"] == _torch_pin(), "the GPU lock's torch is PyPI's build of the same release"
+    same = {n: (v, gpu.get(n)) for n, v in cpu.items() if n != "torch" and gpu.get(n) != v}
+    assert not same, f"versions that differ between the locks (make lock-gpu): {same}"
+    extra = sorted(n for n in gpu.keys() - cpu.keys() if not _gpu_extra(n))
+    assert not extra, f"the GPU lock adds more than torch's CUDA libraries: {extra}"
+    assert any(n.startswith("nvidia-") for n in gpu) and "triton" in gpu
+    text = (ROOT / "requirements" / "lock-gpu.txt").read_text()
+    blocks = re.split(r"^(?=[A-Za-z0-9_.-]+==)", text, flags=re.M)[1:]
+    unhashed = [b.split()[0] for b in blocks if "--hash=sha256:" not in b]
+    assert not unhashed, f"pins without a hash: {unhashed}"
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+@pytest.mark.parametrize(
+    ("args", "lock"),
+    [
+        ((), "requirements/lock.txt"),
+        (("GPU=1",), "requirements/lock-gpu.txt"),
+        (("install-gpu",), "requirements/lock-gpu.txt"),
+    ],
+)
+def test_make_installs_the_gpu_lock_where_asked(tmp_path: Path, args, lock) -> None:
+    """`make install` installs the CPU lock; `make install GPU=1` and `make install-gpu` the GPU
+    lock, hash-checked, into a stamp of their own (a CPU venv is not taken for a GPU one)."""
+    goal = [a for a in args if "=" not in a] or ["install"]
+    variables = [a for a in args if "=" in a]
+    proc = subprocess.run(
+        ["make", "-n", "--no-print-directory", *goal, *variables, f"VENV={tmp_path}/venv"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    installs = [line for line in proc.stdout.splitlines() if "--require-hashes" in line]
+    assert len(installs) == 1 and f"-r {lock}" in installs[0], proc.stdout
+    stamp = ".rpb-installed-gpu" if lock.endswith("gpu.txt") else ".rpb-installed"
+    assert f"touch {tmp_path}/venv/{stamp}" in proc.stdout, proc.stdout

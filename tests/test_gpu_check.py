@@ -34,7 +34,7 @@ def test_the_cpu_half_passes_and_records_every_check(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads(out.read_text())
     assert {"date", "commit", "torch", "transformers", "device", "mode", "passed"} <= record.keys()
-    assert record["mode"] == "cpu" and record["passed"] is True
+    assert record["mode"] == "cpu" and record["passed"] is True and record["complete"] is True
     assert len(record["commit"]) == 40
     checks = record["checks"]
     assert checks.keys() == CHECKS
@@ -58,9 +58,37 @@ def test_the_cpu_half_passes_and_records_every_check(tmp_path: Path) -> None:
     assert overhead["passed"] and overhead["ratio_to_none"].keys() == {"moonlight", "qwen3"}
     for ratios in overhead["ratio_to_none"].values():
         assert ratios.keys() == METHODS and ratios["none"] == 1.0
+    # Steady steps: each timed step follows untimed ones with the method attached.
+    assert overhead["sizes"]["untimed_steps_after_each_attach"] == 2
 
     syncs = checks["syncs"]
     assert syncs["passed"], syncs
     for arch, rows in syncs["results"].items():
         assert rows.keys() == METHODS, arch
         assert rows["rpb"]["from_rpb"] == [] and rows["none"]["extra_over_none"] == 0
+    # One allowance, the method's own: lbl's sequence-wise loss on DeepSeek-V3 only.
+    allowed = {a: r["lbl"]["allowed_waits_per_moe_layer"] for a, r in syncs["results"].items()}
+    assert allowed == {"deepseek_v3": 2, "qwen3_moe": 0}
+
+
+def test_the_record_is_written_as_checks_finish(tmp_path: Path, monkeypatch) -> None:
+    """A run stopped part way (a timeout, a kill) leaves the checks that finished on disk,
+    marked incomplete."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+
+    def killed(args):
+        raise KeyboardInterrupt  # as a timeout's signal would stop it
+
+    monkeypatch.setattr(gpu_check, "check_trainer", lambda args, cuda: {"passed": True, "x": 1})
+    monkeypatch.setattr(gpu_check, "syncs_by_recorder", killed)
+    out = tmp_path / "gpu_check.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.main(["--cpu", "--skip", "equivalence", "--out", str(out)])
+    record = json.loads(out.read_text())
+    assert record["complete"] is False and record["passed"] is False
+    assert record["checks"]["trainer"]["x"] == 1 and record["summary"]["trainer"] is True
+    assert "syncs" not in record["checks"] and "overhead" not in record["checks"]

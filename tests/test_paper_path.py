@@ -9,7 +9,6 @@ import json
 import math
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import sys
@@ -511,6 +510,32 @@ def test_profiles_name_existing_rules():
         assert cfg["set-resources"]["posttrain"]["gpu"] >= 1
     slurm = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     assert slurm["executor"] == "slurm"
+    # Conda is an option (`--sdm conda`), not a requirement: a pip install runs the profile.
+    assert "software-deployment-method" not in slurm and "sdm" not in slurm
+
+
+def _gpu_hours():
+    """bench/gpu_hours.py: the paper plan's dry run through profiles/slurm, and its GPU budget."""
+    spec = importlib.util.spec_from_file_location("gpu_hours", ROOT / "bench" / "gpu_hours.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.workflow
+def test_paper_scale_doc_counts_and_gpu_hours():
+    """docs/paper_scale.md's job counts and GPU budget are the dry run's through profiles/slurm
+    (bench/gpu_hours.py: gpu x runtime of every planned job), for table 1 and `all`."""
+    gpu_hours = _gpu_hours()
+    budgets = {t: gpu_hours.target_budget(t) for t in gpu_hours.TARGETS}
+    doc = " ".join((ROOT / "docs" / "paper_scale.md").read_text().split())
+    table1, whole = budgets["table1.csv"], budgets["all"]
+    assert f"`results/table1.csv` plans {table1['jobs']} jobs" in doc
+    assert f"{table1['rules']['posttrain']} trainings" in doc
+    assert f"`all` plans {whole['jobs']} jobs, {whole['rules']['posttrain']} of them" in doc
+    assert gpu_hours.markdown(budgets) in (ROOT / "docs" / "paper_scale.md").read_text()
+    # The sum is gpu x runtime: table 1's trainings are 8 GPUs x 24 h each in the profile.
+    assert table1["gpu_hours"]["posttrain"] == table1["rules"]["posttrain"] * 8 * 24
 
 
 def _job_counts(stdout: str) -> dict[str, int]:
@@ -521,33 +546,13 @@ def _job_counts(stdout: str) -> dict[str, int]:
 
 
 @pytest.mark.workflow
-def test_paper_dag_dry_run(tmp_path):
+def test_paper_dag_dry_run():
     """The full paper DAG through the SLURM profile: downloads, then one prior, 3 methods x 3
     seeds of training and hard at 3 (check M2's runs), evaluation and analysis of each and of the
     base, table 1; no tiny rule."""
-    env = dict(os.environ, PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")
-    results = tmp_path / "results"
-    cmd = [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-n",
-        "--configfile",
-        "config/paper.yaml",
-        "--profile",
-        "profiles/slurm",
-        # The profile deploys the conda envs; conda is not installed here (a dry run checks it).
-        "--software-deployment-method",
-        "env-modules",
-        "--config",
-        f"results_dir={results}",
-        "--",
-        f"{results}/table1.csv",
-        f"{results}/eval/qwen3/math2/rpb/base0/seed0.json",
-    ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    counts = _job_counts(proc.stdout)
+    # As docs/paper_scale.md gives it: through profiles/slurm, no conda needed (none here).
+    stdout = _gpu_hours().dry_run(["table1.csv", "eval/qwen3/math2/rpb/base0/seed0.json"])
+    counts = _job_counts(stdout)
     # Table 1's methods at every seed, and hard (the readings rule's upper end) at the readings'
     # seeds, which its check M2 reads.
     runs = len(PAPER["table1"]["methods"]) * len(PAPER["seeds"])
@@ -563,4 +568,4 @@ def test_paper_dag_dry_run(tmp_path):
         "evaluate": runs + 2,
         "analyze": runs + 1,
         "table1": 1,
-    }, shlex.join(cmd)
+    }
