@@ -347,22 +347,13 @@ def test_the_core_alone_installs_offline_and_runs_the_readme_snippet(tmp_path):
         )
     )
     rpb = str(venv / "bin" / "rpb")
+    model = ("--model", str(base), "--data", str(data))
+    steps = ("--steps", "2", "--log-every", "1", "--batch-size", "4")
     commands = {
-        "prior": [
-            rpb,
-            "prior",
-            "--model",
-            str(base),
-            "--data",
-            str(data),
-            "--out",
-            "p.safetensors",
-        ],
-        "finetune": [
-            *(rpb, "finetune", "--model", str(base), "--data", str(data), "--out", "ft"),
-            *("--method", "rpb", "--steps", "2", "--batch-size", "4", "--prior", "p.safetensors"),
-        ],
+        "prior": [rpb, "prior", *model, "--out", "p.safetensors"],
+        "finetune": [rpb, "finetune", *model, "--out", "ft", "--method", "rpb", *steps],
     }
+    commands["finetune"] += ["--prior", "p.safetensors"]
     for name, argv in commands.items():
         proc = subprocess.run(
             argv, capture_output=True, text=True, env=run_env, cwd=tmp_path, timeout=600
