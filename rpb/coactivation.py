@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rpb.specs import install_hint
+
 if TYPE_CHECKING:
     import networkx as nx
 
@@ -148,14 +150,14 @@ class CoactivationCounter:
 
 def _analysis_module(name: str) -> ModuleType:
     """`networkx` or `sklearn.metrics`, imported on first use: community detection and partition
-    scores are the `rpb[analysis]` extra, so the core library (`pip install rpb`) and every
+    scores are the `analysis` extra, so the core library (`pip install .`) and every
     `import rpb.*` of it load neither (scikit-learn alone brings scipy, ~100 MB)."""
     try:
         return importlib.import_module(name)
     except ImportError as err:
         raise ImportError(
             f"rpb.coactivation's community metrics need {name.split('.')[0]}: "
-            "pip install 'rpb[analysis]'"
+            f"{install_hint('analysis')}"
         ) from err
 
 

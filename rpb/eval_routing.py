@@ -99,7 +99,7 @@ except ModuleNotFoundError as err:
         raise
     raise ImportError(
         "this model steers its routing at evaluation with rpb (its eval_routing/ folder): "
-        "install rpb to load it (pip install rpb)"
+        "install rpb to load it (pip install . in a checkout of the rpb repository)"
     ) from None
 
 __all__ = ["RpbSteeredConfig", "RpbSteeredForCausalLM"]

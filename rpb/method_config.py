@@ -35,6 +35,10 @@ __all__ = ["MethodConfig", "options_class"]
 # eval_routing/method.json).
 KEYS = ("kind", "strength", "options")
 _EARLIER_KIND_KEYS = ("name", "method")
+# What an option left out of an earlier spelling meant where its family's default has changed
+# since: rpb's bias was dropped at evaluation by default until issue 58 made table 1's reading,
+# kept at evaluation, rpb's default.
+_EARLIER_DEFAULTS = {"rpb": {"keep_bias_at_eval": False}}
 
 
 @functools.cache
@@ -88,14 +92,19 @@ class MethodConfig:
     def from_dict(cls, data: Mapping[str, Any], where: str = "method") -> MethodConfig:
         """The value `to_dict` wrote. Also what was written before it, read alike: the family
         under `name` or `method`, a null strength for the family's default, options left out
-        at their defaults, and a strength 0.0 where the family takes none (what a steered `hard`
-        folder kept). Anything else is refused in one line starting with `where`."""
+        at the defaults of then (`_EARLIER_DEFAULTS`), and a strength 0.0 where the family takes
+        none (what a steered `hard` folder kept). Anything else is refused in one line starting
+        with `where`."""
         if not isinstance(data, Mapping):
             raise ValueError(f"{where}: {data!r} is not a mapping of {', '.join(KEYS)}")
         data = dict(data)
         earlier = [key for key in _EARLIER_KIND_KEYS if key in data]
         if "kind" not in data and len(earlier) == 1:
             data["kind"] = data.pop(earlier[0])
+            data["options"] = {
+                **_EARLIER_DEFAULTS.get(data["kind"], {}),
+                **(data.get("options") or {}),
+            }
             spec = METHOD_SPECS.get(data["kind"])
             if spec is not None and not spec.uses_strength and data.get("strength") == 0:
                 data["strength"] = None

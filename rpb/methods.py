@@ -23,6 +23,7 @@ add to it), "plain" (`none`) or "none" (the live router gets no gradient).
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from functools import partial
@@ -46,9 +47,12 @@ __all__ = [
     "RouterMethod",
     "family_lbl_coefficient",
     "make_method",
+    "own_router_loss_message",
     "sequence_lbl",
     "switch_lbl",
 ]
+
+log = logging.getLogger(__name__)
 
 METHODS: dict[str, type[RouterMethod]] = {}
 
@@ -172,6 +176,35 @@ def family_lbl_coefficient(config: Any, kind: str) -> float:
     )
 
 
+def own_router_loss_message(model: Any, method: str) -> str:
+    """The one line saying the model's own load-balancing loss was turned off for `method`."""
+    what = (
+        "lbl's term is that loss, counted once (strength 'family' takes the model's own "
+        "coefficient)"
+        if method == "lbl"
+        else f"the {method} method's term is the only router term (method lbl adds the family's "
+        "own load-balancing loss)"
+    )
+    return (
+        f"turned off {type(model).__name__}'s own load-balancing loss (output_router_logits) "
+        f"during training: {what}"
+    )
+
+
+def turn_off_own_router_loss(model: Any) -> bool:
+    """Set `output_router_logits` off on `model`'s config and text config (transformers then adds
+    no load-balancing loss of its own to `out.loss`); whether any was on."""
+    config = getattr(model, "config", None)
+    configs = [config]
+    text = config.get_text_config() if hasattr(config, "get_text_config") else None
+    if text is not None and text is not config:
+        configs.append(text)
+    on = [c for c in configs if getattr(c, "output_router_logits", False)]
+    for c in on:
+        c.output_router_logits = False
+    return bool(on)
+
+
 class RouterMethod:
     """Base class and the `none` method: plain fine-tuning, no router term, no steering."""
 
@@ -194,6 +227,8 @@ class RouterMethod:
         self.prior: RouterPrior | None = None
         self.model: nn.Module | None = None
         self._mask: Tensor | None = None
+        # Whether attach turned the model's own load-balancing loss off (output_router_logits).
+        self.turned_off_own_router_loss = False
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(strength={self.strength}, options={self.options})"
@@ -218,6 +253,13 @@ class RouterMethod:
             weight_distance=self.needs_weight_distance,
         )
         self._install()
+        # One router term: a checkpoint whose config has output_router_logits on would add its
+        # own load-balancing loss to out.loss beside the method's term (with lbl, the same term
+        # twice), whatever the training loop. Off from here on, with one warning; a trainer that
+        # is asked to keep it (TRL's SFTConfig(router_aux_loss_coef=...)) turns it back on.
+        self.turned_off_own_router_loss = turn_off_own_router_loss(model)
+        if self.turned_off_own_router_loss:
+            log.warning("rpb: %s", own_router_loss_message(model, self.name))
         return self
 
     def detach(self) -> None:
@@ -457,8 +499,8 @@ class LBL(RouterMethod):
             except ValueError:
                 self.detach()  # refused: leave the model without rpb's hooks
                 raise
-        # Warned at the first router_loss, not here: rpb's trainers turn the model's own loss off
-        # after attach, and a warning about a state they fix would be a false alarm.
+        # Warned at the first router_loss, not here: attach turns the model's own loss off, so
+        # only a flag set on again after attach (by hand, or a trainer asked to keep it) warns.
         self._warned_own = False
         self._batch_shape: tuple[int, int] | None = None
         self._shape_hook = self.model.register_forward_pre_hook(

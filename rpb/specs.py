@@ -49,6 +49,13 @@ __all__ = [
 TRAINABLE = ("all", "moe", "routed_experts_and_routers")
 
 
+def install_hint(extra: str | None = None) -> str:
+    """How to install rpb, or one of its extras: from a checkout of its repository (no package
+    index has rpb, so no message sends a user to one)."""
+    what = "." if extra is None else f"'.[{extra}]'"
+    return f"pip install {what} in a checkout of the rpb repository"
+
+
 @dataclass(frozen=True)
 class Option:
     """One method option: its default and what values it accepts.
@@ -122,7 +129,14 @@ METHOD_SPECS: dict[str, MethodSpec] = _specs(
     MethodSpec(
         "rpb",
         1.0,
-        {"bias_on": _BIAS_ON, "keep_bias_at_eval": _KEEP},
+        {
+            "bias_on": _BIAS_ON,
+            # On by default: the reading table 1 measures (docs/methods.md, "What the rule
+            # found"); false is the selection-only reading (config label rpb_select).
+            "keep_bias_at_eval": Option(
+                True, doc="keep the bias at evaluation (false: dropped, the model's own router)"
+            ),
+        },
         doc="Router Prior Bias: select by top-k of s + lambda * s0 (base router's score)",
     ),
     MethodSpec(

@@ -37,7 +37,7 @@ from transformers.trainer_callback import DefaultFlowCallback, PrinterCallback, 
 from transformers.trainer_utils import IntervalStrategy
 
 from rpb.coactivation import usage_entropy
-from rpb.methods import RouterMethod
+from rpb.methods import RouterMethod, own_router_loss_message, turn_off_own_router_loss
 from rpb.routing import RouterControl, routing_probs
 
 __all__ = [
@@ -317,21 +317,6 @@ def _count_tokens(batch: dict[str, Any]) -> Tensor | None:
     return None
 
 
-def own_router_loss_message(model: Any, method: str) -> str:
-    """The one line saying the model's own load-balancing loss was turned off for `method`."""
-    what = (
-        "lbl's term is that loss, counted once (strength 'family' takes the model's own "
-        "coefficient)"
-        if method == "lbl"
-        else f"the {method} method's term is the only router term (method lbl adds the family's "
-        "own load-balancing loss)"
-    )
-    return (
-        f"turned off {type(model).__name__}'s own load-balancing loss (output_router_logits) "
-        f"during training: {what}"
-    )
-
-
 def _check_attached(method: RouterMethod, model: Any) -> None:
     """Refuse, in one line, a method that would silently not act on the model being trained."""
     if not isinstance(method, RouterMethod):
@@ -411,15 +396,9 @@ class RouterMethodTrainerMixin:
         `router_aux_loss_coef` (SFTConfig's field)."""
         if getattr(self.args, "router_aux_loss_coef", None):
             return
-        config = getattr(self.model, "config", None)
-        configs = [config]
-        if hasattr(config, "get_text_config") and config.get_text_config() is not config:
-            configs.append(config.get_text_config())
-        on = [c for c in configs if getattr(c, "output_router_logits", False)]
-        if not on and not getattr(self, "aux_loss_enabled", False):
+        turned_off = turn_off_own_router_loss(self.model)
+        if not turned_off and not getattr(self, "aux_loss_enabled", False):
             return
-        for c in on:
-            c.output_router_logits = False
         if getattr(self, "aux_loss_enabled", False):
             self.aux_loss_enabled = False  # TRL's SFTTrainer asks for router logits per batch
         log.warning("rpb: %s", own_router_loss_message(self.model, self.router_method.name))

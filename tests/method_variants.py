@@ -5,8 +5,8 @@
 STEP0_EXACT = [
     ("none", {}),
     ("lbl", {}),
-    ("rpb", {}),
-    ("rpb", {"keep_bias_at_eval": True}),
+    ("rpb", {}),  # its bias kept at evaluation (table 1's reading)
+    ("rpb", {"keep_bias_at_eval": False}),
     ("rpb_interp", {}),
     ("rpb_interp", {"strength": 1.0}),
     ("rpb_anneal", {}),

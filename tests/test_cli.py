@@ -231,7 +231,7 @@ def test_out_of_vocabulary_symbol_names_file_and_line(
     ("name", "ours"), [("mlflow", True), ("lm_eval.api", True), ("foo", False)]
 )
 def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, ours) -> None:
-    """In a core-only install a pipeline subcommand fails in one line naming `rpb[pipeline]`;
+    """In a core-only install a pipeline subcommand fails in one line naming `.[pipeline]`;
     any other missing module stays an error with its traceback."""
     from types import SimpleNamespace
 
@@ -250,13 +250,13 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"rpb pipeline table1: error: needs {name}, which the pipeline extra installs: "
-        "pip install 'rpb[pipeline]'"
+        "pip install '.[pipeline]' in a checkout of the rpb repository"
     ]
 
 
 @pytest.mark.parametrize("command", ["finetune", "prior"])
 def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch, command) -> None:
-    """`rpb finetune/prior --mlflow` on the light install needs MLflow alone: `rpb[mlflow]`."""
+    """`rpb finetune/prior --mlflow` on the light install needs MLflow alone: `.[mlflow]`."""
     from types import SimpleNamespace
 
     import rpb.pipeline.cli as cli
@@ -270,7 +270,7 @@ def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch,
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [
         f"rpb {command}: error: needs mlflow, which the mlflow extra installs: "
-        "pip install 'rpb[mlflow]'"
+        "pip install '.[mlflow]' in a checkout of the rpb repository"
     ]
 
 

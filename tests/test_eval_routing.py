@@ -123,7 +123,7 @@ def test_adaptive_bias_state_is_restored(tmp_path):
     ("name", "options"),
     [
         ("none", {}),
-        ("rpb", {}),
+        ("rpb", {"keep_bias_at_eval": False}),  # rpb_select
         ("anchor_kl", {}),
         ("rpb_interp", {}),
         ("rpb_anneal", {}),
@@ -522,7 +522,9 @@ def test_the_folder_module_is_written_alike_and_names_a_missing_rpb(tmp_path, mo
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == first
     assert first[STEERED_MODULE_FILE] == STEERED_MODULE_TEXT.encode()
     monkeypatch.setitem(sys.modules, "rpb.eval_routing", None)
-    with pytest.raises(ImportError, match=r"eval_routing/ folder\): install rpb .*pip install rpb"):
+    with pytest.raises(
+        ImportError, match=r"eval_routing/ folder\): install rpb .*pip install \. in a checkout"
+    ):
         exec(compile(STEERED_MODULE_TEXT, STEERED_MODULE_FILE, "exec"), {})
 
 

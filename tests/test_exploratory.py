@@ -33,9 +33,10 @@ from rpb.specs import METHOD_SPECS, Run, analysis_path, results_path
 
 METHODS = {
     "none": {"kind": "none"},
-    "rpb_l0p5": {"kind": "rpb", "strength": 0.5},
-    "rpb": {"kind": "rpb", "strength": 1.0},
-    "rpb_l4": {"kind": "rpb", "strength": 4.0},
+    # The own-router curve's points drop rpb's bias at evaluation (rpb keeps it by default).
+    "rpb_l0p5": {"kind": "rpb", "strength": 0.5, "options": {"keep_bias_at_eval": False}},
+    "rpb": {"kind": "rpb", "strength": 1.0, "options": {"keep_bias_at_eval": False}},
+    "rpb_l4": {"kind": "rpb", "strength": 4.0, "options": {"keep_bias_at_eval": False}},
     "hard": {"kind": "hard"},
     "rpb_linf": {"kind": "hard", "options": {"keep_bias_at_eval": False}},
     "anchor_kl": {"kind": "anchor_kl"},  # the library's default strength
@@ -59,8 +60,9 @@ def test_evaluation_protocol_of_a_point() -> None:
 
     assert protocol({"kind": "hard"}) == KEPT_AT_EVAL  # hard's default
     assert protocol(METHODS["rpb_linf"]) == OWN_ROUTER
-    assert protocol({"kind": "rpb"}) == OWN_ROUTER
-    assert protocol({"kind": "rpb", "options": {"keep_bias_at_eval": True}}) == KEPT_AT_EVAL
+    assert protocol({"kind": "rpb"}) == KEPT_AT_EVAL  # rpb's default: table 1's reading
+    assert protocol({"kind": "rpb", "options": {"keep_bias_at_eval": False}}) == OWN_ROUTER
+    assert protocol({"kind": "rpb_marginal"}) == OWN_ROUTER  # its variants drop theirs
     assert protocol({"kind": "anchor_kl", "strength": 3.0}) == OWN_ROUTER
 
 

@@ -172,7 +172,7 @@ def test_the_value_is_made_once_frozen_and_compares_by_what_it_is() -> None:
     assert rpb == MethodConfig("rpb", 1.0) == MethodConfig("rpb", 1, {"bias_on": "selection"})
     assert hash(rpb) == hash(MethodConfig("rpb", 1.0))
     assert type(rpb.strength) is float and type(rpb.options) is options_class("rpb")
-    assert rpb.options == options_class("rpb")(bias_on="selection", keep_bias_at_eval=False)
+    assert rpb.options == options_class("rpb")(bias_on="selection", keep_bias_at_eval=True)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rpb.strength = 2.0  # type: ignore[misc]
     # A family without a strength has none (not 0); lbl's model-family coefficient stays text
@@ -238,7 +238,11 @@ def test_what_was_written_before_reads_as_the_same_value() -> None:
     options out; a steered folder's eval_routing/method.json named it `method`, with every
     option and RouterMethod's strength (0.0 for `hard`)."""
     history = {"name": "rpb", "strength": None, "options": {"bias_on": "logits"}}
-    assert MethodConfig.from_dict(history) == MethodConfig("rpb", 1.0, {"bias_on": "logits"})
+    # Written when rpb dropped its bias at evaluation by default: read as that, not as today's
+    # default (a value of the current spelling, `kind`, has every option written out).
+    dropped = {"bias_on": "logits", "keep_bias_at_eval": False}
+    assert MethodConfig.from_dict(history) == MethodConfig("rpb", 1.0, dropped)
+    assert MethodConfig.from_dict({"kind": "rpb"}).options.keep_bias_at_eval is True
     folder = {"method": "hard", "strength": 0.0, "options": {"gate_from": "live"}}
     assert MethodConfig.from_dict(folder) == MethodConfig("hard")
     kept = {"method": "rpb", "strength": 2.0, "options": {"keep_bias_at_eval": True}}

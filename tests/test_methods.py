@@ -132,7 +132,7 @@ def test_step0_outputs_equal_the_base(tiny_model, tiny_prior, tiny_batch, name, 
 @pytest.mark.parametrize(
     ("name", "options"),
     [
-        ("rpb", {"bias_on": "logits"}),
+        ("rpb", {"bias_on": "logits", "keep_bias_at_eval": False}),
         ("rpb_marginal", {"strength": 5.0}),
         ("rpb_coact", {"strength": 5.0}),
     ],
@@ -145,18 +145,59 @@ def test_methods_that_change_step0_routing_do(tiny_model, tiny_prior, tiny_batch
     strength = options.pop("strength", None)
     with make_method(name, strength, **options).attach(tiny_model, tiny_prior):
         assert not torch.equal(tiny_model(**tiny_batch).logits, ref_train)
-        tiny_model.eval()  # the bias is a training-time device by default
+        tiny_model.eval()  # the bias is a training-time device (rpb's: when told so)
         assert torch.equal(tiny_model(**tiny_batch).logits, ref_eval)
 
 
 def test_keep_bias_at_eval(tiny_model, tiny_prior, tiny_batch):
     ref = tiny_model(**tiny_batch).logits  # eval mode
-    with make_method("rpb", bias_on="logits").attach(tiny_model, tiny_prior):
-        assert torch.equal(tiny_model(**tiny_batch).logits, ref)
-    with make_method("rpb", bias_on="logits", keep_bias_at_eval=True).attach(
+    with make_method("rpb", bias_on="logits", keep_bias_at_eval=False).attach(
         tiny_model, tiny_prior
     ):
-        assert not torch.equal(tiny_model(**tiny_batch).logits, ref)
+        assert torch.equal(tiny_model(**tiny_batch).logits, ref)
+    # rpb keeps its bias at evaluation by default (table 1's reading); its variants do not.
+    for options in ({}, {"keep_bias_at_eval": True}):
+        with make_method("rpb", bias_on="logits", **options).attach(tiny_model, tiny_prior):
+            assert not torch.equal(tiny_model(**tiny_batch).logits, ref)
+    with make_method("rpb_marginal", 5.0, bias_on="logits").attach(tiny_model, tiny_prior):
+        assert torch.equal(tiny_model(**tiny_batch).logits, ref)
+
+
+@pytest.mark.parametrize("name", ["none", "rpb", "lbl", "anchor_kl"])
+def test_attach_turns_the_models_own_lbl_off(name, caplog):
+    """A checkpoint with output_router_logits on adds its own load-balancing loss to out.loss
+    (the README's plain loop adds the method's term on top): attach turns it off for every
+    method, with one warning naming the flag, so out.loss is the plain cross-entropy."""
+    import logging
+
+    import torch.nn.functional as F
+
+    base = make_model("qwen3_moe")
+    model = copy.deepcopy(base)
+    model.config.output_router_logits = True
+    batch = make_batch(pad=0)
+
+    def ce(logits):
+        shifted = batch["labels"][:, 1:].reshape(-1)
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), shifted)
+
+    with torch.no_grad():
+        own = model(**batch)
+    assert own.aux_loss > 0 and not torch.allclose(own.loss, ce(own.logits))  # the premise
+    prior = _prior(base) if METHOD_SPECS[name].needs_prior else None
+    with caplog.at_level(logging.WARNING, logger="rpb.methods"):
+        method = make_method(name).attach(model, prior)
+    with method, torch.no_grad():
+        out = model(**batch)
+        assert model.config.output_router_logits is False and out.aux_loss is None
+        assert torch.equal(out.loss, ce(out.logits))
+        assert torch.allclose(out.logits, own.logits, atol=1e-6)  # step 0: the base's function
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "output_router_logits" in line and "own load-balancing loss" in line
+    caplog.clear()
+    with make_method(name).attach(model, prior):  # already off: nothing to say
+        pass
+    assert caplog.records == []
 
 
 @pytest.mark.parametrize("name", ["anchor_weight", "anchor_logit", "anchor_kl"])
@@ -355,6 +396,10 @@ def test_lbl_is_each_softmax_familys_own_loss_whatever_output_router_logits(
     method = make_method("lbl", strength="family")
     assert repr(method) == "LBL(strength='family', options={'pooling': 'auto'})"
     method.attach(model)
+    # attach turns the model's own loss off; a flag set on again after it is warned about.
+    assert model.config.output_router_logits is False
+    assert method.turned_off_own_router_loss is output_router_logits
+    model.config.output_router_logits = output_router_logits
     with method, warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert method.strength == 0.037

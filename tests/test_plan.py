@@ -113,8 +113,10 @@ def test_each_method_is_its_value_and_jobs_get_its_options_off_the_default(plan:
     assert plan.method_entry("rpb_logits") == {
         "kind": "rpb",
         "strength": 1.0,
-        "options": {"bias_on": "logits"},
+        "options": {"bias_on": "logits", "keep_bias_at_eval": False},
     }
+    # Table 1's rpb is the family's default (it keeps its bias at evaluation): no option to spell.
+    assert plan.method_entry("rpb") == {"kind": "rpb", "strength": 1.0, "options": {}}
     assert plan.method_entry("none") == {"kind": "none", "strength": None, "options": {}}
     assert plan.config.methods["rpb_permuted"].prior == "permuted"
     assert dataclasses.fields(options_class("none")) == ()
@@ -241,7 +243,11 @@ def test_table_specs_carry_what_each_table_needs(plan: Plan) -> None:
     assert plan.table_spec("table5")["kinds"]["hard"] == "hard"
     assert plan.table_spec("table2")["bases"]["tinyB"] == ["tinyB", "tinyB_base1"]
     sweep = plan.sweep_spec()
-    assert sweep["methods"]["rpb_l4"] == {"kind": "rpb", "strength": 4.0, "options": {}}
+    assert sweep["methods"]["rpb_l4"] == {
+        "kind": "rpb",
+        "strength": 4.0,
+        "options": {"keep_bias_at_eval": False},
+    }
 
 
 def test_the_claims_read_the_tables_runs_controls_and_testbed_once(plan: Plan) -> None:

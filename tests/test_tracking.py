@@ -171,14 +171,15 @@ def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
 
     job = tmp_path / "runs" / "m" / "math" / "rpb_strong" / "base0" / "seed1"
     (job / "model").mkdir(parents=True)
-    method = MethodConfig("rpb", 0.5, {"bias_on": "logits"}).to_dict()
+    method = MethodConfig("rpb", 0.5, {"bias_on": "logits", "keep_bias_at_eval": False}).to_dict()
     (job / "train_history.json").write_text(json.dumps({"history": [], "method": method}))
     params = tracking.model_job_params(method="rpb_strong", model_dir=job / "model", limit=5)
     assert params["kind"] == "rpb" and params["strength"] == 0.5
     assert json.loads(params["options"]) == {"bias_on": "logits", "keep_bias_at_eval": False}
     assert params["limit"] == 5 and params["model_dir"] == str(job / "model")
     # A history written before MethodConfig (`name`, the default strength as null, the options
-    # the entry set) reads as the same value: its default strength written out.
+    # the entry set) reads as the same value: its default strength written out, the options left
+    # out at their defaults of then (rpb's bias dropped at evaluation).
     earlier = {"name": "rpb", "strength": None, "options": {"bias_on": "logits"}}
     (job / "train_history.json").write_text(json.dumps({"history": [], "method": earlier}))
     again = tracking.model_job_params(method="rpb_strong", model_dir=job / "model", limit=5)

@@ -119,9 +119,10 @@ def test_posttraining_each_method(base, method: str) -> None:
     assert len(before) == len(after) == 1  # one MoE layer (the first layer is dense)
     # The router stays trainable under every method.
     assert not torch.equal(before[0], after[0])
-    # Only hard keeps steering at evaluation, so only its model carries its routing.
+    # Only hard and rpb (its bias kept at evaluation by default) keep steering at evaluation, so
+    # only their models carry their routing.
     kept = eval_routing_spec(out / "model")
-    assert (kept.kind if kept else None) == ("hard" if method == "hard" else None)
+    assert (kept.kind if kept else None) == (method if method in ("hard", "rpb") else None)
     # What it trained with, spelled as the value it was given (the default strength written in).
     history = json.loads((out / "train_history.json").read_text())
     assert history["method"] == MethodConfig(method).to_dict()

@@ -74,6 +74,65 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
     return load_model(folder, steer=False).state_dict()
 
 
+@pytest.mark.parametrize("configfile", ["config.yaml", "paper.yaml"])
+def test_the_cli_s_and_the_library_s_rpb_is_table_1s_rpb(configfile: str) -> None:
+    """`rpb finetune --method rpb`, `make_method("rpb")` and `MethodConfig("rpb")` are the method
+    table 1 measures (the config's `methods.rpb`, as the planner reads it): the same value, its
+    bias kept at evaluation, and the same options built."""
+    import yaml
+
+    from rpb.method_config import MethodConfig
+    from rpb.methods import make_method
+    from rpb.pipeline.user_cli import method_choice
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / configfile).open())
+    assert "rpb" in config.get("table1", {"methods": ["rpb"]})["methods"]
+    table1 = MethodConfig.from_entry("rpb", config["methods"]["rpb"])
+    args = build_parser().parse_args(["finetune", "--model", "m", "--data", "d", "--out", "o"])
+    cli = method_choice(args)
+    assert args.method == "rpb" and cli == table1 == MethodConfig("rpb")
+    assert cli.keeps_routing_at_eval and table1.options.keep_bias_at_eval is True
+    assert MethodConfig.of(make_method("rpb")) == table1
+    assert make_method("rpb").options == table1.build().options
+    # The selection-only reading is spelled out: rpb_select drops the bias at evaluation.
+    select = MethodConfig.from_entry("rpb_select", config["methods"]["rpb_select"])
+    assert not select.keeps_routing_at_eval
+
+
+def test_prior_help_shows_every_default() -> None:
+    """`rpb prior --help` says what each optional flag is when not given: the batch of texts per
+    forward and the tokens per text above all (a big batch on a big model)."""
+    verbs = build_parser()._subparsers._group_actions[0].choices
+    parser = verbs["prior"]
+    text = " ".join(parser.format_help().split())
+    assert "texts per forward (default: 128)" in text
+    assert "tokens per text (default: 1024)" in text
+    assert "(default: text)" in text and "(default: rpb)" in text
+    for action in parser._actions:
+        if action.required or action.nargs == 0:
+            continue
+        assert "default" in (action.help or "") or f"(default: {action.default})" in text, (
+            action.option_strings
+        )
+
+
+@pytest.mark.parametrize("verb", ["prior", "finetune"])
+def test_a_hub_id_gets_a_download_hint(
+    verb: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    data = _write_jsonl(tmp_path / "d.jsonl", [{"text": "a"}])
+    argv = [verb, "--model", "moonshotai/Moonlight-16B-A3B", "--data", str(data)]
+    assert main([*argv, "--out", str(tmp_path / "o")]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"rpb {verb}: error: --model moonshotai/Moonlight-16B-A3B: no such")
+    assert "hf download moonshotai/Moonlight-16B-A3B --local-dir DIR" in line
+    # A folder name that is no hub id gets no hint.
+    assert main([verb, "--model", "nope", "--data", str(data), "--out", "o"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.endswith("--model nope: no such folder (a local checkpoint folder)")
+
+
 def test_every_verb_s_help_has_an_example() -> None:
     verbs = build_parser()._subparsers._group_actions[0].choices
     for verb in ("finetune", "prior"):
@@ -84,7 +143,7 @@ def test_every_verb_s_help_has_an_example() -> None:
 def test_finetune_rpb_extracts_the_prior_and_trains_only_the_moe_part(
     world: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from transformers import AutoModelForCausalLM
+    from rpb.eval_routing import is_steered_folder, load_model
 
     out = tmp_path / "ft"
     caplog.set_level("INFO", logger="rpb")
@@ -96,10 +155,11 @@ def test_finetune_rpb_extracts_the_prior_and_trains_only_the_moe_part(
     tok = build_tokenizer()
     assert prior.n_tokens == sum(len(tok(p + c)["input_ids"]) + 1 for p, c in PAIRS)  # + EOS
     assert prior.model_type == "qwen3_moe" and prior.corpus_hash
-    # The saved folder loads as a plain transformers model, tokenizer beside it.
-    model = AutoModelForCausalLM.from_pretrained(out)
+    # `--method rpb` is table 1's rpb, its bias kept at evaluation: the saved folder steers
+    # (rpb.eval_routing) and loads with its routing, tokenizer beside it.
+    model = load_model(out)
     prior.check_compatible(model)
-    assert (out / "tokenizer.json").is_file() and not (out / "eval_routing").exists()
+    assert (out / "tokenizer.json").is_file() and is_steered_folder(out)
     # The prior was used: drift from the base router is measured at every log.
     history = json.loads((out / "train_history.json").read_text())["history"]
     assert [e["step"] for e in history] == [1, 2, 3]

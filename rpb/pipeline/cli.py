@@ -27,7 +27,7 @@ from typing import Any
 from rpb.method_config import MethodConfig
 from rpb.numerics import PIN_ENV
 from rpb.report.registry import REPORT_JOBS
-from rpb.specs import TRAINABLE, Run
+from rpb.specs import TRAINABLE, Run, install_hint
 
 log = logging.getLogger("rpb")
 # What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
@@ -813,7 +813,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Extract the router prior of a Hugging Face MoE checkpoint folder over a "
         "JSONL file.",
         epilog=user_cli.PRIOR_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=user_cli.HelpFormatter,
     )
     _add_prior(p, pipeline=False)
     p = sub.add_parser(
@@ -1033,7 +1033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.func(args)
     except ModuleNotFoundError as err:
-        # A core-only install (`pip install rpb`) has the library, not the pipeline's packages.
+        # A core-only install (`pip install .`) has the library, not the pipeline's packages.
         if (err.name or "").split(".")[0] not in PIPELINE_PACKAGES:
             raise
         # `rpb finetune/prior --mlflow` needs MLflow alone, which its own extra installs.
@@ -1041,7 +1041,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         extra = "mlflow" if user_mlflow else "pipeline"
         print(
             f"{command_name(args)}: error: needs {err.name}, which the {extra} extra installs: "
-            f"pip install 'rpb[{extra}]'",
+            f"{install_hint(extra)}",
             file=sys.stderr,
         )
         return 2

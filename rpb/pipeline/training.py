@@ -16,6 +16,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -326,10 +327,17 @@ def remove_checkpoints(checkpoint_dir: Path) -> None:
     shutil.rmtree(checkpoint_dir, ignore_errors=True)
 
 
-def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
-    import mlflow
+def _active_mlflow() -> Any:
+    """The mlflow module while an MLflow run is active, else None. A run is started through
+    mlflow, so where nothing imported it (the light install, which may not have it: `rpb
+    finetune` without --mlflow) there is none, and mlflow is never imported here."""
+    mlflow = sys.modules.get("mlflow")
+    return mlflow if mlflow is not None and mlflow.active_run() is not None else None
 
-    if mlflow.active_run() is None:
+
+def _log_to_active_run(metrics: dict[str, float], step: int) -> None:
+    mlflow = _active_mlflow()
+    if mlflow is None:
         return
     # Names as in train_history.json ("layer0/kl_to_base"): MLflow accepts "/".
     finite = {k: v for k, v in metrics.items() if math.isfinite(v)}
@@ -354,9 +362,8 @@ class MlflowHistoryCallback(TrainerCallback):
 
 def _resumed_to_active_run(checkpoint: Path, history: list[dict[str, float]]) -> None:
     """Tag the job's new MLflow run as resumed and give it the metrics logged before the kill."""
-    import mlflow
-
-    if mlflow.active_run() is None:
+    mlflow = _active_mlflow()
+    if mlflow is None:
         return
     mlflow.set_tag("resumed_from", checkpoint.name)
     for entry in history:

@@ -27,12 +27,13 @@ import json
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from rpb.method_config import MethodConfig
-from rpb.specs import METHOD_SPECS, TRAINABLE
+from rpb.specs import METHOD_SPECS, TRAINABLE, install_hint
 
 log = logging.getLogger("rpb")
 
@@ -145,6 +146,10 @@ _count, _positive_int = _int_at_least(0), _int_at_least(1)
 # --- inputs -----------------------------------------------------------------------------------
 
 
+# What a Hugging Face hub id looks like (owner/name), as a --model that is no local folder.
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9]")
+
+
 def check_model_dir(path: Path) -> None:
     """A local checkpoint folder whose config.json names a MoE family rpb routes (else a one-line
     error naming the folder and, for a family rpb does not route, its model type), checked before
@@ -154,7 +159,13 @@ def check_model_dir(path: Path) -> None:
     from rpb.router.spec import UnsupportedRouter
 
     if not path.is_dir():
-        raise FileNotFoundError(f"--model {path}: no such folder (a local checkpoint folder)")
+        hint = ""
+        if _HUB_ID.fullmatch(str(path)):
+            hint = (
+                f"; to use the hub's {path}, download it first: hf download {path} "
+                "--local-dir DIR (or huggingface-cli download), then --model DIR"
+            )
+        raise FileNotFoundError(f"--model {path}: no such folder (a local checkpoint folder){hint}")
     config = path / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"--model {path}: not a checkpoint folder (no config.json)")
@@ -496,6 +507,13 @@ def _eval_loss_callback(entries: list[dict[str, float]], to_mlflow: bool) -> Any
     return EvalLoss()
 
 
+def method_choice(args: argparse.Namespace) -> MethodConfig:
+    """The method `rpb finetune`'s --method, --strength and --option choose (the family's own
+    strength and options where not given: `--method rpb` is table 1's rpb, its bias kept at
+    evaluation)."""
+    return MethodConfig(args.method, args.strength, dict(args.option or []))
+
+
 def cmd_finetune(args: argparse.Namespace) -> None:
     """Supervised fine-tuning of `--model` on `--data` with one router method attached, by the
     pipeline's training core (`rpb.pipeline.training.run_training`): its checkpoints, resume,
@@ -534,7 +552,7 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         )
     spec = METHOD_SPECS[args.method]
     # The method is made before anything loads: a bad strength or option fails at once.
-    choice = MethodConfig(args.method, args.strength, dict(args.option or []))
+    choice = method_choice(args)
     method = choice.build()
     _check_out(args)
     resumed_prior = args.out / PRIOR_FILE
@@ -708,13 +726,13 @@ def cmd_finetune(args: argparse.Namespace) -> None:
         log.info("model and tokenizer saved to %s", args.out)
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """The epilog as written, and every optional flag's default in its help (a help that says
-    what its default means keeps its own words)."""
+    what its default means keeps its own words; an on/off flag is off unless given)."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
-        if action.required or "(default" in text:
+        if action.required or "default" in text or action.nargs == 0:
             return text
         return super()._get_help_string(action)
 
@@ -727,7 +745,7 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         description="Supervised fine-tuning of a Hugging Face MoE checkpoint folder on a JSONL "
         "file with one router method attached (transformers' Trainer, as the pipeline trains).",
         epilog=FINETUNE_EPILOG,
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     one_line_errors(p)
     p.set_defaults(func=cmd_finetune)
@@ -749,7 +767,8 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         type=method_arg,
         default="rpb",
         metavar="NAME",
-        help=f"router method: {', '.join(METHOD_SPECS)}",
+        help=f"router method: {', '.join(METHOD_SPECS)} (default: rpb, the method table 1 "
+        "measures, its bias kept at evaluation)",
     )
     p.add_argument(
         "--strength",
@@ -763,8 +782,8 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         type=option_arg,
         action="append",
         metavar="KEY=VALUE",
-        help="a method option, e.g. bias_on=logits (repeatable; docs/methods.md) (default: the "
-        "method's own)",
+        help="a method option, e.g. bias_on=logits, or keep_bias_at_eval=false for rpb's "
+        "selection-only reading (repeatable; docs/methods.md) (default: the method's own)",
     )
     p.add_argument(
         "--prior",
@@ -869,14 +888,15 @@ def add_mlflow(p: argparse.ArgumentParser, *, uri: bool = True) -> None:
         "--mlflow",
         action="store_true",
         help="log the run to MLflow (store: --tracking-uri, else $MLFLOW_TRACKING_URI, else "
-        "./mlflow.db; needs pip install 'rpb[mlflow]')",
+        f"./mlflow.db; needs the mlflow extra: {install_hint('mlflow')})",
     )
     if uri:
         p.add_argument(
             "--tracking-uri",
             default=None,
             metavar="URI",
-            help="MLflow tracking URI (with --mlflow)",
+            help="MLflow tracking URI (with --mlflow) (default: $MLFLOW_TRACKING_URI, else "
+            "./mlflow.db)",
         )
         p.add_argument(
             "--experiment", default="rpb", metavar="NAME", help="MLflow experiment (with --mlflow)"
