@@ -330,6 +330,45 @@ def test_only_dead_runs_of_the_same_job_are_marked_stale(store: str) -> None:
     }
 
 
+class _Interrupted(Exception):
+    """The job's end right after a checkpoint (a preemption)."""
+
+
+def test_a_damaged_checkpoint_fails_the_training_job_in_one_line(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 59, item 3, in the pipeline's training job: `optimizer.pt` cut to 1000 bytes in
+    the only complete checkpoint failed every rerun with torch's traceback and no rpb line. Now
+    the job's one line names the checkpoint, the file and the command that discards it, and its
+    MLflow run ends FAILED with that line (the previous checkpoint's fallback:
+    tests/test_user_cli.py)."""
+    import rpb.pipeline.training as training
+
+    out = tmp_path / "run"
+    on_save = training.CheckpointStateCallback.on_save
+
+    def stop_after_checkpoint_3(self, args, state, control, **kwargs):
+        on_save(self, args, state, control, **kwargs)
+        raise _Interrupted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training.CheckpointStateCallback, "on_save", stop_after_checkpoint_3)
+        with pytest.raises(_Interrupted):
+            main(_train_args(world, out, "damaged_checkpoint"))
+    last = out / "checkpoints" / "checkpoint-3"
+    with open(last / "optimizer.pt", "r+b") as f:
+        f.truncate(1000)
+    capsys.readouterr()
+    assert main(_train_args(world, out, "damaged_checkpoint")) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rpb pipeline")]
+    assert line.startswith(f"rpb pipeline train: error: {last}: optimizer.pt: 1000 bytes, not a ")
+    assert line.endswith(f"(rm -rf {last}) and rerun, which trains this run from step 0")
+    assert (last / "optimizer.pt").stat().st_size == 1000  # refused, not deleted
+    failed = _runs(world["uri"], "damaged_checkpoint")[-1]
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags[END_REASON_TAG] == line.removeprefix("rpb pipeline train: error: ")
+
+
 def test_no_checkpoint_at_the_last_step(world: dict, tmp_path: Path) -> None:
     """The final weights are saved as the model; a checkpoint at max_steps would make a resumed
     Trainer train one step too many."""
