@@ -67,10 +67,16 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
-def _train_spec(args: argparse.Namespace):
-    """The job's TrainSpec: `--spec` with `--threads` (Snakemake's `{threads}`) applied."""
+def _train_spec(args: argparse.Namespace, checkpoints: bool = False):
+    """The job's TrainSpec: `--spec` with `--threads` (Snakemake's `{threads}`) applied; with
+    `checkpoints` (post-training) also the checkpoint settings the workflow puts in the
+    environment (rpb.pipeline.plan.CHECKPOINTS_ENV) where `--spec` does not name them. Both reach
+    `args.spec`, which the MLflow run records."""
+    from rpb.pipeline.plan import CHECKPOINTS_ENV
     from rpb.pipeline.training import TrainSpec
 
+    if checkpoints and os.environ.get(CHECKPOINTS_ENV):
+        args.spec = json.loads(os.environ[CHECKPOINTS_ENV]) | args.spec
     if getattr(args, "trainable", None) is not None:  # overrides posttrain.trainable
         args.spec = {**args.spec, "trainable": args.trainable}
     spec = TrainSpec.from_dict(args.spec)
@@ -290,7 +296,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from rpb.pipeline.tracking import log_datasets, method_params, tracked_run
     from rpb.pipeline.training import is_main_process, posttrain
 
-    spec = _train_spec(args)
+    spec = _train_spec(args, checkpoints=True)
     identity = _run_of(spec)
     parents = _lineage(
         base=_run_dir_of(args.base),

@@ -21,7 +21,7 @@ from rpb.artifacts import (
 from rpb.numerics import LOCK_ENV, PIN_ENV, pinned_environment
 from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
 from rpb.pipeline.config_check import ConfigError, check_config
-from rpb.pipeline.plan import PipelineConfig, Plan, plain
+from rpb.pipeline.plan import CHECKPOINTS_ENV, PipelineConfig, Plan, plain
 from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
 from rpb.specs import CORPORA, EVAL_SETS, PATHS
 
@@ -107,6 +107,9 @@ TRACKING_URI = (
 # results. Cluster jobs inherit the variable (sbatch exports the environment) or re-derive it here.
 os.environ.update(MLFLOW_TRACKING_URI=TRACKING_URI)
 EXPERIMENT = EXECUTION.experiment
+# Checkpoint settings (posttrain.save_every) reach the training jobs here, not in their params:
+# they change how a killed job resumes, not what it computes, so they rerun nothing (plan.py).
+os.environ.update({CHECKPOINTS_ENV: json.dumps(PLAN.checkpoint_settings)})
 # Touched once by tracking_init; `ancient()` wherever it is an input, so a re-created store never
 # makes the finished jobs look out of date.
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
