@@ -642,10 +642,13 @@ def integrity_message(
     problems: Sequence[Problem],
     rebuild_target: Callable[[str], str] = lambda path: path,
     command: Sequence[str] = ("snakemake", "--cores", "1"),
+    invocation_targets: Sequence[str] = (),
 ) -> str:
     """One line: the first damaged artifact, what is wrong, and one command that rebuilds every
     damaged one (`rebuild_target` maps a file to the workflow output that rebuilds it: itself,
-    the model folder it lies in, or the declared output its job writes beside it)."""
+    the model folder it lies in, or the declared output its job writes beside it). Where no job
+    is forced (damaged records alone) the command is the invocation's own, with its targets
+    (`invocation_targets`), never the default target in their place."""
     first = problems[0]
     # The damaged files go (or the check stops the rebuild too); `--force` reruns the jobs of
     # the targets even though their declared outputs are there.
@@ -653,7 +656,10 @@ def integrity_message(
     # A damaged record alone forces no job: once it is gone its file gets the format check.
     targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems if not p.record_of))
     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    rerun = [*command, "--force", "--", *targets] if targets else list(command)
+    if targets:
+        rerun = [*command, "--force", "--", *targets]
+    else:
+        rerun = [*command, *(["--", *invocation_targets] if invocation_targets else [])]
     rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join(rerun)}"
     return f"integrity error: {first.path}: {first.what}{more}; rebuild: {rebuild}"
 

@@ -496,6 +496,39 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
 
 
 @pytest.mark.slow
+@pytest.mark.workflow
+def test_a_damaged_record_alone_keeps_the_invocation_s_targets(tmp_path: Path) -> None:
+    """Issue 59, item 4: for a damaged integrity record alone the advised command dropped the
+    target, so it built rule `all` (89 jobs on the smoke config, hours at paper scale). It is now
+    the invocation's own command, targets included, as the kill recovery's is."""
+    results = tmp_path / "results"
+    table = results / "table1.csv"
+    table.parent.mkdir()
+    table.write_text("method,acc\nnone,0.5\n")
+    record = results / ".integrity" / "table1.csv.json"
+    record.parent.mkdir()
+    record.write_text('{"size": 1\n')
+    options = ("--cores", "2", "--configfile", "config/smoke.yaml")
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "snakemake", "-n", *options),
+            *("--config", f"results_dir={results}", "--", str(table)),
+        ],
+        cwd=smoke_pipeline.ROOT,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"integrity error: {record}: damaged integrity record of {table} ")
+    assert line.endswith(
+        f"; rebuild: rm -rf {record} && snakemake {' '.join(options)} --config "
+        f"results_dir={results} -- {table}"
+    )
+    assert table.read_text() == "method,acc\nnone,0.5\n" and record.exists()
+
+
 def test_a_model_folder_without_its_weights_is_one_line(smoke_copy: Path) -> None:
     """Before: "Nothing to be done", then a 23-line traceback in the next job that loaded it.
     The pretraining job records its model folder's files (rpb.pipeline.training), so the line names

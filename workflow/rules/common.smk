@@ -80,7 +80,7 @@ def check_integrity():
     if problems:
         command = ["snakemake", "--cores", INVOCATION.cores, *INVOCATION.options]
         target = lambda path: rebuild_target(path, RESULTS, declared_output)
-        sys.exit(integrity_message(problems, target, command))
+        sys.exit(integrity_message(problems, target, command, INVOCATION.targets))
 
 
 # Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
