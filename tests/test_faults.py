@@ -876,3 +876,40 @@ def test_a_yaml_syntax_error_in_the_workflow_config_is_one_line(tmp_path: Path) 
     assert proc.stderr.strip().splitlines()[-1:] == proc.stderr.strip().splitlines()
     assert proc.stderr.startswith("config error: config/config.yaml:")
     assert "YAML syntax error" in proc.stderr
+
+
+def _make_recipes() -> dict[str, list[str]]:
+    """The Makefile's targets and their recipe lines (continuations joined)."""
+    text = (smoke_pipeline.ROOT / "Makefile").read_text().replace("\\\n", " ")
+    recipes: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("\t") and current is not None:
+            recipes[current].append(line.strip())
+        elif re.match(r"^[A-Za-z][\w.-]*:(?!=)", line):
+            current = line.split(":", 1)[0]
+            recipes[current] = []
+        elif line.strip() and not line.startswith("#"):
+            current = None
+    return recipes
+
+
+def test_every_make_target_checks_its_configfile_before_snakemake_reads_it() -> None:
+    """Issue 59, items 1 and 8: Snakemake reads a --configfile with its command line, before any
+    workflow code: a YTE template's code ran (and wrote its marker) before the Snakefile's one-line
+    refusal, a file that is not UTF-8 was a 34-line traceback. Every make target that hands
+    Snakemake a --configfile runs `rpb check-config` on it first (config/config.yaml, which the
+    `configfile:` directive reads, the Snakefile checks before reading it)."""
+    recipes = _make_recipes()
+    given = {}
+    for target, lines in recipes.items():
+        checked: set[str] = set()
+        for line in lines:
+            words = line.split()
+            if words[:2] == ["rpb", "check-config"]:
+                checked |= set(words[2:])
+            if "snakemake" in words and "--configfile" in words:
+                config = words[words.index("--configfile") + 1]
+                given[target] = config
+                assert config in checked, f"make {target}: snakemake reads {config} unchecked"
+    assert given == {"smoke": "config/smoke.yaml", "report": "$(LAST_CONFIG)"}
