@@ -913,3 +913,63 @@ def test_every_make_target_checks_its_configfile_before_snakemake_reads_it() -> 
                 given[target] = config
                 assert config in checked, f"make {target}: snakemake reads {config} unchecked"
     assert given == {"smoke": "config/smoke.yaml", "report": "$(LAST_CONFIG)"}
+
+
+# A pipeline job of a killed invocation, still running: `rpb pipeline ...` as the `rpb` command
+# starts it (the job lock taken first), then busy for a minute.
+_RUNNING_JOB = """
+import sys, time
+import rpb.pipeline.cli as cli
+sys.argv = ["rpb", "pipeline", "train", "--name", "tinyA"]
+cli.build_parser = lambda: time.sleep(120)
+cli.main()
+"""
+
+
+def _running_job(results: Path) -> subprocess.Popen:
+    from rpb.artifacts import RESULTS_ENV, live_jobs
+
+    env = dict(os.environ, **{RESULTS_ENV: str(results)})
+    job = subprocess.Popen([sys.executable, "-c", _RUNNING_JOB], env=env)
+    deadline = time.monotonic() + 60
+    while not live_jobs(results):
+        assert job.poll() is None and time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    return job
+
+
+@pytest.mark.workflow
+def test_jobs_of_a_killed_snakemake_are_seen_by_the_next_invocation(tmp_path: Path) -> None:
+    """Issue 59, item 2: SIGKILL of Snakemake's own pid (not its group) left its jobs running,
+    and the next invocation, started while they still wrote, ran them again beside themselves.
+    Each pipeline job now holds a lock file under `<results>/.jobs/` for its life; an invocation
+    that would run jobs refuses in one line naming them while any is alive, and goes on once they
+    ended (the file of a SIGKILLed job is removed, its lock being gone)."""
+    from rpb.artifacts import JOBS_DIR, live_jobs
+
+    results = tmp_path / "results"
+    job = _running_job(results)
+    try:
+        (found,) = live_jobs(results)
+        assert found["pid"] == job.pid and found["command"] == "rpb pipeline train --name tinyA"
+        cmd = [sys.executable, "-m", "snakemake", "--cores", "1"]
+        cmd += ["--configfile", "config/smoke.yaml", "--config", f"results_dir={results}"]
+        proc = subprocess.run(
+            [*cmd, "--", f"{results}/table1.csv"],
+            cwd=smoke_pipeline.ROOT,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        # After Snakemake's own note on the config files, one line.
+        assert proc.stderr.strip().splitlines()[1:] == [
+            f"busy: results folder {results} has 1 job(s) still running from an invocation that "
+            f"was killed (pid {job.pid} on {socket.gethostname()}: rpb pipeline train --name "
+            f"tinyA); wait for them to end (or stop them: kill {job.pid}), then rerun"
+        ]
+        assert not (results / "mlflow.db").exists()  # refused before anything ran
+    finally:
+        job.kill()
+        job.wait()
+    assert live_jobs(results) == [] and list((results / JOBS_DIR).iterdir()) == []

@@ -1029,6 +1029,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     that succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit
     status."""
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    from rpb.artifacts import RESULTS_ENV, hold_job_lock  # the standard library's imports only
+
+    if argv is None and sys.argv[1:2] == ["pipeline"] and os.environ.get(RESULTS_ENV):
+        # A pipeline job: seen by the next invocation if its Snakemake is killed alone (a served
+        # job dies with this process, so this process's life is the job's).
+        hold_job_lock(os.environ[RESULTS_ENV], ["rpb", *sys.argv[1:]])
     if argv is None and single and os.environ.get("RPB_JOB_SERVER"):
         from rpb.pipeline.jobserver import exit_now, run_via_server
 

@@ -13,6 +13,8 @@ from rpb.artifacts import (
     check_results,
     hold_results_lock,
     integrity_message,
+    jobs_busy_message,
+    live_jobs,
     parse_invocation,
     rebuild_target,
     recover_after_kill,
@@ -52,6 +54,11 @@ if CHECKS_RESULTS:
         )
     except ResultsBusy as err:
         sys.exit(f"busy: {err}")
+    # Jobs of an invocation whose Snakemake alone was SIGKILLed run on, unseen by Snakemake:
+    # rerunning them beside themselves would race on their outputs.
+    LIVE_JOBS = [] if INVOCATION.read_only else live_jobs(RESULTS)
+    if LIVE_JOBS:
+        sys.exit(f"busy: {jobs_busy_message(RESULTS, LIVE_JOBS)}")
     # A SIGKILLed invocation's Snakemake lock: cleared, and one line on how to go on.
     if not INVOCATION.read_only:
         RECOVERY, STOP = recover_after_kill(RESULTS, INVOCATION)
