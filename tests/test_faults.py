@@ -495,7 +495,6 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
     assert {"table1.csv", "table1.md", "figures/table1_coactivation.png"} <= set(after)
 
 
-@pytest.mark.slow
 @pytest.mark.workflow
 def test_a_damaged_record_alone_keeps_the_invocation_s_targets(tmp_path: Path) -> None:
     """Issue 59, item 4: for a damaged integrity record alone the advised command dropped the
@@ -529,6 +528,7 @@ def test_a_damaged_record_alone_keeps_the_invocation_s_targets(tmp_path: Path) -
     assert table.read_text() == "method,acc\nnone,0.5\n" and record.exists()
 
 
+@pytest.mark.slow
 def test_a_model_folder_without_its_weights_is_one_line(smoke_copy: Path) -> None:
     """Before: "Nothing to be done", then a 23-line traceback in the next job that loaded it.
     The pretraining job records its model folder's files (rpb.pipeline.training), so the line names
