@@ -102,8 +102,10 @@ smoke: install
 	snakemake --cores $(CORES) --configfile config/smoke.yaml -- results/smoke/table1.csv
 	$(call ran,results/smoke,config/smoke.yaml)
 
-# Snakemake reads a --configfile before any workflow code runs, and its message for a YAML syntax
-# error names neither the file nor the line; this names both: make check-config CONFIGS=my.yaml
+# Snakemake reads a --configfile before any workflow code runs (a YTE template's code runs then,
+# a file that is not UTF-8 is a traceback, a YAML syntax error names neither file nor line): every
+# target here that gives Snakemake a --configfile checks it with `rpb check-config` first
+# (tests/test_faults.py), and so does this one: make check-config CONFIGS=my.yaml
 CONFIGS ?= config/config.yaml config/smoke.yaml
 check-config: install
 	rpb check-config $(CONFIGS)
@@ -149,6 +151,7 @@ ui: install
 
 # Snakemake's report of the last run's table 1 (one HTML file; `all`'s report: make report-all).
 report: install
+	rpb check-config $(LAST_CONFIG)
 	snakemake --configfile $(LAST_CONFIG) --report $(LAST_RESULTS)/report.html -- $(LAST_RESULTS)/table1.csv
 	@echo "report: $(LAST_RESULTS)/report.html"
 

@@ -21,6 +21,7 @@ torch-free and cheap to import: the Snakefile imports it at every parse.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import csv
 import errno
@@ -52,10 +53,14 @@ __all__ = [
     "atomic_path",
     "check_results",
     "clear_stale_snakemake_locks",
+    "drop_job_files",
     "failure_line",
+    "hold_job_lock",
     "hold_results_lock",
     "incomplete_outputs",
     "integrity_message",
+    "jobs_busy_message",
+    "live_jobs",
     "parse_invocation",
     "partial_folder",
     "rebuild_target",
@@ -73,6 +78,8 @@ __all__ = [
 RESULTS_ENV = "RPB_RESULTS"
 RECORDS = ".integrity"
 LOCK_NAME = ".invocation.lock"
+# One file per running job of the pipeline (`hold_job_lock`), locked for the job's life.
+JOBS_DIR = ".jobs"
 # Folders the check does not descend into: the records themselves, MLflow's copies of artifacts,
 # logs and timings, resumable training state (the trainer checks its own completeness), and
 # Snakemake's temporary lm-eval folders (`*.work`).
@@ -642,10 +649,13 @@ def integrity_message(
     problems: Sequence[Problem],
     rebuild_target: Callable[[str], str] = lambda path: path,
     command: Sequence[str] = ("snakemake", "--cores", "1"),
+    invocation_targets: Sequence[str] = (),
 ) -> str:
     """One line: the first damaged artifact, what is wrong, and one command that rebuilds every
     damaged one (`rebuild_target` maps a file to the workflow output that rebuilds it: itself,
-    the model folder it lies in, or the declared output its job writes beside it)."""
+    the model folder it lies in, or the declared output its job writes beside it). Where no job
+    is forced (damaged records alone) the command is the invocation's own, with its targets
+    (`invocation_targets`), never the default target in their place."""
     first = problems[0]
     # The damaged files go (or the check stops the rebuild too); `--force` reruns the jobs of
     # the targets even though their declared outputs are there.
@@ -653,7 +663,10 @@ def integrity_message(
     # A damaged record alone forces no job: once it is gone its file gets the format check.
     targets = list(dict.fromkeys(rebuild_target(p.path) for p in problems if not p.record_of))
     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    rerun = [*command, "--force", "--", *targets] if targets else list(command)
+    if targets:
+        rerun = [*command, "--force", "--", *targets]
+    else:
+        rerun = [*command, *(["--", *invocation_targets] if invocation_targets else [])]
     rebuild = f"rm -rf {shlex.join(removed)} && {shlex.join(rerun)}"
     return f"integrity error: {first.path}: {first.what}{more}; rebuild: {rebuild}"
 
@@ -789,6 +802,72 @@ def hold_results_lock(
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
     _HELD[str(path.resolve())] = fd
     return path
+
+
+_JOB_LOCKS: list[tuple[int, Path]] = []  # this process's job lock, held until it exits
+
+
+def hold_job_lock(results: str | os.PathLike[str], argv: Sequence[str]) -> Path:
+    """Mark this process as a running job on `results` for its life: `<results>/.jobs/<host>.
+    <pid>`, locked (`fcntl.flock`, released by the kernel however the job ends) and naming the
+    job; a job that exits removes it. A job of an invocation whose Snakemake was SIGKILLed (its
+    pid alone) runs on unseen by Snakemake; the next invocation finds it here (`live_jobs`)."""
+    folder = Path(results) / JOBS_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{socket.gethostname()}.{os.getpid()}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)  # not inherited (PEP 446)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "command": shlex.join(argv)}
+    os.write(fd, (json.dumps(info) + "\n").encode())
+    if not _JOB_LOCKS:
+        atexit.register(drop_job_files)
+    _JOB_LOCKS.append((fd, path))
+    return path
+
+
+def drop_job_files() -> None:
+    """Remove this process's job files (`hold_job_lock`) as it ends (its locks go with it):
+    at exit, and from `rpb.pipeline.jobserver.exit_now`, which skips the exit hooks."""
+    for _, path in _JOB_LOCKS:
+        path.unlink(missing_ok=True)
+
+
+def live_jobs(results: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The running jobs on `results` (`hold_job_lock`: pid, host, command), oldest first; the
+    files of jobs that ended without removing theirs (SIGKILL) are removed."""
+    folder = Path(results) / JOBS_DIR
+    live = []
+    for path in sorted(folder.iterdir(), key=os.path.getmtime) if folder.is_dir() else ():
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                live.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                live.append({"pid": path.name.rsplit(".", 1)[-1], "command": "?"})
+        else:
+            path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return live
+
+
+def jobs_busy_message(results: str | os.PathLike[str], jobs: Sequence[dict[str, Any]]) -> str:
+    """One line: jobs of an earlier invocation on `results` still run (its Snakemake was killed
+    alone), which this one would run again beside them."""
+    pids = " ".join(str(job.get("pid")) for job in jobs)
+    first = jobs[0]
+    more = f" (+{len(jobs) - 1} more)" if len(jobs) > 1 else ""
+    return (
+        f"results folder {results} has {len(jobs)} job(s) still running from an invocation that "
+        f"was killed (pid {first.get('pid')} on {first.get('host', '?')}: "
+        f"{first.get('command')}{more}); wait for them to end (or stop them: kill {pids}), "
+        "then rerun"
+    )
 
 
 # Snakemake's own state in its working directory (its default `file` persistence backend).

@@ -34,6 +34,7 @@ CLI) refuses the folder unless given `trust_remote_code=True`, and with it impor
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -104,6 +105,31 @@ except ModuleNotFoundError as err:
 
 __all__ = ["RpbSteeredConfig", "RpbSteeredForCausalLM"]
 '''
+
+
+# sha256 of each text rpb has written as rpb_steered.py: STEERED_MODULE_TEXT, and the first one
+# (65da61e, before rpb_steered was registered in-process), which folders saved then still hold.
+STEERED_MODULE_SHA256 = frozenset(
+    {
+        hashlib.sha256(STEERED_MODULE_TEXT.encode()).hexdigest(),
+        "8ce0ac0f8457ae420f17cba227860b5bfe65faa1572f79721662e82be24f48ea",
+    }
+)
+
+
+def check_steered_module(folder: str | Path) -> None:
+    """Refuse, in one line, a steered folder whose rpb_steered.py is not a text rpb wrote: a
+    stock trust_remote_code=True load runs that file, so a changed one is named before rpb loads
+    the folder. A folder without it loads (rpb's classes need no module)."""
+    path = Path(folder) / STEERED_MODULE_FILE
+    if not path.is_file():
+        return
+    if hashlib.sha256(path.read_bytes()).hexdigest() not in STEERED_MODULE_SHA256:
+        raise ValueError(
+            f"{path}: not the module rpb writes (changed since the folder was saved; a "
+            "trust_remote_code=True load would run the change): replace it with "
+            "rpb.eval_routing.STEERED_MODULE_TEXT or delete it (rpb loads the folder without it)"
+        )
 
 
 def keeps_routing_at_eval(method: RouterMethod) -> bool:
@@ -341,6 +367,7 @@ class RpbSteeredForCausalLM:
                 f"{pretrained_model_name_or_path}: a steered model (rpb_steered) loads from a "
                 "local folder (download the repository first)"
             )
+        check_steered_module(folder)
         if not isinstance(config, RpbSteeredConfig):
             # Called directly: the Auto class builds the config from the keywords and calls back
             # (the type is registered, so it does without remote code).

@@ -228,6 +228,13 @@ def test_a_damaged_record_is_named_and_its_file_still_gets_the_format_check(resu
     assert line.endswith(
         f"; rebuild: rm -rf {results / RECORDS / 'table2.csv.json'} && snakemake --cores 1"
     )
+    # Issue 59, item 4: the advice kept no target, so it built rule `all` (89 smoke jobs) after
+    # a table 1 run; it repeats the invocation's targets, as the kill recovery does.
+    line = integrity_message(problems[4:], lambda p: p, ["snakemake", "--cores", "1"], [str(table)])
+    assert line.endswith(
+        f"; rebuild: rm -rf {results / RECORDS / 'table2.csv.json'} && snakemake --cores 1 -- "
+        f"{table}"
+    )
 
 
 def test_every_output_format_gets_a_content_check(tmp_path: Path) -> None:

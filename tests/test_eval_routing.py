@@ -634,3 +634,44 @@ def test_a_family_s_own_auto_map_is_kept_for_its_config() -> None:
     assert base_config_dict(steered) == family
     plain = {k: v for k, v in family.items() if k != "auto_map"}
     assert base_config_dict(steered_config_dict(plain)) == plain
+
+
+def test_a_changed_folder_module_is_refused_by_rpb_s_loaders(tmp_path, capsys) -> None:
+    """Issue 59, item 6: a line appended to a steered folder's rpb_steered.py loaded silently
+    through rpb's loaders (and a stock trust_remote_code=True load runs it). rpb's loaders compare
+    it with the text rpb writes and refuse a changed one in one line naming it: load_model, a
+    plain from_pretrained in a process that imported rpb, and `rpb prior --model`."""
+    from rpb.pipeline.cli import main
+    from rpb.pipeline.tokenizer import build_tokenizer
+
+    folder = tmp_path / "model"
+    method, prior, *_ = _steered_folder(
+        folder, "qwen3_moe", "rpb", 2.0, {"keep_bias_at_eval": True}
+    )
+    save_eval_routing(folder, method, prior)
+    build_tokenizer().save_pretrained(folder)
+    load_model(folder)  # as written: loads
+    module = folder / STEERED_MODULE_FILE
+    module.write_text(STEERED_MODULE_TEXT + "import os; os.system('date > MARKER')\n")
+    refusal = (
+        f"{module}: not the module rpb writes (changed since the folder was saved; a "
+        "trust_remote_code=True load would run the change): replace it with "
+        "rpb.eval_routing.STEERED_MODULE_TEXT or delete it (rpb loads the folder without it)"
+    )
+    for load in (
+        lambda: load_model(folder),
+        lambda: load_model(folder, steer=False),
+        lambda: AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True),
+    ):
+        with pytest.raises(ValueError) as refused:
+            load()
+        assert str(refused.value) == refusal
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"text": "1 + 2 = 3"}) + "\n")
+    capsys.readouterr()
+    argv = ["prior", "--model", str(folder), "--data", str(data)]
+    assert main([*argv, "--out", str(tmp_path / "prior.safetensors")]) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"rpb prior: error: {refusal}"
+    assert not (tmp_path / "prior.safetensors").exists()
+    module.unlink()  # rpb's classes need no module: the folder loads without it
+    assert load_model(folder).rpb_eval_routing is not None

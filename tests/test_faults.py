@@ -330,6 +330,45 @@ def test_only_dead_runs_of_the_same_job_are_marked_stale(store: str) -> None:
     }
 
 
+class _Interrupted(Exception):
+    """The job's end right after a checkpoint (a preemption)."""
+
+
+def test_a_damaged_checkpoint_fails_the_training_job_in_one_line(
+    world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """Issue 59, item 3, in the pipeline's training job: `optimizer.pt` cut to 1000 bytes in
+    the only complete checkpoint failed every rerun with torch's traceback and no rpb line. Now
+    the job's one line names the checkpoint, the file and the command that discards it, and its
+    MLflow run ends FAILED with that line (the previous checkpoint's fallback:
+    tests/test_user_cli.py)."""
+    import rpb.pipeline.training as training
+
+    out = tmp_path / "run"
+    on_save = training.CheckpointStateCallback.on_save
+
+    def stop_after_checkpoint_3(self, args, state, control, **kwargs):
+        on_save(self, args, state, control, **kwargs)
+        raise _Interrupted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training.CheckpointStateCallback, "on_save", stop_after_checkpoint_3)
+        with pytest.raises(_Interrupted):
+            main(_train_args(world, out, "damaged_checkpoint"))
+    last = out / "checkpoints" / "checkpoint-3"
+    with open(last / "optimizer.pt", "r+b") as f:
+        f.truncate(1000)
+    capsys.readouterr()
+    assert main(_train_args(world, out, "damaged_checkpoint")) == 2
+    (line,) = [x for x in capsys.readouterr().err.splitlines() if x.startswith("rpb pipeline")]
+    assert line.startswith(f"rpb pipeline train: error: {last}: optimizer.pt: 1000 bytes, not a ")
+    assert line.endswith(f"(rm -rf {last}) and rerun, which trains this run from step 0")
+    assert (last / "optimizer.pt").stat().st_size == 1000  # refused, not deleted
+    failed = _runs(world["uri"], "damaged_checkpoint")[-1]
+    assert failed.info.status == "FAILED"
+    assert failed.data.tags[END_REASON_TAG] == line.removeprefix("rpb pipeline train: error: ")
+
+
 def test_no_checkpoint_at_the_last_step(world: dict, tmp_path: Path) -> None:
     """The final weights are saved as the model; a checkpoint at max_steps would make a resumed
     Trainer train one step too many."""
@@ -454,6 +493,39 @@ def test_a_truncated_eval_output_stops_the_invocation_and_loses_nothing(smoke_co
     damaged = evaluation.relative_to(smoke_copy).as_posix()
     assert sorted(n for n in before if n != damaged and after.get(n) != before[n]) == []
     assert {"table1.csv", "table1.md", "figures/table1_coactivation.png"} <= set(after)
+
+
+@pytest.mark.workflow
+def test_a_damaged_record_alone_keeps_the_invocation_s_targets(tmp_path: Path) -> None:
+    """Issue 59, item 4: for a damaged integrity record alone the advised command dropped the
+    target, so it built rule `all` (89 jobs on the smoke config, hours at paper scale). It is now
+    the invocation's own command, targets included, as the kill recovery's is."""
+    results = tmp_path / "results"
+    table = results / "table1.csv"
+    table.parent.mkdir()
+    table.write_text("method,acc\nnone,0.5\n")
+    record = results / ".integrity" / "table1.csv.json"
+    record.parent.mkdir()
+    record.write_text('{"size": 1\n')
+    options = ("--cores", "2", "--configfile", "config/smoke.yaml")
+    proc = subprocess.run(
+        [
+            *(sys.executable, "-m", "snakemake", "-n", *options),
+            *("--config", f"results_dir={results}", "--", str(table)),
+        ],
+        cwd=smoke_pipeline.ROOT,
+        env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"integrity error: {record}: damaged integrity record of {table} ")
+    assert line.endswith(
+        f"; rebuild: rm -rf {record} && snakemake {' '.join(options)} --config "
+        f"results_dir={results} -- {table}"
+    )
+    assert table.read_text() == "method,acc\nnone,0.5\n" and record.exists()
 
 
 @pytest.mark.slow
@@ -804,3 +876,100 @@ def test_a_yaml_syntax_error_in_the_workflow_config_is_one_line(tmp_path: Path) 
     assert proc.stderr.strip().splitlines()[-1:] == proc.stderr.strip().splitlines()
     assert proc.stderr.startswith("config error: config/config.yaml:")
     assert "YAML syntax error" in proc.stderr
+
+
+def _make_recipes() -> dict[str, list[str]]:
+    """The Makefile's targets and their recipe lines (continuations joined)."""
+    text = (smoke_pipeline.ROOT / "Makefile").read_text().replace("\\\n", " ")
+    recipes: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        if line.startswith("\t") and current is not None:
+            recipes[current].append(line.strip())
+        elif re.match(r"^[A-Za-z][\w.-]*:(?!=)", line):
+            current = line.split(":", 1)[0]
+            recipes[current] = []
+        elif line.strip() and not line.startswith("#"):
+            current = None
+    return recipes
+
+
+def test_every_make_target_checks_its_configfile_before_snakemake_reads_it() -> None:
+    """Issue 59, items 1 and 8: Snakemake reads a --configfile with its command line, before any
+    workflow code: a YTE template's code ran (and wrote its marker) before the Snakefile's one-line
+    refusal, a file that is not UTF-8 was a 34-line traceback. Every make target that hands
+    Snakemake a --configfile runs `rpb check-config` on it first (config/config.yaml, which the
+    `configfile:` directive reads, the Snakefile checks before reading it)."""
+    recipes = _make_recipes()
+    given = {}
+    for target, lines in recipes.items():
+        checked: set[str] = set()
+        for line in lines:
+            words = line.split()
+            if words[:2] == ["rpb", "check-config"]:
+                checked |= set(words[2:])
+            if "snakemake" in words and "--configfile" in words:
+                config = words[words.index("--configfile") + 1]
+                given[target] = config
+                assert config in checked, f"make {target}: snakemake reads {config} unchecked"
+    assert given == {"smoke": "config/smoke.yaml", "report": "$(LAST_CONFIG)"}
+
+
+# A pipeline job of a killed invocation, still running: `rpb pipeline ...` as the `rpb` command
+# starts it (the job lock taken first), then busy for a minute.
+_RUNNING_JOB = """
+import sys, time
+import rpb.pipeline.cli as cli
+sys.argv = ["rpb", "pipeline", "train", "--name", "tinyA"]
+cli.build_parser = lambda: time.sleep(120)
+cli.main()
+"""
+
+
+def _running_job(results: Path) -> subprocess.Popen:
+    from rpb.artifacts import RESULTS_ENV, live_jobs
+
+    env = dict(os.environ, **{RESULTS_ENV: str(results)})
+    job = subprocess.Popen([sys.executable, "-c", _RUNNING_JOB], env=env)
+    deadline = time.monotonic() + 60
+    while not live_jobs(results):
+        assert job.poll() is None and time.monotonic() < deadline, "the job never started"
+        time.sleep(0.05)
+    return job
+
+
+@pytest.mark.workflow
+def test_jobs_of_a_killed_snakemake_are_seen_by_the_next_invocation(tmp_path: Path) -> None:
+    """Issue 59, item 2: SIGKILL of Snakemake's own pid (not its group) left its jobs running,
+    and the next invocation, started while they still wrote, ran them again beside themselves.
+    Each pipeline job now holds a lock file under `<results>/.jobs/` for its life; an invocation
+    that would run jobs refuses in one line naming them while any is alive, and goes on once they
+    ended (the file of a SIGKILLed job is removed, its lock being gone)."""
+    from rpb.artifacts import JOBS_DIR, live_jobs
+
+    results = tmp_path / "results"
+    job = _running_job(results)
+    try:
+        (found,) = live_jobs(results)
+        assert found["pid"] == job.pid and found["command"] == "rpb pipeline train --name tinyA"
+        cmd = [sys.executable, "-m", "snakemake", "--cores", "1"]
+        cmd += ["--configfile", "config/smoke.yaml", "--config", f"results_dir={results}"]
+        proc = subprocess.run(
+            [*cmd, "--", f"{results}/table1.csv"],
+            cwd=smoke_pipeline.ROOT,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+            capture_output=True,
+            text=True,
+        )
+        assert proc.returncode == 1, proc.stderr[-3000:]
+        # After Snakemake's own note on the config files, one line.
+        assert proc.stderr.strip().splitlines()[1:] == [
+            f"busy: results folder {results} has 1 job(s) still running from an invocation that "
+            f"was killed (pid {job.pid} on {socket.gethostname()}: rpb pipeline train --name "
+            f"tinyA); wait for them to end (or stop them: kill {job.pid}), then rerun"
+        ]
+        assert not (results / "mlflow.db").exists()  # refused before anything ran
+    finally:
+        job.kill()
+        job.wait()
+    assert live_jobs(results) == [] and list((results / JOBS_DIR).iterdir()) == []

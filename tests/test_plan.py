@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -314,3 +315,29 @@ def test_the_sweep_trains_the_bases_it_names(default_config: dict[str, Any]) -> 
     every = Plan(PipelineConfig.parse(config))
     assert every.sweep_runs() == [Run(0, 0), Run(1, 0)]
     assert {p.split("/")[-2] for p in every.sweep_inputs()} == {"base0", "base1"}
+
+
+def test_checkpoint_settings_reach_the_training_job_outside_its_params(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 59, item 5: `posttrain.save_every` is in no job's spec (params, the rerun trigger)
+    but in the environment the workflow gives its jobs, from which a post-training job, and only
+    it, adds it to its TrainSpec and MLflow params (`--spec` naming it wins)."""
+    import argparse
+
+    from rpb.pipeline.cli import _train_spec
+    from rpb.pipeline.plan import CHECKPOINTS_ENV
+
+    raw = _checked("config.yaml", "smoke.yaml", posttrain={"save_every": 5})
+    plan = Plan(PipelineConfig.parse(raw))
+    assert "save_every" not in plan.posttrain_spec("tinyA", Run(1, 0))
+    assert plan.checkpoint_settings == {"save_every": 5}
+
+    monkeypatch.setenv(CHECKPOINTS_ENV, json.dumps(plan.checkpoint_settings))
+    spec = plan.posttrain_spec("tinyA", Run(1, 0))
+    args = argparse.Namespace(spec=dict(spec), threads=None)
+    assert _train_spec(args, checkpoints=True).save_every == 5
+    assert args.spec == spec | {"save_every": 5}  # what the MLflow run records
+    assert _train_spec(argparse.Namespace(spec=dict(spec), threads=None)).save_every == 0
+    given = argparse.Namespace(spec=spec | {"save_every": 2}, threads=None)
+    assert _train_spec(given, checkpoints=True).save_every == 2

@@ -69,3 +69,26 @@ def test_moved_checkout_other_store_more_threads_rerun_nothing(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert "Nothing to be done" in out, out[-3000:]
+
+
+def _training_commands(tmp_path: Path, *configfiles: str) -> list[str]:
+    """The shell commands of the smoke table 1's training jobs, dry-run on a fresh folder."""
+    results = tmp_path / "results"
+    proc = smoke_pipeline.snakemake_in_repo(
+        *("-n", "-p", "--cores", "1", "--configfile", "config/smoke.yaml", *configfiles),
+        *("--config", f"results_dir={results}", "--", f"{results}/table1.csv"),
+    )
+    return sorted(line for line in proc.stdout.splitlines() if "rpb pipeline run " in line)
+
+
+@pytest.mark.workflow
+def test_checkpoint_settings_are_no_rerun_trigger(tmp_path: Path) -> None:
+    """Issue 59, item 5: adding `posttrain.save_every` to a finished folder reran every training
+    job ("Params have changed"), though a checkpoint changes nothing a job computes. The setting
+    now reaches the jobs in their environment (rpb.pipeline.plan.CHECKPOINTS_ENV): every job's
+    command line, which carries all its params, is the same with and without it."""
+    overlay = tmp_path / "checkpoints.yaml"
+    overlay.write_text("posttrain:\n  save_every: 5\n")
+    plain = _training_commands(tmp_path)
+    assert len(plain) == 14
+    assert _training_commands(tmp_path, str(overlay)) == plain

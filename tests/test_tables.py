@@ -503,6 +503,49 @@ def test_a_failed_table_job_leaves_none_of_the_old_table(
     assert not (results / ".integrity" / "table1.meta.json.json").exists()
 
 
+def test_a_table_job_whose_store_is_full_leaves_none_of_its_table(
+    tmp_path: Path,
+    empty_store: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """Issue 59, item 7: a full disk in the MLflow store while the table job logged its outputs
+    left table1.meta.json (and the landing page) beside the table1.csv Snakemake deleted: the job
+    had written them before it failed. Now a table job that fails after writing its files deletes
+    them, and says so in one line naming the store."""
+    import mlflow
+    from conftest import new_store
+
+    import rpb.pipeline.tracking as tracking
+    from rpb.artifacts import RESULTS_ENV
+    from rpb.pipeline.cli import main
+
+    results = tmp_path / "results"
+    _fake_results(results, SPEC)
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    out = results / "table1.csv"
+    uri = new_store(empty_store, tmp_path / "m.db")
+    argv = ["pipeline", "table1", "--results", str(results), "--spec", json.dumps(SPEC)]
+    argv += ["--out", str(out), "--tracking-uri", uri, "--experiment", "t"]
+
+    def full(*args: object, **kwargs: object) -> None:
+        raise mlflow.exceptions.MlflowException(
+            "(sqlite3.OperationalError) database or disk is full"
+        )
+
+    monkeypatch.setattr(tracking, "log_table_run", full)
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    (line,) = [x for x in err if not x.startswith("20")]  # but MLflow's own INFO lines
+    assert (
+        line == f"rpb pipeline table1: error: tracking store {tmp_path / 'm.db'}: disk full; "
+        "free space, then rerun"
+    )
+    group = [out.with_suffix(s) for s in (".csv", ".md", ".html", ".meta.json", ".landing.html")]
+    assert [p.name for p in group if p.exists()] == []
+
+
 # --- table 1's landing page ---------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import os
 import subprocess
@@ -623,3 +624,46 @@ def test_a_half_migrated_store_is_one_line_at_the_start(store: dict[str, Any]) -
         f"{db} {db}.broken) and rerun; a fresh store is created, the results' files are unaffected"
     )
     assert db.read_bytes() == before and not store["record"].exists()
+
+
+def test_a_full_store_at_the_start_is_one_line_without_tracebacks(
+    store: dict[str, Any], capfd: pytest.CaptureFixture
+) -> None:
+    """Issue 59, item 7: a full disk under the store printed 111 console lines with two
+    SQLAlchemy tracebacks (MLflow logs one per failed statement) before rpb's line at the
+    invocation's start. Here sqlite's driver fails every write with its full-disk error, as on a
+    full filesystem (SQLITE_FULL), under SQLAlchemy and MLflow as they are."""
+    import sqlite3
+
+    import sqlalchemy.exc
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    db = store["dir"] / "mlflow.db"
+
+    def full_disk(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith(("INSERT", "UPDATE", "DELETE")):
+            full = sqlite3.OperationalError("database or disk is full")  # as SQLAlchemy wraps it
+            raise sqlalchemy.exc.OperationalError(statement, None, full)
+
+    class Printed(logging.Handler):  # what MLflow's loggers print (past their filters)
+        def emit(self, record: logging.LogRecord) -> None:
+            printed.append(self.format(record))
+
+    printed: list[str] = []
+    handler = Printed()
+    loggers = [logging.getLogger(n) for n in ("mlflow.store.db.utils", "mlflow.store.tracking")]
+    event.listen(Engine, "before_cursor_execute", full_disk)
+    for logger in loggers:
+        logger.addHandler(handler)
+    try:
+        with pytest.raises(tracking.TrackingUnavailable) as raised:
+            tracking.start_invocation(store["record"], store["uri"], config=CONFIG, command=["x"])
+    finally:
+        event.remove(Engine, "before_cursor_execute", full_disk)
+        for logger in loggers:
+            logger.removeHandler(handler)
+    assert str(raised.value) == f"tracking store {db}: disk full; free space, then rerun"
+    assert printed == []
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "SQLAlchemy database error" not in err, err[-2000:]

@@ -407,6 +407,81 @@ def test_an_interrupted_finetune_resumes_to_the_uninterrupted_weights(
     assert all(math.isfinite(e["eval_loss"]) for e in history["eval"])
 
 
+def _rpb_lines(capsys: pytest.CaptureFixture) -> list[str]:
+    """stderr's lines but transformers' progress bars (loading the base), which is all else."""
+    err = capsys.readouterr().err.replace("\r", "\n").splitlines()
+    return [line for line in err if line.strip() and "it/s]" not in line]
+
+
+def test_a_damaged_checkpoint_names_itself_and_the_previous_one_takes_over(
+    world: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 59, item 3: `optimizer.pt` cut to 1000 bytes or a missing `trainer_state.json` in
+    the last complete checkpoint gave 36 lines of torch or a bare `[Errno 2]` at every resume. Now
+    one line naming the checkpoint, its file and the command that discards it (nothing deleted);
+    with an earlier complete checkpoint beside it, the resume falls back to that one and ends
+    with the uninterrupted weights."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    import rpb.pipeline.training as training
+
+    flags = ("--method", "none", "--steps", "6", "--save-steps", "2")
+    ref = tmp_path / "ref"
+    assert _finetune(world, ref, *flags) == 0
+
+    out, kept = tmp_path / "ft", tmp_path / "checkpoint-2"
+    on_save = training.CheckpointStateCallback.on_save
+
+    def stop_after_checkpoint_4(self, args, state, control, **kwargs):
+        on_save(self, args, state, control, **kwargs)
+        if state.global_step == 2:  # what rotation removes once checkpoint-4 is complete
+            shutil.copytree(out / "checkpoints" / "checkpoint-2", kept)
+        if state.global_step == 4:
+            raise _Interrupted
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training.CheckpointStateCallback, "on_save", stop_after_checkpoint_4)
+        with pytest.raises(_Interrupted):
+            _finetune(world, out, *flags)
+    last = out / "checkpoints" / "checkpoint-4"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["checkpoint-4"]
+    capsys.readouterr()
+
+    state = (last / "trainer_state.json").read_bytes()
+    (last / "trainer_state.json").unlink()
+    assert _finetune(world, out, *flags, "--resume") == 2
+    (line,) = _rpb_lines(capsys)
+    assert line == (
+        f"rpb finetune: error: {last}: trainer_state.json: missing; the checkpoint is damaged "
+        f"and no earlier complete one is left: discard it (rm -rf {last}) and rerun, which "
+        "trains this run from step 0"
+    )
+    (last / "trainer_state.json").write_bytes(state)
+    with open(last / "optimizer.pt", "r+b") as f:
+        f.truncate(1000)
+    assert _finetune(world, out, *flags, "--resume") == 2
+    (line,) = _rpb_lines(capsys)
+    assert line.startswith(f"rpb finetune: error: {last}: optimizer.pt: 1000 bytes, not a whole ")
+    assert line.endswith(f"discard it (rm -rf {last}) and rerun, which trains this run from step 0")
+    assert (last / "optimizer.pt").stat().st_size == 1000  # refused, not deleted
+
+    # The previous complete checkpoint beside it (a job killed before the rotation): used.
+    shutil.copytree(kept, out / "checkpoints" / "checkpoint-2")
+    assert _finetune(world, out, *flags, "--resume") == 0
+    err = caplog.text
+    assert f"checkpoint {last} is damaged (optimizer.pt: 1000 bytes" in err
+    assert f"the previous complete checkpoint {out / 'checkpoints' / 'checkpoint-2'}" in err
+    want, got = load_file(ref / "model.safetensors"), load_file(out / "model.safetensors")
+    assert [k for k in want if not torch.equal(want[k], got[k])] == []
+    assert (out / "train_history.json").read_text() == (ref / "train_history.json").read_text()
+
+
 def test_resume_refuses_other_settings_and_a_finished_model(
     world: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +67,16 @@ def _offline() -> None:
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
-def _train_spec(args: argparse.Namespace):
-    """The job's TrainSpec: `--spec` with `--threads` (Snakemake's `{threads}`) applied."""
+def _train_spec(args: argparse.Namespace, checkpoints: bool = False):
+    """The job's TrainSpec: `--spec` with `--threads` (Snakemake's `{threads}`) applied; with
+    `checkpoints` (post-training) also the checkpoint settings the workflow puts in the
+    environment (rpb.pipeline.plan.CHECKPOINTS_ENV) where `--spec` does not name them. Both reach
+    `args.spec`, which the MLflow run records."""
+    from rpb.pipeline.plan import CHECKPOINTS_ENV
     from rpb.pipeline.training import TrainSpec
 
+    if checkpoints and os.environ.get(CHECKPOINTS_ENV):
+        args.spec = json.loads(os.environ[CHECKPOINTS_ENV]) | args.spec
     if getattr(args, "trainable", None) is not None:  # overrides posttrain.trainable
         args.spec = {**args.spec, "trainable": args.trainable}
     spec = TrainSpec.from_dict(args.spec)
@@ -290,7 +296,7 @@ def cmd_train(args: argparse.Namespace) -> None:
     from rpb.pipeline.tracking import log_datasets, method_params, tracked_run
     from rpb.pipeline.training import is_main_process, posttrain
 
-    spec = _train_spec(args)
+    spec = _train_spec(args, checkpoints=True)
     identity = _run_of(spec)
     parents = _lineage(
         base=_run_dir_of(args.base),
@@ -494,33 +500,47 @@ def cmd_run(args: argparse.Namespace) -> None:
     print(line, flush=True)
 
 
+@contextlib.contextmanager
+def _whole_table_or_none(out: Path) -> Iterator[None]:
+    """A table job's files appear with its success only: cleared before it builds them (no old
+    one outlives a failed build) and again when it fails after writing them (a full tracking
+    store while it logs them), since Snakemake deletes only the declared ones."""
+    from rpb.report.render import clear_table
+
+    clear_table(out)
+    try:
+        yield
+    except BaseException:
+        clear_table(out)
+        raise
+
+
 def cmd_table1(args: argparse.Namespace) -> None:
     import mlflow
 
     from rpb.pipeline.tracking import log_table_run, tracked_run
     from rpb.report.claims import judge_table
-    from rpb.report.render import clear_table
     from rpb.report.tables import build_table1
 
     spec = args.spec
-    clear_table(args.out)  # a failure below leaves no old meta.json beside a missing CSV
-    # Table 1's own claims (C1, C2) judged from its runs open its caption and its landing page.
-    judged = judge_table(args.results, args.claims_spec) if args.claims_spec else None
-    verdicts = judged.lines() if judged else []
-    landing = judged.landing() if judged else {}
-    with tracked_run(
-        stage="table1",
-        model=spec["model"],
-        corpus=spec["corpus"],
-        params=spec,
-        run_dir=args.out.parent / "table1.run",
-        **_track_kwargs(args),
-    ):
-        build_table1(args.results, spec, args.out, verdicts, **landing)
-        log_table_run("table1", args.out)
-        for suffix in (".csv", ".md", ".meta.json"):
-            mlflow.log_artifact(str(args.out.with_suffix(suffix)))
-        mlflow.log_artifacts(str(args.out.parent / "figures"), artifact_path="figures")
+    with _whole_table_or_none(args.out):
+        # Table 1's own claims (C1, C2) judged from its runs open its caption and landing page.
+        judged = judge_table(args.results, args.claims_spec) if args.claims_spec else None
+        verdicts = judged.lines() if judged else []
+        landing = judged.landing() if judged else {}
+        with tracked_run(
+            stage="table1",
+            model=spec["model"],
+            corpus=spec["corpus"],
+            params=spec,
+            run_dir=args.out.parent / "table1.run",
+            **_track_kwargs(args),
+        ):
+            build_table1(args.results, spec, args.out, verdicts, **landing)
+            log_table_run("table1", args.out)
+            for suffix in (".csv", ".md", ".meta.json"):
+                mlflow.log_artifact(str(args.out.with_suffix(suffix)))
+            mlflow.log_artifacts(str(args.out.parent / "figures"), artifact_path="figures")
 
 
 def cmd_testbed(args: argparse.Namespace) -> None:
@@ -556,10 +576,8 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
     import mlflow
 
     from rpb.pipeline.tracking import SCHEMA_TAGS, log_table_run, tracked_run
-    from rpb.report.render import clear_table
 
     spec = args.spec
-    clear_table(args.out)  # as cmd_table1: no old table file outlives a failed build
     models = spec.get("models") or [spec.get("model") or spec.get("table1", {}).get("model", "-")]
     corpus = spec.get("corpus") or ",".join(spec.get("corpora", [])) or "-"
     run = {"model": ",".join(models), "corpus": corpus}
@@ -570,12 +588,15 @@ def _report_job(args: argparse.Namespace, stage: str, build: Callable[..., Any])
     params = {
         f"spec.{k}" if k in SCHEMA_TAGS and str(v) != run.get(k) else k: v for k, v in spec.items()
     }
-    with tracked_run(
-        stage=stage,
-        **run,
-        params=params,
-        run_dir=args.out.parent / f"{args.out.stem}.run",
-        **_track_kwargs(args),
+    with (
+        _whole_table_or_none(args.out),
+        tracked_run(
+            stage=stage,
+            **run,
+            params=params,
+            run_dir=args.out.parent / f"{args.out.stem}.run",
+            **_track_kwargs(args),
+        ),
     ):
         build(args.results, spec, args.out)
         if args.out.suffix == ".csv" and args.out.is_file():
@@ -1008,6 +1029,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     that succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit
     status."""
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
+    from rpb.artifacts import RESULTS_ENV, hold_job_lock  # the standard library's imports only
+
+    if argv is None and sys.argv[1:2] == ["pipeline"] and os.environ.get(RESULTS_ENV):
+        # A pipeline job: seen by the next invocation if its Snakemake is killed alone (a served
+        # job dies with this process, so this process's life is the job's).
+        hold_job_lock(os.environ[RESULTS_ENV], ["rpb", *sys.argv[1:]])
     if argv is None and single and os.environ.get("RPB_JOB_SERVER"):
         from rpb.pipeline.jobserver import exit_now, run_via_server
 

@@ -31,6 +31,12 @@ from rpb.specs import (
 )
 
 # The diagnostics `all` builds at tiny and smoke scale, by their output.
+# Checkpoint settings say how a training job may be resumed, not what it computes: they reach a
+# job in its environment (CHECKPOINTS_ENV, set by the workflow), never in its params, which are
+# Snakemake's rerun trigger, so adding or changing one reruns no finished job (like threads).
+CHECKPOINT_SETTINGS = ("save_every",)
+CHECKPOINTS_ENV = "RPB_CHECKPOINTS"
+
 DIAGNOSTIC_OUTPUTS = {"router_swap": "router_swap.csv", "regime": "diagnostic_table1.csv"}
 # The router-swap tree below the results folder (rpb.router_swap reads it from the table's spec).
 SWAP_TREE = "diagnostic/router_swap"
@@ -537,10 +543,19 @@ class Plan:
         docs/testbed.md); any other base trains at `posttrain.lr`."""
         spec = plain(self.config.posttrain)
         by_base = spec.pop("lr_by_base", None) or {}
+        for name in CHECKPOINT_SETTINGS:  # in the environment: `checkpoint_settings`
+            spec.pop(name, None)
         base = f"base{run.base}"
         if base in by_base.get(model, {}):
             spec["lr"] = by_base[model][base]
         return spec | {"base": run.base, "seed": run.seed}
+
+    @property
+    def checkpoint_settings(self) -> dict[str, Any]:
+        """The post-training jobs' checkpoint settings (CHECKPOINT_SETTINGS) that the config
+        sets, which the workflow puts in CHECKPOINTS_ENV and `rpb pipeline` adds to `--spec`."""
+        posttrain = plain(self.config.posttrain)
+        return {name: posttrain[name] for name in CHECKPOINT_SETTINGS if name in posttrain}
 
     def base_identity(self, model: str) -> dict[str, Any]:
         """What decides the bytes of config entry `model`'s pretrained base (rpb.pipeline.bases)."""

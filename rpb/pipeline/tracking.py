@@ -127,15 +127,18 @@ def _on_execute(
 # sqlite's words for a store file deleted (or replaced) under an open connection, and for a new
 # empty file where the store was.
 STORE_GONE_ERRORS = ("attempt to write a readonly database", "no such table")
+# sqlite's words for a full disk (or quota) under the store.
+STORE_FULL_ERROR = "database or disk is full"
 
 
 class _LockNoise(logging.Filter):
-    """Drops MLflow's traceback per failed statement on a locked or deleted store: the job's one
-    line (`tracking_failure`) says it once."""
+    """Drops MLflow's traceback per failed statement on a locked, deleted or full store: the
+    job's (or the invocation's) one line (`tracking_failure`) says it once."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        return not any(m in text for m in ("database is locked", *STORE_GONE_ERRORS))
+        noise = ("database is locked", STORE_FULL_ERROR, *STORE_GONE_ERRORS)
+        return not any(m in text for m in noise)
 
 
 _LOCK_NOISE = _LockNoise()
@@ -182,7 +185,7 @@ def tracking_failure(err: BaseException, uri: str | None = None) -> str | None:
             f"{store} is locked by another process{holder}: waited {store_wait_s():g} s "
             f"({STORE_WAIT_ENV}); let that process finish or stop it, then rerun"
         )
-    if "database or disk is full" in text:  # sqlite's words; a full disk elsewhere is not ours
+    if STORE_FULL_ERROR in text:  # sqlite's words; a full disk elsewhere is not ours
         return f"{store}: disk full; free space, then rerun"
     return None
 

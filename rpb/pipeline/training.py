@@ -15,8 +15,10 @@ import json
 import logging
 import math
 import os
+import shlex
 import shutil
 import sys
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,10 +36,11 @@ from transformers import (
     TrainerCallback,
     TrainingArguments,
 )
-from transformers.trainer import TRAINING_ARGS_NAME
+from transformers.trainer import TRAINER_STATE_NAME, TRAINING_ARGS_NAME
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from rpb.architectures import build_config
+from rpb.artifacts import ArtifactError, json_problem, safetensors_problem
 from rpb.eval_routing import load_model, save_eval_routing
 from rpb.method_config import MethodConfig
 from rpb.methods import RouterMethod, make_method
@@ -316,6 +319,70 @@ def last_complete_checkpoint(
     return complete
 
 
+# What the Trainer reads back on resume, by the file's suffix: torch.save writes zip archives.
+def _torch_file_problem(path: Path) -> str | None:
+    try:
+        with zipfile.ZipFile(path):
+            return None
+    except (zipfile.BadZipFile, OSError) as err:
+        return f"{path.stat().st_size} bytes, not a whole torch file ({err}): truncated or damaged"
+
+
+_CHECKPOINT_FILE_CHECKS: dict[str, Callable[[Path], str | None]] = {
+    ".json": json_problem,
+    ".safetensors": safetensors_problem,
+    ".pt": _torch_file_problem,
+    ".pth": _torch_file_problem,
+    ".bin": _torch_file_problem,
+}
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why the complete checkpoint `folder` cannot be resumed from (a file the Trainer or rpb
+    reads back is missing, cut or damaged), as `<file>: <what>`, or None. Reads headers and
+    archive directories only, never the tensors."""
+    if not (folder / TRAINER_STATE_NAME).is_file():
+        return f"{TRAINER_STATE_NAME}: missing"
+    for path in sorted(folder.iterdir()):
+        check = _CHECKPOINT_FILE_CHECKS.get(path.suffix)
+        problem = check(path) if check and path.is_file() else None
+        if problem:
+            return f"{path.name}: {problem}"
+    return None
+
+
+def drop_damaged_checkpoints(checkpoint_dir: Path) -> None:
+    """Fall back from a damaged newest complete checkpoint to the previous complete one: the
+    damaged one is removed, with one line naming it. The last complete checkpoint is kept even when
+    damaged: `resumable_checkpoint` refuses it with the command that discards it."""
+    complete = [p for p in _checkpoints(checkpoint_dir) if (p / CHECKPOINT_STATE).is_file()]
+    while len(complete) > 1 and (problem := checkpoint_problem(complete[-1])):
+        damaged = complete.pop()
+        log.warning(
+            "checkpoint %s is damaged (%s): resuming from the previous complete checkpoint %s",
+            damaged,
+            problem,
+            complete[-1],
+        )
+        (damaged / CHECKPOINT_STATE).unlink()  # incomplete first, as remove_checkpoints does
+        shutil.rmtree(damaged, ignore_errors=True)
+
+
+def resumable_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest complete checkpoint, or None; ArtifactError in one line, naming it and the
+    command that discards it, when it is damaged (`drop_damaged_checkpoints` has run: no earlier
+    complete one is left to fall back to)."""
+    last = last_complete_checkpoint(checkpoint_dir, remove_incomplete=False)
+    problem = last and checkpoint_problem(last)
+    if problem:
+        raise ArtifactError(
+            f"{last}: {problem}; the checkpoint is damaged and no earlier complete one is left: "
+            f"discard it (rm -rf {shlex.quote(str(last))}) and rerun, which trains this run "
+            "from step 0"
+        )
+    return last
+
+
 def remove_checkpoints(checkpoint_dir: Path) -> None:
     """Delete a finished job's checkpoints (at paper scale each holds the optimizer state too).
 
@@ -471,8 +538,9 @@ def run_training(
             trainer.accelerator.distributed_type.value,
         )
         last_complete_checkpoint(out_dir / "checkpoints")
+        drop_damaged_checkpoints(out_dir / "checkpoints")
     trainer.accelerator.wait_for_everyone()
-    last = last_complete_checkpoint(out_dir / "checkpoints", remove_incomplete=False)
+    last = resumable_checkpoint(out_dir / "checkpoints")
     if last:
         # The Trainer restores model, optimizer, scheduler, RNG and data position; the router
         # method's state and the history logged so far come from our file in the checkpoint.

@@ -13,6 +13,8 @@ from rpb.artifacts import (
     check_results,
     hold_results_lock,
     integrity_message,
+    jobs_busy_message,
+    live_jobs,
     parse_invocation,
     rebuild_target,
     recover_after_kill,
@@ -21,7 +23,7 @@ from rpb.artifacts import (
 from rpb.numerics import KERNEL_ENV, LOCK_ENV, PIN_ENV, path_environment
 from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
 from rpb.pipeline.config_check import ConfigError, check_config
-from rpb.pipeline.plan import PipelineConfig, Plan, plain
+from rpb.pipeline.plan import CHECKPOINTS_ENV, PipelineConfig, Plan, plain
 from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
 from rpb.specs import CORPORA, EVAL_SETS, PATHS
 
@@ -52,6 +54,11 @@ if CHECKS_RESULTS:
         )
     except ResultsBusy as err:
         sys.exit(f"busy: {err}")
+    # Jobs of an invocation whose Snakemake alone was SIGKILLed run on, unseen by Snakemake:
+    # rerunning them beside themselves would race on their outputs.
+    LIVE_JOBS = [] if INVOCATION.read_only else live_jobs(RESULTS)
+    if LIVE_JOBS:
+        sys.exit(f"busy: {jobs_busy_message(RESULTS, LIVE_JOBS)}")
     # A SIGKILLed invocation's Snakemake lock: cleared, and one line on how to go on.
     if not INVOCATION.read_only:
         RECOVERY, STOP = recover_after_kill(RESULTS, INVOCATION)
@@ -80,7 +87,7 @@ def check_integrity():
     if problems:
         command = ["snakemake", "--cores", INVOCATION.cores, *INVOCATION.options]
         target = lambda path: rebuild_target(path, RESULTS, declared_output)
-        sys.exit(integrity_message(problems, target, command))
+        sys.exit(integrity_message(problems, target, command, INVOCATION.targets))
 
 
 # Rules declare `threads: THREADS` and pass `{threads}` to their job, never a params value: a
@@ -109,6 +116,9 @@ TRACKING_URI = (
 # results. Cluster jobs inherit the variable (sbatch exports the environment) or re-derive it here.
 os.environ.update(MLFLOW_TRACKING_URI=TRACKING_URI)
 EXPERIMENT = EXECUTION.experiment
+# Checkpoint settings (posttrain.save_every) reach the training jobs here, not in their params:
+# they change how a killed job resumes, not what it computes, so they rerun nothing (plan.py).
+os.environ.update({CHECKPOINTS_ENV: json.dumps(PLAN.checkpoint_settings)})
 # Touched once by tracking_init; `ancient()` wherever it is an input, so a re-created store never
 # makes the finished jobs look out of date.
 TRACKING_READY = f"{RESULTS}/.mlflow_ready"
