@@ -75,6 +75,10 @@ smoke: install
 	rpb check-config config/smoke.yaml
 	snakemake --cores $(CORES) --configfile config/smoke.yaml -- results/smoke/table1.csv
 	$(call ran,results/smoke,config/smoke.yaml)
+	@echo ""
+	@echo "This was the smoke run: it checks that the pipeline runs end to end, and its numbers carry"
+	@echo "no meaning (0.00 accuracies, \"not testable\" and \"not met\" are expected at this size)."
+	@echo "Table 1's numbers: make table1 (docs/testbed.md gives its time)."
 
 # Snakemake reads a --configfile before any workflow code runs, and its message for a YAML syntax
 # error names neither the file nor the line; this names both: make check-config CONFIGS=my.yaml

@@ -17,7 +17,7 @@ import pytest
 from conftest import new_store
 
 from rpb.pipeline import tracking
-from rpb.specs import Run, spec_runs
+from rpb.specs import Run, analysis_path, eval_path, spec_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,6 +164,43 @@ def test_eval_summary_has_known_percentages() -> None:
     spec = {"ood": ["addition", "sort"], "corpus_tasks": {}}
     summary = tracking.eval_summary(result, "math", spec)
     assert "accuracy/ood_mean" not in summary and summary["ood/addition"] == 40.0
+
+
+def test_eval_summary_has_table1s_p_target(tmp_path: Path) -> None:
+    """p(target), the measure table 1's verdicts are judged on, is an eval run's metric too, with
+    table 1's value for the run (rpb.report.tables.accuracy_record: the mean of the tasks'
+    means)."""
+    from rpb.report.tables import accuracy_record
+
+    result = {
+        "tasks": {
+            "rpb_math": {"items": [1, 0, 1, 1]},
+            "rpb_math_ll": {"p_target": [0.5, 0.25, 0.75, 0.5]},
+            "rpb_addition": {"items": [1, 0]},
+            "rpb_addition_ll": {"p_target": [0.2, 0.4]},
+            "rpb_facts": {"items": [0, 0]},
+            "rpb_facts_ll": {"p_target": [0.1, 0.3]},
+        }
+    }
+    spec = {"ood": ["addition", "facts"], "corpus_tasks": {}}
+    summary = tracking.eval_summary(result, "math", spec)
+    assert summary["accuracy/in_domain_p"] == pytest.approx(50.0)
+    assert summary["accuracy/ood_mean_p"] == pytest.approx(25.0)  # (30 + 20) / 2
+    # The same numbers as table 1's row of this one run.
+    run = Run(0, 0)
+    path = eval_path(tmp_path, "tinyA", "math", "rpb", run)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result))
+    analysis = analysis_path(tmp_path, "tinyA", "math", "rpb", run)
+    analysis.parent.mkdir(parents=True)
+    analysis.write_text(json.dumps({"mean": {}}))
+    record = accuracy_record(tmp_path, spec | {"scale": "tiny"}, "tinyA", "math", "rpb", run)
+    for column in tracking.P_TARGET_COLUMNS:
+        assert summary[tracking.table1_metric(column)] == pytest.approx(record[column])
+    # Without the loglikelihood tasks (paper scale's standard benchmarks): exact match alone.
+    paper = {"tasks": {"gsm8k": {"items": [1, 0]}}}
+    spec = {"ood": [], "corpus_tasks": {"math": ["gsm8k"]}}
+    assert tracking.eval_summary(paper, "math", spec) == {"accuracy/in_domain": 50.0}
 
 
 def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
@@ -335,10 +372,12 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     table = pd.read_csv(smoke_run / "table1.csv").set_index("method")
     spec = json.loads((smoke_run / "table1.meta.json").read_text())
     latest = _finished_by_name(runs)
-    # The exact-match columns; their p(target) twins (`ood_<task>_p`, rpb.report.tables) are no run
-    # metrics (eval_summary logs exact match only).
+    # The exact-match columns and the p(target) columns the verdicts are judged on (`in_domain_p`,
+    # `ood_mean_p`: accuracy/in_domain_p, accuracy/ood_mean_p); the per-task p(target) twins
+    # (`ood_<task>_p`) are no run metrics.
     ood = [c for c in table.columns if c.startswith("ood_") and not c.endswith("_p")]
-    accuracy = ["in_domain", "ood_mean", *ood]
+    accuracy = ["in_domain", "ood_mean", *ood, *tracking.P_TARGET_COLUMNS]
+    assert set(tracking.P_TARGET_COLUMNS) <= set(table.columns)
     structure = ["community_nmi", "coact_cosine", "modularity"]
     # Each base is evaluated as method `base` under its seed 0.
     table_runs = spec_runs(spec)

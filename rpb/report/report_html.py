@@ -185,6 +185,13 @@ LANDING_STYLE = """<style>
 </style>"""
 
 
+# Inline, so that a landing page without a banner keeps its bytes.
+BANNER_STYLE = (
+    "background: #fff8c5; border: 1px solid #d4a72c; padding: 6px 10px; font-weight: 600; "
+    "color: #1f2328"
+)
+
+
 def _landing_table(frame: pd.DataFrame, css_class: str) -> str:
     """A small table of text cells: the first column names the row, the others are numbers."""
     head = "".join(f"<th>{_escape(str(c))}</th>" for c in frame.columns)
@@ -210,12 +217,16 @@ def landing_html(
     checks: Sequence[tuple[str, str, str, bool]] = (),
     comparisons: Sequence[str] = (),
     notes: tuple[str, str] = ("", ""),
+    banner: str = "",
 ) -> str:
     """Table 1's landing page, an HTML fragment (no <html>: it is included in another page):
-    its title, the `lead` (one sentence per verdict), the headline table and its note, the checks
+    its title, a `banner` under it where given (a smoke run's: its numbers carry no meaning),
+    the `lead` (one sentence per verdict), the headline table and its note, the checks
     as a list (id, outcome as `rpb.report.audit.Check.outcome` words it, the numbers, passed),
     the comparisons behind the verdicts, and the per-task table with its note."""
     body = [f'<div class="rpb-landing">\n{LANDING_STYLE}', f"<h2>{_escape(title)}</h2>"]
+    if banner:
+        body.append(f'<p class="banner" style="{BANNER_STYLE}">{_inline(banner)}</p>')
     if lead:
         body.append('<p class="lead">' + " ".join(_inline(s) for s in lead) + "</p>")
     else:

@@ -509,7 +509,8 @@ def build_method_table(
         # Which CPU numeric path trained the runs (rpb.numerics): one entry for a pinned table.
         "numeric_paths": numeric_paths(results, spec),
         "note": (
-            "".join(f"{line} " for line in verdicts)
+            "".join(f"{line} " for line in [smoke_note(spec)] if line)
+            + "".join(f"{line} " for line in verdicts)
             + f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
             f"{over_runs} (a run is a base and a seed; the base row, one run per base; a single "
             f"run: the {_interval(spec, 'its items', ITEM_INTERVAL)})"
@@ -563,6 +564,7 @@ def build_table1(
         checks=checks,
         comparisons=comparisons,
         notes=(headline_note(spec), per_task_note(spec)),
+        banner=smoke_note(spec),
     )
     return table
 
@@ -577,6 +579,22 @@ STRUCTURE_NAMES = {
     "coact_cosine": "co-activation cosine with the base",
 }
 PAPER_ROW = "paper in-domain (Moonlight-16B-A3B)"
+
+
+# What a smoke run's outputs say first (config `scale: smoke`, config/smoke.yaml): its models are
+# trained for seconds on a few hundred tokens to check that every rule runs, so its numbers, its
+# verdicts and its checks' outcomes carry no meaning (issue 58).
+SMOKE_NOTE = (
+    "Smoke run (config scale: smoke): a few seconds of training on tiny models, to check that the "
+    'pipeline runs end to end. Its numbers carry no meaning: 0.00 accuracies, verdicts "not '
+    'testable" and checks "not met" are expected here and say nothing about the paper\'s claims; '
+    "table 1's numbers come from `make table1`."
+)
+
+
+def smoke_note(spec: dict[str, Any]) -> str:
+    """`SMOKE_NOTE` for a smoke run's spec (`scale: smoke`), else nothing."""
+    return SMOKE_NOTE if spec.get("scale") == "smoke" else ""
 
 
 def _title(title: str, spec: dict[str, Any]) -> str:
@@ -685,12 +703,13 @@ def write_landing(
     checks: Sequence[Any] = (),
     comparisons: Sequence[str] = (),
     notes: tuple[str, str] = ("", ""),
+    banner: str = "",
 ) -> Path:
     """The landing page's HTML fragment (`rpb.report.report_html.landing_html`) at `path`."""
     from rpb.report.report_html import landing_html
 
     shown = [(c.id, c.outcome(), c.value, c.passed) for c in checks]
-    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes)
+    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes, banner)
     return write_text(Path(path), text)
 
 
