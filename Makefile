@@ -123,6 +123,7 @@ UI_STORE ?= $(LAST_RESULTS)/mlflow.db
 ui: install
 	@test -f $(UI_STORE) || { echo "no MLflow store at $(UI_STORE): run make table1 or make smoke first"; exit 1; }
 	@echo "MLflow UI on $(UI_STORE): http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning"
+	@echo "Table 1 by method on p(target): http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=table1"
 	mlflow ui --backend-store-uri sqlite:///$(UI_STORE) --host 127.0.0.1 --port $(UI_PORT)
 
 # Snakemake's report of the last run's table 1 (one HTML file; `all`'s report: make report-all).

@@ -1,5 +1,5 @@
 """Browser check: what a researcher sees in MLflow's UI and in Snakemake's report, rendered by a
-real (headless) Chromium. Not part of the test suite: it needs a browser and a smoke results folder.
+real (headless) Chromium, on a smoke results folder.
 
     snakemake --cores 1 --configfile config/smoke.yaml --config results_dir=/tmp/rpb_smoke \\
         -- /tmp/rpb_smoke/table1.csv
@@ -20,11 +20,19 @@ mouse clicks. From the rendered DOM it asserts that
    of the store (table 1's and hard, check M2's), MLflow draws the groups in distinct colours,
    one per method, the colours of its hash of `tag.method.<label>` (printed), which each
    method's runs carry too (`mlflow.runColor`),
-   table 1's chart titles are whole at 1400 px, and the compare page of table 1's eval and
-   analysis runs lists its params and metrics;
-4. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
-   with the verdicts of C1 and C2 and the checks as a list, none reading FAILED), lists table 1
+   and the compare page of table 1's eval and analysis runs lists its params and metrics;
+4. table 1's view (the link `make ui` prints, rpb.pipeline.tracking.table1_view_state) shows one
+   group per method of table 1 (no `hard`) on p(target), the verdicts' measure: its chart titles
+   whole, on the first screen, each legend naming every method, the bars table 1's
+   `in_domain_p` and `ood_mean_p`;
+5. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
+   with the verdicts of C1 and C2 and the checks as a list, none reading FAILED), links table 1
+   itself there (one click: the columns a reader needs, all in view at 1400 px), lists table 1
    and its figure, and shows both when opened.
+
+MLflow is looked at as a first visit sees it: a fresh profile, at 1400 x 900, with the Assistant
+panel as MLflow opens it (a third of the window; the check never closes it). Run by
+tests/test_browser_check.py on the suite's smoke run where `chromium` is installed.
 
 Screenshots go to a new temporary folder (its path is printed), or to `--screenshots DIR` when
 given (`docs/img` refreshes the documentation's). The server is stopped with SIGINT (SIGTERM
@@ -553,9 +561,12 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     top = [n for n in names if n.startswith("invocation/")]
     check(len(top) == len(facts["invocations"]), f"one row per invocation ({len(top)})")
     job = next(r.info.run_name for r in facts["jobs"] if r.data.tags.get("stage") == "eval")
-    if job not in names:  # collapsed: expand the first invocation, as a user would
-        await page.click(f"{EXPANDERS}[0]")
-    shown = await page.wait_for(f"{RUN_NAMES}.includes({json.dumps(job)})", 20)
+    shown = job in names
+    for i in range(len(top)):  # collapsed: expand the invocations, latest first, as a user would
+        if shown:
+            break
+        await page.click(f"{EXPANDERS}[{i}]")
+        shown = await page.wait_for(f"{RUN_NAMES}.includes({json.dumps(job)})", 10)
     check(shown, "expanding an invocation shows its job runs")
     nested = await page.js(RUN_NAMES)
     check(len(nested) > len(top), f"job runs nested under their invocation ({len(nested)} rows)")
@@ -655,11 +666,57 @@ async def check_landing(page: Page, results: Path, out: Path) -> None:
     for line in checks:
         print(f"     {line}")
     await page.screenshot(out / "report_landing.png")
+    await check_table_view(page, results, out)
+
+
+async def check_table_view(page: Page, results: Path, out: Path) -> None:
+    """Table 1 one click from the first screen (the landing's link), every column in view at the
+    window's width, the columns a reader needs (rpb.report.tables.READER_COLUMNS)."""
+    import pandas as pd
+
+    from rpb.report.tables import READER_COLUMNS
+
+    link = "document.querySelector('.rpb-landing a.rpb-open-table')"
+    box = await page.js(
+        f"(() => {{ const r = {link} && {link}.getBoundingClientRect();"
+        " return r && [r.top, r.bottom, innerHeight]; })()"
+    )
+    check(box and box[0] >= 0 and box[1] <= box[2], f"the first screen links table 1 ({box})")
+    clicks = page.clicks
+    await page.click(link)
+    frame = "[...document.querySelectorAll('iframe')].find(f => f.src.startsWith('data:text/html'))"
+    check(await page.wait_for(f"!!{frame}", 10), "the link shows table 1 in the report's pane")
+    check(page.clicks - clicks == 1, "table 1 is one click from the report's first screen")
+    await asyncio.sleep(1)
+    # The frame (a data: URI) is another origin: its document is read in a world of its own.
+    tree = await page.call("Page.getFrameTree")
+    child = next(
+        c["frame"]["id"]
+        for c in tree["frameTree"].get("childFrames", [])
+        if c["frame"].get("url", "").startswith("data:text/html")
+    )
+    world = await page.call("Page.createIsolatedWorld", frameId=child)
+    inside = await page.call(
+        "Runtime.evaluate",
+        expression="(() => { const t = document.querySelector('table'); return t && "
+        "[[...t.querySelectorAll('th')].map(h => h.innerText.trim()),"
+        " t.getBoundingClientRect().right, document.documentElement.clientWidth]; })()",
+        contextId=world["executionContextId"],
+        returnByValue=True,
+    )
+    fit = [*(inside["result"].get("value") or [[], 0, 0]), await page.js("innerWidth")]
+    heads, right, width, window = fit
+    columns = [c for c in READER_COLUMNS if c in pd.read_csv(results / "table1.csv").columns]
+    print(f"     the table's columns {heads}, its right edge {right} in a {width} px pane")
+    check(heads == columns, f"it shows the columns a reader needs {columns}")
+    check(0 < right <= width, f"all {len(heads)} columns in view at {window} px")
+    await page.screenshot(out / "report_table1_view.png")
 
 
 async def check_report(page: Page, report: Path, results: Path, out: Path) -> None:
     await page.goto(report.resolve().as_uri())
     await check_landing(page, results, out)
+    await page.goto(report.resolve().as_uri())  # back to the first screen
     link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === {!r})"
     check(await page.wait_for("!!" + link.format("Results")), "report.html opens")
     category = None
@@ -678,7 +735,7 @@ async def check_report(page: Page, report: Path, results: Path, out: Path) -> No
     # The table, rendered: its HTML (with the verdicts in the caption) opens in a frame.
     await page.js(f"{link.format('Table')}.click()")
     rows = "[...document.querySelectorAll('tr')]"
-    row = f"{rows}.find(r => r.cells[0].innerText.trim().endsWith('table1.html'))"
+    row = f"{rows}.find(r => r.cells[0].innerText.trim().startsWith('table1.html'))"
     check(await page.wait_for(f"!!{row}", 10), "Table 1's Table lists table1.html")
     await page.js(f"{row}.querySelector('a[iconname=eye]').click()")
     frame = "[...document.querySelectorAll('iframe')].find(f => f.src.includes('table1.html'))"

@@ -171,6 +171,33 @@ def test_smoke_table1_says_its_numbers_carry_no_meaning(tmp_path: Path) -> None:
     assert tiny[2].startswith("C1: x ") and 'class="banner"' not in tiny[1]
 
 
+def test_table1_is_one_link_from_the_landing_in_the_columns_a_reader_needs(
+    table: tuple[pd.DataFrame, dict, Path],
+) -> None:
+    """The report's first screen (table 1's landing) links table 1 itself, under its title: a
+    page of the columns a reader needs (`READER_COLUMNS`, 10 of the CSV's 19 here), the rest left
+    to the CSV; table1.html keeps every column."""
+    import base64
+
+    from rpb.report.tables import READER_COLUMNS
+
+    df, _, out = table
+    landing = out.with_suffix(".landing.html").read_text()
+    head = landing.split("</h2>", 1)[1]
+    link = re.search(
+        r'<a class="rpb-open-table" href="#" data-view="([^"]+)" onclick="([^"]+)"', head
+    )
+    assert link and head.index("rpb-open-table") < head.index("<table"), "no link above the table"
+    assert "app.setView" in link.group(2)
+    uri = link.group(1)
+    assert uri.startswith("data:text/html;base64,")
+    view = base64.b64decode(uri.split(",", 1)[1]).decode()
+    heads = re.findall(r"<th>([^<]*)</th>", view)
+    assert heads == list(READER_COLUMNS) and len(heads) < len(df.columns)
+    assert "table1.csv" in view and "Smoke run" in view  # SPEC is a smoke spec
+    assert all(f"<th>{c}</th>" in out.with_suffix(".html").read_text() for c in df.columns)
+
+
 def test_make_smoke_ends_saying_its_numbers_carry_no_meaning() -> None:
     """`make smoke`'s last lines (its recipe's last commands) say that smoke numbers carry no
     meaning and name the command that gives table 1's."""

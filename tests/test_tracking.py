@@ -203,6 +203,24 @@ def test_eval_summary_has_table1s_p_target(tmp_path: Path) -> None:
     assert tracking.eval_summary(paper, "math", spec) == {"accuracy/in_domain": 50.0}
 
 
+def test_table1_view_shows_table1s_methods_on_p_target() -> None:
+    """Table 1's view (the experiment tag MLflow's shared views read): eval runs less the
+    methods that are no row of table 1, grouped by the tag `method`, the p(target) charts two to
+    a row beside the runs list hidden, and a link that opens it."""
+    state = tracking.table1_view_state(["hard"])
+    assert state["searchFilter"] == "tags.stage = 'eval' and tags.method != 'hard'"
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
+    assert state["runListHidden"] is True and state["compareRunSections"][0]["columns"] == 2
+    charts = [c["metricKey"] for c in state["compareRunCharts"]]
+    assert charts == ["accuracy/in_domain_p", "accuracy/ood_mean_p"]
+    assert all(state["chartsSearchFilter"] in c for c in charts)
+    assert tracking.TABLE1_VIEW_TAG == "mlflow.sharedViewState." + tracking.TABLE1_VIEW
+    link = tracking.table1_view_link("1", "http://127.0.0.1:5000")
+    assert link.endswith(
+        "runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=table1"
+    )
+
+
 def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
     from rpb.method_config import MethodConfig
 
@@ -414,6 +432,16 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
         if r.data.tags["stage"] == "eval"
     }
     assert kinds["lbl"] == "lbl" and kinds["rpb"] == "rpb"
+    # Table 1's view in the experiment: its methods' eval runs (no `hard`), on p(target).
+    experiment = _client(f"sqlite:///{smoke_run / 'mlflow.db'}").get_experiment_by_name("rpb")
+    view = json.loads(experiment.tags[tracking.TABLE1_VIEW_TAG])
+    # (`all`'s eval runs, when test_report ran first, came after table 1's run wrote it.)
+    search = view["searchFilter"]
+    assert search.startswith("tags.stage = 'eval'") and "tags.method != 'hard'" in search
+    assert not any(f"!= '{m}'" in search for m in table.index)
+    charts = [c["metricKey"] for c in view["compareRunCharts"]]
+    assert charts == ["accuracy/in_domain_p", "accuracy/ood_mean_p"]
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
 
 
 @pytest.mark.slow

@@ -565,8 +565,49 @@ def build_table1(
         comparisons=comparisons,
         notes=(headline_note(spec), per_task_note(spec)),
         banner=smoke_note(spec),
+        view=table_view_page(table, _title(title, spec), spec),
     )
     return table
+
+
+# Table 1 as the report shows it (issue 58: at 1400 px 9 of its 25 columns showed): a row per
+# method in the columns a reader needs, accuracy in both measures and the structure columns;
+# the intervals, the per-task columns and every other column are in the CSV and its caption.
+READER_COLUMNS = (
+    "method",
+    "n_seeds",
+    "in_domain",
+    "in_domain_p",
+    "ood_mean",
+    "ood_mean_p",
+    "modularity",
+    "community_nmi",
+    "coact_cosine",
+    "paper_in_domain",
+)
+
+
+def table_view_page(table: pd.DataFrame, title: str, spec: dict[str, Any]) -> str:
+    """The report's page of table 1 (`READER_COLUMNS` of `table`, 2 decimals), its note naming
+    the columns and where the rest are."""
+    from rpb.report.report_html import page, table_html
+
+    columns = [c for c in READER_COLUMNS if c in table.columns]
+    note = (
+        "".join(f"{line} " for line in [smoke_note(spec)] if line)
+        + "The columns a reader needs; the intervals, the per-task columns and the full caption "
+        "are in table1.csv and table1.html (the menu's Table 1, then Table). "
+        f"{measures_text(spec)} modularity, community_nmi, coact_cosine: co-activation "
+        "structure (unitless; the last two against the base); paper_in_domain: the paper's "
+        "in-domain accuracy (Moonlight-16B-A3B, family A only)."
+    )
+    # Narrow: the text column at its content's width, headers wrapped at their underscores.
+    narrow = (
+        "<style>table.rpb td.text { min-width: 0; } table.rpb th { word-break: break-word; "
+        "max-width: 7em; }</style>\n</head>"
+    )
+    html = page(title, note, [("", table_html(table[columns], ".2f"))])
+    return html.replace("</head>", narrow, 1)
 
 
 # --- table 1's landing page: the verdicts, the headline, the checks, the tasks ------------------
@@ -704,12 +745,13 @@ def write_landing(
     comparisons: Sequence[str] = (),
     notes: tuple[str, str] = ("", ""),
     banner: str = "",
+    view: str = "",
 ) -> Path:
     """The landing page's HTML fragment (`rpb.report.report_html.landing_html`) at `path`."""
     from rpb.report.report_html import landing_html
 
     shown = [(c.id, c.outcome(), c.value, c.passed) for c in checks]
-    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes, banner)
+    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes, banner, view)
     return write_text(Path(path), text)
 
 
