@@ -919,7 +919,8 @@ def task_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 # A chart's title is its metric's full name, cut with an ellipsis where it is wider than its
 # card: at a 1400 px window MLflow 3.17 lays a section's charts three to a row, with room for 18
 # characters of title (measured by bench/browser_check.py; `coactivation/community_nmi` read
-# "coactivation/com..."). Table 1's names keep to that.
+# "coactivation/com..."). Table 1's names keep to that, but for the p(target) pair
+# (`accuracy/in_domain_p`, 20), which table 1's view (`table1_view_state`) draws two to a row.
 CHART_TITLE_CHARS = 18
 STRUCTURE_METRICS = {
     "community_nmi": "coact/nmi",

@@ -576,13 +576,8 @@ def build_table1(
 READER_COLUMNS = (
     "method",
     "n_seeds",
-    "in_domain",
-    "in_domain_p",
-    "ood_mean",
-    "ood_mean_p",
-    "modularity",
-    "community_nmi",
-    "coact_cosine",
+    *(f"{column}{SUFFIX[m]}" for column in ACCURACY for m in (EXACT_MATCH, P_TARGET)),
+    *TABLE1_STRUCTURE,
     "paper_in_domain",
 )
 
