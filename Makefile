@@ -101,6 +101,10 @@ smoke: install
 	rpb check-config config/smoke.yaml
 	snakemake --cores $(CORES) --configfile config/smoke.yaml -- results/smoke/table1.csv
 	$(call ran,results/smoke,config/smoke.yaml)
+	@echo ""
+	@echo "This was the smoke run: it checks that the pipeline runs end to end, and its numbers carry"
+	@echo "no meaning (0.00 accuracies, \"not testable\" and \"not met\" are expected at this size)."
+	@echo "Table 1's numbers: make table1 (docs/testbed.md gives its time)."
 
 # Snakemake reads a --configfile before any workflow code runs (a YTE template's code runs then,
 # a file that is not UTF-8 is a traceback, a YAML syntax error names neither file nor line): every
@@ -147,6 +151,7 @@ UI_STORE ?= $(LAST_RESULTS)/mlflow.db
 ui: install
 	@test -f $(UI_STORE) || { echo "no MLflow store at $(UI_STORE): run make table1 or make smoke first"; exit 1; }
 	@echo "MLflow UI on $(UI_STORE): http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning"
+	@echo "Table 1 by method on p(target): http://127.0.0.1:$(UI_PORT)/#/experiments/1/runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=table1"
 	mlflow ui --backend-store-uri sqlite:///$(UI_STORE) --host 127.0.0.1 --port $(UI_PORT)
 
 # Snakemake's report of the last run's table 1 (one HTML file; `all`'s report: make report-all).

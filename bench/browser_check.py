@@ -1,5 +1,5 @@
 """Browser check: what a researcher sees in MLflow's UI and in Snakemake's report, rendered by a
-real (headless) Chromium. Not part of the test suite: it needs a browser and a smoke results folder.
+real (headless) Chromium, on a smoke results folder.
 
     snakemake --cores 1 --configfile config/smoke.yaml --config results_dir=/tmp/rpb_smoke \\
         -- /tmp/rpb_smoke/table1.csv
@@ -20,11 +20,19 @@ mouse clicks. From the rendered DOM it asserts that
    of the store (table 1's and hard, check M2's), MLflow draws the groups in distinct colours,
    one per method, the colours of its hash of `tag.method.<label>` (printed), which each
    method's runs carry too (`mlflow.runColor`),
-   table 1's chart titles are whole at 1400 px, and the compare page of table 1's eval and
-   analysis runs lists its params and metrics;
-4. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
-   with the verdicts of C1 and C2 and the checks as a list, none reading FAILED), lists table 1
+   and the compare page of table 1's eval and analysis runs lists its params and metrics;
+4. table 1's view (the link `make ui` prints, rpb.pipeline.tracking.table1_view_state) shows one
+   group per method of table 1 (no `hard`) on p(target), the verdicts' measure: its chart titles
+   whole, on the first screen, each legend naming every method, the bars table 1's
+   `in_domain_p` and `ood_mean_p`;
+5. report.html opens on table 1 (its headline, one row per method, whole on the first screen,
+   with the verdicts of C1 and C2 and the checks as a list, none reading FAILED), links table 1
+   itself there (one click: the columns a reader needs, all in view at 1400 px), lists table 1
    and its figure, and shows both when opened.
+
+MLflow is looked at as a first visit sees it: a fresh profile, at 1400 x 900, with the Assistant
+panel as MLflow opens it (a third of the window; the check never closes it). Run by
+tests/test_browser_check.py on the suite's smoke run where `chromium` is installed.
 
 Screenshots go to a new temporary folder (its path is printed), or to `--screenshots DIR` when
 given (`docs/img` refreshes the documentation's). The server is stopped with SIGINT (SIGTERM
@@ -297,11 +305,11 @@ def store_facts(results: Path) -> dict[str, Any]:
             latest[run.info.run_name] = run
     meta = json.loads((results / "table1.meta.json").read_text())
     # Each base is evaluated as method `base` under its seed 0.
-    runs = spec_runs(meta)
-    base_runs = sorted({Run(run.base, 0) for run in runs})
+    seeds = spec_runs(meta)
+    base_runs = sorted({Run(run.base, 0) for run in seeds})
     table1_runs = []
     for method in table["method"]:
-        for run in base_runs if method == "base" else runs:
+        for run in base_runs if method == "base" else seeds:
             for stage in ("eval", "analysis"):
                 name = f"{stage}/{meta['model']}/{meta['corpus']}/{method}/{run.name}"
                 table1_runs.append(latest[name])
@@ -334,13 +342,15 @@ RUN_NAMES = "[...document.querySelectorAll('a[href*=\"/runs/\"]')].map(a => a.in
 EXPANDERS = "document.querySelectorAll('button[data-component-id*=\"runnamecellrenderer\"]')"
 
 
-async def close_assistant(page: Page) -> None:
-    """Close MLflow's assistant side panel if it shows (it takes a third of every screenshot)."""
-    close = (
-        "document.querySelector('button[data-component-id=\"mlflow.assistant.chat_panel.close\"]')"
-    )
-    if await page.wait_for(f"!!{close}", 10):
-        await page.click(close)
+ASSISTANT = (
+    "document.querySelector('button[data-component-id=\"mlflow.assistant.chat_panel.close\"]')"
+)
+
+
+async def assistant_open(page: Page) -> bool:
+    """Whether MLflow's Assistant side panel shows. A fresh profile opens with it (a third of the
+    window at 1400 px); the checks look at the page as it opens and never close it."""
+    return bool(await page.wait_for(f"!!{ASSISTANT}", 10))
 
 
 GROUP_DOTS = (
@@ -451,6 +461,62 @@ async def check_group_by_menu(page: Page, facts: dict[str, Any], items: str) -> 
     )
 
 
+CHART_TITLES = "[...document.querySelectorAll('h4')]"
+
+
+async def check_table1_view(page: Page, url: str, facts: dict[str, Any], out: Path) -> None:
+    """Table 1's view (`make ui` prints its link; rpb.pipeline.tracking.table1_view_state), read
+    with the Assistant panel as MLflow opens it: one group per method of table 1 (no `hard`), the
+    p(target) charts first on screen, each title whole and each legend naming every method, and
+    the bars table 1's p(target) columns."""
+    from rpb.pipeline.tracking import P_TARGET_COLUMNS, table1_metric, table1_view_link
+
+    await page.goto(table1_view_link(facts["experiment_id"], url))
+    methods = [str(m) for m in facts["table"]["method"]]
+    groups = json.dumps([f"Group: {m}" for m in methods])
+    names = [table1_metric(c) for c in P_TARGET_COLUMNS]
+    shown = f"{CHART_TITLES}.filter(e => {json.dumps(names)}.includes(e.textContent.trim()))"
+    await page.wait_for(f"{shown}.length === {len(names)}", 60)
+    await asyncio.sleep(3)
+    panel = await assistant_open(page)
+    print(f"     table 1's view, the Assistant panel open: {panel}")
+    await page.screenshot(out / "mlflow_table1_view.png")
+    titles = await page.js(
+        f"{shown}.map(e => [e.textContent.trim(), e.scrollWidth <= e.clientWidth + 1,"
+        " e.getBoundingClientRect().top > 0 && e.getBoundingClientRect().bottom < innerHeight])"
+    )
+    check(
+        titles and [t[0] for t in titles] == names and all(t[1] and t[2] for t in titles),
+        f"table 1's view opens on the p(target) charts {names}, on screen, titles whole ({titles})",
+    )
+    # A legend's entries: the card's leaf elements outside the plot (svg) that name a method of the
+    # store, inside the card's box (a cut legend scrolls the rest out of it).
+    stored = sorted({str(r.data.tags.get("method")) for r in facts["jobs"]} | set(methods))
+    legends = await page.js(
+        f"{shown}.map(h => {{ let c = h; while (c.parentElement && c.parentElement"
+        ".querySelectorAll('h4').length === 1) c = c.parentElement;"
+        " const box = c.getBoundingClientRect();"
+        " return [...c.querySelectorAll('*')].filter(e => e.children.length === 0"
+        f" && !e.closest('svg') && {json.dumps(stored)}.includes(e.textContent.trim()))"
+        ".filter(e => { const r = e.getBoundingClientRect(); return r.width > 0"
+        " && r.top >= box.top && r.bottom <= box.bottom && r.left >= box.left"
+        " && r.right <= box.right; }).map(e => e.textContent.trim()); })"
+    )
+    print(f"     the charts' legends: {legends}")
+    check(
+        legends and all(sorted(legend) == sorted(methods) for legend in legends),
+        f"each legend names table 1's methods {methods}, no other, all in view",
+    )
+    listed = await page.js(f"{groups}.filter(g => document.body.innerText.includes(g))")
+    others = await page.js("document.body.innerText.includes('Group: hard')")
+    check(len(listed) == len(methods) and not others, f"one group per method of table 1 {listed}")
+    # The bars: each group's mean over its runs, table 1's p(target) columns to 2 decimals.
+    wanted = sorted(f"{v:.2f}" for c in P_TARGET_COLUMNS for v in facts["table"][c])
+    bars = "[...document.querySelectorAll('text.bartext')].map(e => e.textContent.trim()).sort()"
+    read = sorted(await page.js(bars) or [])
+    check(read == wanted, f"the bars are table 1's {', '.join(P_TARGET_COLUMNS)} ({read})")
+
+
 async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -> None:
     experiment = facts["experiment_id"]
     # What a first visit shows: the home page `make ui` prints, then the experiment's link there.
@@ -460,7 +526,7 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
         ".find(a => a.innerText.trim() === 'rpb')"
     )
     check(await page.wait_for(f"!!{link}", 60), "the home page links the experiment rpb")
-    await close_assistant(page)
+    print(f"     MLflow's Assistant panel open as the page opens: {await assistant_open(page)}")
     await page.screenshot(out / "mlflow_home.png")
     await page.click(link)
     await page.wait_text("Router Prior Bias", 30)
@@ -491,14 +557,16 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     check(
         "Router Prior Bias" in await page.text(), "the experiment's description names the project"
     )
-    await close_assistant(page)
     names = await page.js(RUN_NAMES)
     top = [n for n in names if n.startswith("invocation/")]
     check(len(top) == len(facts["invocations"]), f"one row per invocation ({len(top)})")
     job = next(r.info.run_name for r in facts["jobs"] if r.data.tags.get("stage") == "eval")
-    if job not in names:  # collapsed: expand the first invocation, as a user would
-        await page.click(f"{EXPANDERS}[0]")
-    shown = await page.wait_for(f"{RUN_NAMES}.includes({json.dumps(job)})", 20)
+    shown = job in names
+    for i in range(len(top)):  # collapsed: expand the invocations, latest first, as a user would
+        if shown:
+            break
+        await page.click(f"{EXPANDERS}[{i}]")
+        shown = await page.wait_for(f"{RUN_NAMES}.includes({json.dumps(job)})", 10)
     check(shown, "expanding an invocation shows its job runs")
     nested = await page.js(RUN_NAMES)
     check(len(nested) > len(top), f"job runs nested under their invocation ({len(nested)} rows)")
@@ -523,26 +591,8 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     used = page.clicks - clicks
     check(used <= 3, f"grouping by method took {used} clicks (at most three)")
     await check_colours(page, facts, methods)
-    # Table 1's columns show without typing into the chart search.
-    title = "[...document.querySelectorAll('*')].some(e => e.children.length === 0"
-    for metric in ("accuracy/in_domain", "accuracy/ood_mean", "coact/cosine"):
-        # On screen in the first view: a chart below the training metrics' sections needs
-        # scrolling or the search, which is what this check is for.
-        visible = "e.getBoundingClientRect().top > 0 && e.getBoundingClientRect().top < innerHeight"
-        named = f"e.textContent.trim() === {json.dumps(metric)}"
-        shown = await page.wait_for(f"{title} && {named} && {visible})", 20)
-        check(shown, f"the chart of {metric} by method shows without typing")
-    await page.screenshot(out / "mlflow_grouped_no_typing.png")
-    # Each chart title of table 1's sections whole, not cut with an ellipsis ("ac..." at 1400 px).
-    titles = (
-        "[...document.querySelectorAll('h4')].filter(e => /^(accuracy|coact)\\//"
-        ".test(e.textContent.trim()))"
-    )
-    cut = await page.js(
-        f"{titles}.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent.trim())"
-    )
-    shown = await page.js(f"{titles}.map(e => e.textContent.trim())")
-    check(shown and not cut, f"chart titles whole at {WINDOW[0]} px: {shown} (cut: {cut})")
+    await asyncio.sleep(2)
+    await page.screenshot(out / "mlflow_grouped_first_screen.png")
     search = "document.querySelector('input[placeholder=\"Search metric charts\"]')"
     check(await page.wait_for(f"!!{search}", 10), "the chart view has its metric search")
     for metric in ("accuracy/in_domain", "coact/cosine"):
@@ -562,6 +612,7 @@ async def check_mlflow(page: Page, url: str, facts: dict[str, Any], out: Path) -
     same = len(read) == n and not Counter(wanted) - Counter(read)  # table 1's are among them
     check(same, f"the bars give table 1's coact_cosine per method {wanted} (bars: {read})")
     await page.screenshot(out / "mlflow_table1_by_method.png")
+    await check_table1_view(page, url, facts, out)
 
     # The compare page of table 1's runs: table 1's params and metrics side by side.
     ids = json.dumps([r.info.run_id for r in facts["table1_runs"]]).replace(" ", "")
@@ -615,11 +666,57 @@ async def check_landing(page: Page, results: Path, out: Path) -> None:
     for line in checks:
         print(f"     {line}")
     await page.screenshot(out / "report_landing.png")
+    await check_table_view(page, results, out)
+
+
+async def check_table_view(page: Page, results: Path, out: Path) -> None:
+    """Table 1 one click from the first screen (the landing's link), every column in view at the
+    window's width, the columns a reader needs (rpb.report.tables.READER_COLUMNS)."""
+    import pandas as pd
+
+    from rpb.report.tables import READER_COLUMNS
+
+    link = "document.querySelector('.rpb-landing a.rpb-open-table')"
+    box = await page.js(
+        f"(() => {{ const r = {link} && {link}.getBoundingClientRect();"
+        " return r && [r.top, r.bottom, innerHeight]; })()"
+    )
+    check(box and box[0] >= 0 and box[1] <= box[2], f"the first screen links table 1 ({box})")
+    clicks = page.clicks
+    await page.click(link)
+    frame = "[...document.querySelectorAll('iframe')].find(f => f.src.startsWith('data:text/html'))"
+    check(await page.wait_for(f"!!{frame}", 10), "the link shows table 1 in the report's pane")
+    check(page.clicks - clicks == 1, "table 1 is one click from the report's first screen")
+    await asyncio.sleep(1)
+    # The frame (a data: URI) is another origin: its document is read in a world of its own.
+    tree = await page.call("Page.getFrameTree")
+    child = next(
+        c["frame"]["id"]
+        for c in tree["frameTree"].get("childFrames", [])
+        if c["frame"].get("url", "").startswith("data:text/html")
+    )
+    world = await page.call("Page.createIsolatedWorld", frameId=child)
+    inside = await page.call(
+        "Runtime.evaluate",
+        expression="(() => { const t = document.querySelector('table'); return t && "
+        "[[...t.querySelectorAll('th')].map(h => h.innerText.trim()),"
+        " t.getBoundingClientRect().right, document.documentElement.clientWidth]; })()",
+        contextId=world["executionContextId"],
+        returnByValue=True,
+    )
+    fit = [*(inside["result"].get("value") or [[], 0, 0]), await page.js("innerWidth")]
+    heads, right, width, window = fit
+    columns = [c for c in READER_COLUMNS if c in pd.read_csv(results / "table1.csv").columns]
+    print(f"     the table's columns {heads}, its right edge {right} in a {width} px pane")
+    check(heads == columns, f"it shows the columns a reader needs {columns}")
+    check(0 < right <= width, f"all {len(heads)} columns in view at {window} px")
+    await page.screenshot(out / "report_table1_view.png")
 
 
 async def check_report(page: Page, report: Path, results: Path, out: Path) -> None:
     await page.goto(report.resolve().as_uri())
     await check_landing(page, results, out)
+    await page.goto(report.resolve().as_uri())  # back to the first screen
     link = "[...document.querySelectorAll('a')].find(a => a.innerText.trim() === {!r})"
     check(await page.wait_for("!!" + link.format("Results")), "report.html opens")
     category = None
@@ -638,7 +735,7 @@ async def check_report(page: Page, report: Path, results: Path, out: Path) -> No
     # The table, rendered: its HTML (with the verdicts in the caption) opens in a frame.
     await page.js(f"{link.format('Table')}.click()")
     rows = "[...document.querySelectorAll('tr')]"
-    row = f"{rows}.find(r => r.cells[0].innerText.trim().endsWith('table1.html'))"
+    row = f"{rows}.find(r => r.cells[0].innerText.trim().startsWith('table1.html'))"
     check(await page.wait_for(f"!!{row}", 10), "Table 1's Table lists table1.html")
     await page.js(f"{row}.querySelector('a[iconname=eye]').click()")
     frame = "[...document.querySelectorAll('iframe')].find(f => f.src.includes('table1.html'))"

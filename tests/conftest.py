@@ -207,12 +207,13 @@ def smoke_run(tmp_path_factory: pytest.TempPathFactory):
 
 
 # The modules that share the one smoke run (`smoke_run`), in the order they must run: the
-# determinism and pipeline tests read it at table 1, test_report extends it to `all`, and the
-# rerun and tracking tests read the extended folder. Only these modules' slots are reordered;
-# every other test keeps its place.
+# determinism, pipeline and browser-check tests read it at table 1, test_report extends it to
+# `all`, and the rerun and tracking tests read the extended folder. Only these modules' slots are
+# reordered; every other test keeps its place.
 SMOKE_ORDER = (
     "test_determinism",
     "test_pipeline",
+    "test_browser_check",
     "test_report",
     "test_rerun_triggers",
     "test_tracking",

@@ -144,6 +144,70 @@ def test_table1_columns_and_rows(table: tuple[pd.DataFrame, dict, Path]) -> None
     assert list((out.parent / "figures").glob("table1_coactivation*"))
 
 
+def test_smoke_table1_says_its_numbers_carry_no_meaning(tmp_path: Path) -> None:
+    """A smoke run's table 1 (config `scale: smoke`) says first, in its caption and on its landing
+    page, that its numbers carry no meaning; a tiny-scale table 1 says nothing of the kind, its
+    caption as it was."""
+    from rpb.report.tables import SMOKE_NOTE
+
+    written = {}
+    for scale in ("smoke", "tiny"):
+        results = tmp_path / scale
+        _fake_results(results, SPEC)
+        build_table1(results, SPEC | {"scale": scale}, results / "table1.csv", verdicts=["C1: x"])
+        md = (results / "table1.md").read_text()
+        landing = (results / "table1.landing.html").read_text()
+        meta = json.loads((results / "table1.meta.json").read_text())
+        written[scale] = (md, landing, meta["note"], (results / "table1.html").read_text())
+    md, landing, note, html = written["smoke"]
+    assert "carry no meaning" in SMOKE_NOTE
+    assert note.startswith(SMOKE_NOTE + " C1: x") and SMOKE_NOTE in md
+    assert "carry no meaning" in html
+    # On the landing page, right under its title: the report's first screen.
+    head = landing.split("</h2>", 1)[1].lstrip()
+    assert head.startswith('<p class="banner"') and "carry no meaning" in head.split("</p>")[0]
+    tiny = written["tiny"]
+    assert not any("carry no meaning" in text or "Smoke run" in text for text in tiny)
+    assert tiny[2].startswith("C1: x ") and 'class="banner"' not in tiny[1]
+
+
+def test_table1_is_one_link_from_the_landing_in_the_columns_a_reader_needs(
+    table: tuple[pd.DataFrame, dict, Path],
+) -> None:
+    """The report's first screen (table 1's landing) links table 1 itself, under its title: a
+    page of the columns a reader needs (`READER_COLUMNS`, 10 of the CSV's 19 here), the rest left
+    to the CSV; table1.html keeps every column."""
+    import base64
+
+    from rpb.report.tables import READER_COLUMNS
+
+    df, _, out = table
+    landing = out.with_suffix(".landing.html").read_text()
+    head = landing.split("</h2>", 1)[1]
+    link = re.search(
+        r'<a class="rpb-open-table" href="#" data-view="([^"]+)" onclick="([^"]+)"', head
+    )
+    assert link and head.index("rpb-open-table") < head.index("<table"), "no link above the table"
+    assert "app.setView" in link.group(2)
+    uri = link.group(1)
+    assert uri.startswith("data:text/html;base64,")
+    view = base64.b64decode(uri.split(",", 1)[1]).decode()
+    heads = re.findall(r"<th>([^<]*)</th>", view)
+    assert heads == list(READER_COLUMNS) and len(heads) < len(df.columns)
+    assert "table1.csv" in view and "Smoke run" in view  # SPEC is a smoke spec
+    assert all(f"<th>{c}</th>" in out.with_suffix(".html").read_text() for c in df.columns)
+
+
+def test_make_smoke_ends_saying_its_numbers_carry_no_meaning() -> None:
+    """`make smoke`'s last lines (its recipe's last commands) say that smoke numbers carry no
+    meaning and name the command that gives table 1's."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    recipe = makefile.split("\nsmoke: install\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    tail = " ".join(line for line in recipe[-4:])
+    assert all(line.lstrip().startswith("@echo") for line in recipe[-4:]), recipe
+    assert "smoke run" in tail and "no meaning" in tail and "make table1" in tail
+
+
 def test_table1_numbers_are_percentages_of_the_inputs(
     table: tuple[pd.DataFrame, dict, Path],
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 from conftest import new_store
 
 from rpb.pipeline import tracking
-from rpb.specs import Run, spec_runs
+from rpb.specs import Run, analysis_path, eval_path, spec_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,6 +165,61 @@ def test_eval_summary_has_known_percentages() -> None:
     spec = {"ood": ["addition", "sort"], "corpus_tasks": {}}
     summary = tracking.eval_summary(result, "math", spec)
     assert "accuracy/ood_mean" not in summary and summary["ood/addition"] == 40.0
+
+
+def test_eval_summary_has_table1s_p_target(tmp_path: Path) -> None:
+    """p(target), the measure table 1's verdicts are judged on, is an eval run's metric too, with
+    table 1's value for the run (rpb.report.tables.accuracy_record: the mean of the tasks'
+    means)."""
+    from rpb.report.tables import accuracy_record
+
+    result = {
+        "tasks": {
+            "rpb_math": {"items": [1, 0, 1, 1]},
+            "rpb_math_ll": {"p_target": [0.5, 0.25, 0.75, 0.5]},
+            "rpb_addition": {"items": [1, 0]},
+            "rpb_addition_ll": {"p_target": [0.2, 0.4]},
+            "rpb_facts": {"items": [0, 0]},
+            "rpb_facts_ll": {"p_target": [0.1, 0.3]},
+        }
+    }
+    spec = {"ood": ["addition", "facts"], "corpus_tasks": {}}
+    summary = tracking.eval_summary(result, "math", spec)
+    assert summary["accuracy/in_domain_p"] == pytest.approx(50.0)
+    assert summary["accuracy/ood_mean_p"] == pytest.approx(25.0)  # (30 + 20) / 2
+    # The same numbers as table 1's row of this one run.
+    run = Run(0, 0)
+    path = eval_path(tmp_path, "tinyA", "math", "rpb", run)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(result))
+    analysis = analysis_path(tmp_path, "tinyA", "math", "rpb", run)
+    analysis.parent.mkdir(parents=True)
+    analysis.write_text(json.dumps({"mean": {}}))
+    record = accuracy_record(tmp_path, spec | {"scale": "tiny"}, "tinyA", "math", "rpb", run)
+    for column in tracking.P_TARGET_COLUMNS:
+        assert summary[tracking.table1_metric(column)] == pytest.approx(record[column])
+    # Without the loglikelihood tasks (paper scale's standard benchmarks): exact match alone.
+    paper = {"tasks": {"gsm8k": {"items": [1, 0]}}}
+    spec = {"ood": [], "corpus_tasks": {"math": ["gsm8k"]}}
+    assert tracking.eval_summary(paper, "math", spec) == {"accuracy/in_domain": 50.0}
+
+
+def test_table1_view_shows_table1s_methods_on_p_target() -> None:
+    """Table 1's view (the experiment tag MLflow's shared views read): eval runs less the
+    methods that are no row of table 1, grouped by the tag `method`, the p(target) charts two to
+    a row beside the runs list hidden, and a link that opens it."""
+    state = tracking.table1_view_state(["hard"])
+    assert state["searchFilter"] == "tags.stage = 'eval' and tags.method != 'hard'"
+    assert state["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
+    assert state["runListHidden"] is True and state["compareRunSections"][0]["columns"] == 2
+    charts = [c["metricKey"] for c in state["compareRunCharts"]]
+    assert charts == ["accuracy/in_domain_p", "accuracy/ood_mean_p"]
+    assert all(state["chartsSearchFilter"] in c for c in charts)
+    assert tracking.TABLE1_VIEW_TAG == "mlflow.sharedViewState." + tracking.TABLE1_VIEW
+    link = tracking.table1_view_link("1", "http://127.0.0.1:5000")
+    assert link.endswith(
+        "runs?workflowType=machine_learning&compareRunsMode=CHART&viewStateShareKey=table1"
+    )
 
 
 def test_model_job_params_name_the_trained_method(tmp_path: Path) -> None:
@@ -337,10 +392,12 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
     table = pd.read_csv(smoke_run / "table1.csv").set_index("method")
     spec = json.loads((smoke_run / "table1.meta.json").read_text())
     latest = _finished_by_name(runs)
-    # The exact-match columns; their p(target) twins (`ood_<task>_p`, rpb.report.tables) are no run
-    # metrics (eval_summary logs exact match only).
+    # The exact-match columns and the p(target) columns the verdicts are judged on (`in_domain_p`,
+    # `ood_mean_p`: accuracy/in_domain_p, accuracy/ood_mean_p); the per-task p(target) twins
+    # (`ood_<task>_p`) are no run metrics.
     ood = [c for c in table.columns if c.startswith("ood_") and not c.endswith("_p")]
-    accuracy = ["in_domain", "ood_mean", *ood]
+    accuracy = ["in_domain", "ood_mean", *ood, *tracking.P_TARGET_COLUMNS]
+    assert set(tracking.P_TARGET_COLUMNS) <= set(table.columns)
     structure = ["community_nmi", "coact_cosine", "modularity"]
     # Each base is evaluated as method `base` under its seed 0.
     table_runs = spec_runs(spec)
@@ -377,6 +434,16 @@ def test_smoke_eval_and_analysis_runs_reproduce_table1(smoke_run: Path) -> None:
         if r.data.tags["stage"] == "eval"
     }
     assert kinds["lbl"] == "lbl" and kinds["rpb"] == "rpb"
+    # Table 1's view in the experiment: its methods' eval runs (no `hard`), on p(target).
+    experiment = _client(f"sqlite:///{smoke_run / 'mlflow.db'}").get_experiment_by_name("rpb")
+    view = json.loads(experiment.tags[tracking.TABLE1_VIEW_TAG])
+    # (`all`'s eval runs, when test_report ran first, came after table 1's run wrote it.)
+    search = view["searchFilter"]
+    assert search.startswith("tags.stage = 'eval'") and "tags.method != 'hard'" in search
+    assert not any(f"!= '{m}'" in search for m in table.index)
+    charts = [c["metricKey"] for c in view["compareRunCharts"]]
+    assert charts == ["accuracy/in_domain_p", "accuracy/ood_mean_p"]
+    assert view["groupBy"]["groupByKeys"] == [{"mode": "tag", "groupByData": "method"}]
 
 
 @pytest.mark.slow

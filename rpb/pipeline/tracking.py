@@ -922,7 +922,8 @@ def task_metrics(result: Mapping[str, Any]) -> dict[str, float]:
 # A chart's title is its metric's full name, cut with an ellipsis where it is wider than its
 # card: at a 1400 px window MLflow 3.17 lays a section's charts three to a row, with room for 18
 # characters of title (measured by bench/browser_check.py; `coactivation/community_nmi` read
-# "coactivation/com..."). Table 1's names keep to that.
+# "coactivation/com..."). Table 1's names keep to that, but for the p(target) pair
+# (`accuracy/in_domain_p`, 20), which table 1's view (`table1_view_state`) draws two to a row.
 CHART_TITLE_CHARS = 18
 STRUCTURE_METRICS = {
     "community_nmi": "coact/nmi",
@@ -930,6 +931,10 @@ STRUCTURE_METRICS = {
     "modularity": "coact/modularity",
 }
 STRUCTURE_COLUMNS = tuple(STRUCTURE_METRICS)
+# Table 1's p(target) columns, the measure its verdicts are judged on at tiny scale (docs/claims.md,
+# "The primary metric at tiny scale"), beside their exact-match twins in the `accuracy` section:
+# `accuracy/in_domain_p`, `accuracy/ood_mean_p`.
+P_TARGET_COLUMNS = ("in_domain_p", "ood_mean_p")
 
 
 def table1_metric(column: str) -> str:
@@ -937,7 +942,7 @@ def table1_metric(column: str) -> str:
     `accuracy/ood_mean`, `ood/<task>` for `ood_<task>`, `coact/<short name>` for the structure
     columns (`STRUCTURE_METRICS`: `coact/cosine` for `coact_cosine`); any other name is its
     own."""
-    if column in ("in_domain", "ood_mean"):
+    if column in ("in_domain", "ood_mean", *P_TARGET_COLUMNS):
         return f"accuracy/{column}"
     if column.startswith("ood_"):
         return f"ood/{column.removeprefix('ood_')}"
@@ -975,6 +980,29 @@ def eval_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]
         ood.append(score)
     if ood and len(ood) == len(spec.get("ood", [])):
         metrics[table1_metric("ood_mean")] = float(np.mean(ood))
+    return metrics | p_target_summary(result, corpus, spec)
+
+
+def p_target_summary(result: Mapping[str, Any], corpus: str, spec: Mapping[str, Any]) -> dict:
+    """Table 1's p(target) columns for one evaluation output (percent), as table 1 computes them
+    (rpb.report.tables.accuracy_record): `accuracy/in_domain_p`, the mean over the corpus's
+    in-domain tasks, and `accuracy/ood_mean_p`, over the OOD tasks. An output without the eval
+    sets' loglikelihood tasks (paper scale's standard benchmarks) has none."""
+    from rpb.report.run_records import in_domain_tasks
+    from rpb.report.tables import P_TARGET, measure_score
+
+    where = Path(f"<eval {corpus}>")
+    tasks = {"in_domain_p": in_domain_tasks(dict(spec), corpus), "ood_mean_p": spec.get("ood")}
+    metrics: dict[str, float] = {}
+    for column, of in tasks.items():
+        if not of:
+            continue
+        try:
+            score = measure_score(dict(result), list(of), where, P_TARGET)[0]
+        except ValueError as err:
+            log.info("no %s metric: %s", table1_metric(column), err)
+            continue
+        metrics[table1_metric(column)] = score
     return metrics
 
 
@@ -1043,9 +1071,85 @@ def table_metrics(stage: str, frame: Any) -> dict[str, float]:
     return metrics
 
 
+# Table 1 in MLflow's UI as one link (docs/tracking.md, "Table 1 in the UI"): a view that MLflow
+# 3.17 keeps in an experiment tag `mlflow.sharedViewState.<key>` and opens from
+# `...runs?viewStateShareKey=<key>` (its *Share* button writes the same). The view: table 1's
+# eval runs (its methods' only: `hard`, which check M2 trains, is left out), grouped by method,
+# the chart view without the runs list beside it, on the p(target) charts, two to a row. So the
+# view reads whole in a 1400 px window with the Assistant panel MLflow opens on a fresh profile
+# (three charts to a row beside it cut the titles to "accuracy/in_do..." and the legends to two
+# methods; bench/browser_check.py looks at it).
+TABLE1_VIEW = "table1"
+TABLE1_VIEW_TAG = "mlflow.sharedViewState." + TABLE1_VIEW
+TABLE1_VIEW_CHARTS = "_p"  # the chart search: accuracy/in_domain_p, accuracy/ood_mean_p
+
+
+def table1_view_state(others: Iterable[str]) -> dict[str, Any]:
+    """MLflow's view state of table 1's view: eval runs less those of the methods `others` (the
+    store's methods that are no row of table 1), grouped by the tag `method`."""
+    search = " and ".join(["tags.stage = 'eval'", *(f"tags.method != '{m}'" for m in others)])
+    return {
+        "searchFilter": search,
+        "groupBy": {
+            "aggregateFunction": "average",
+            "groupByKeys": [{"mode": "tag", "groupByData": "method"}],
+        },
+        "runListHidden": True,
+        "chartsSearchFilter": TABLE1_VIEW_CHARTS,
+        "compareRunSections": [
+            {
+                "uuid": "rpb-table1-accuracy",
+                "name": "accuracy",
+                "display": True,
+                "isReordered": False,
+                "deleted": False,
+                "isGenerated": True,
+                "columns": 2,
+            }
+        ],
+        "compareRunCharts": [
+            {
+                "uuid": f"rpb-table1-{column}",
+                "type": "BAR",
+                "metricSectionId": "rpb-table1-accuracy",
+                "isGenerated": True,
+                "deleted": False,
+                "metricKey": table1_metric(column),
+            }
+            for column in P_TARGET_COLUMNS
+        ],
+    }
+
+
+def table1_view_link(experiment_id: str, base: str = "") -> str:
+    """The link (after the server's address `base`) that opens table 1's view."""
+    return (
+        f"{base}/#/experiments/{experiment_id}/runs?workflowType=machine_learning"
+        f"&compareRunsMode=CHART&viewStateShareKey={TABLE1_VIEW}"
+    )
+
+
+def log_table1_view(methods: Iterable[str]) -> dict[str, Any] | None:
+    """Write table 1's view (`table1_view_state`) into the active run's experiment: table 1's
+    rows `methods` against the methods of the experiment's eval runs."""
+    import mlflow
+
+    run = mlflow.active_run()
+    if run is None:
+        return None
+    client = mlflow.MlflowClient()
+    experiment = run.info.experiment_id
+    evals = client.search_runs([experiment], "tags.stage = 'eval'", max_results=50000)
+    stored = {r.data.tags["method"] for r in evals if "method" in r.data.tags}
+    state = table1_view_state(sorted(stored - set(methods)))
+    client.set_experiment_tag(experiment, TABLE1_VIEW_TAG, json.dumps(state))
+    return state
+
+
 def log_table_run(stage: str, csv: Path) -> dict[str, float]:
     """Log a table's CSV to the active run as an MLflow table (`<stem>.json`, which the UI's
-    artifact view shows as a table) and its headline numbers as metrics (`table_metrics`)."""
+    artifact view shows as a table) and its headline numbers as metrics (`table_metrics`);
+    table 1's run also writes table 1's view (`log_table1_view`)."""
     import mlflow
     import pandas as pd
 
@@ -1053,6 +1157,8 @@ def log_table_run(stage: str, csv: Path) -> dict[str, float]:
     metrics = table_metrics(stage, frame)
     if mlflow.active_run() is None:
         return metrics
+    if stage == "table1" and "method" in frame.columns:
+        log_table1_view(frame["method"].astype(str))
     # log_table's JSON has no NaN: an empty cell is null.
     mlflow.log_table(frame.astype(object).where(frame.notna(), None), f"{Path(csv).stem}.json")
     if metrics:

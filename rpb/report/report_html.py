@@ -17,6 +17,7 @@ The workflow/report/*.rst captions only point at these (tests/test_report_html.p
 
 from __future__ import annotations
 
+import base64
 import html as _html
 import math
 import numbers
@@ -185,6 +186,30 @@ LANDING_STYLE = """<style>
 </style>"""
 
 
+# Inline, so that a landing page without a banner keeps its bytes.
+BANNER_STYLE = (
+    "background: #fff8c5; border: 1px solid #d4a72c; padding: 6px 10px; font-weight: 600; "
+    "color: #1f2328"
+)
+
+
+VIEW_LINK_TEXT = "Open table 1 (the columns a reader needs; every column is in table1.csv)"
+
+
+def view_link(view: str) -> str:
+    """A link that shows the page `view` in the Snakemake report's content pane (its `app`, as
+    the report's eye icon does), carried as a data URI: table 1 one click from the first screen."""
+    uri = "data:text/html;base64," + base64.b64encode(view.encode()).decode()
+    show = (
+        "if (typeof app !== 'undefined') { app.setView({content: 'html', "
+        "contentPath: this.dataset.view}); return false; }"
+    )
+    return (
+        f'<p class="open"><a class="rpb-open-table" href="#" data-view="{uri}" '
+        f'onclick="{show}"><b>{_escape(VIEW_LINK_TEXT)}</b></a></p>'
+    )
+
+
 def _landing_table(frame: pd.DataFrame, css_class: str) -> str:
     """A small table of text cells: the first column names the row, the others are numbers."""
     head = "".join(f"<th>{_escape(str(c))}</th>" for c in frame.columns)
@@ -210,12 +235,20 @@ def landing_html(
     checks: Sequence[tuple[str, str, str, bool]] = (),
     comparisons: Sequence[str] = (),
     notes: tuple[str, str] = ("", ""),
+    banner: str = "",
+    view: str = "",
 ) -> str:
     """Table 1's landing page, an HTML fragment (no <html>: it is included in another page):
-    its title, the `lead` (one sentence per verdict), the headline table and its note, the checks
+    its title, a `banner` under it where given (a smoke run's: its numbers carry no meaning),
+    the `lead` (one sentence per verdict), the headline table and its note, the checks
     as a list (id, outcome as `rpb.report.audit.Check.outcome` words it, the numbers, passed),
-    the comparisons behind the verdicts, and the per-task table with its note."""
+    the comparisons behind the verdicts, and the per-task table with its note. With `view` (a
+    page, `table_view_page`), a link under the title opens it in Snakemake's report, one click."""
     body = [f'<div class="rpb-landing">\n{LANDING_STYLE}', f"<h2>{_escape(title)}</h2>"]
+    if banner:
+        body.append(f'<p class="banner" style="{BANNER_STYLE}">{_inline(banner)}</p>')
+    if view:
+        body.append(view_link(view))
     if lead:
         body.append('<p class="lead">' + " ".join(_inline(s) for s in lead) + "</p>")
     else:

@@ -509,7 +509,8 @@ def build_method_table(
         # Which CPU numeric paths trained the runs and their bases (rpb.numerics), with counts.
         "numeric_paths": numeric_paths(results, spec),
         "note": (
-            "".join(f"{line} " for line in verdicts)
+            "".join(f"{line} " for line in [smoke_note(spec)] if line)
+            + "".join(f"{line} " for line in verdicts)
             + f"{measures_text(spec)} in_domain: {_in_domain_text(tasks)}, "
             f"{over_runs} (a run is a base and a seed; the base row, one run per base; a single "
             f"run: the {_interval(spec, 'its items', ITEM_INTERVAL)})"
@@ -563,8 +564,45 @@ def build_table1(
         checks=checks,
         comparisons=comparisons,
         notes=(headline_note(spec), per_task_note(spec)),
+        banner=smoke_note(spec),
+        view=table_view_page(table, _title(title, spec), spec),
     )
     return table
+
+
+# Table 1 as the report shows it (issue 58: at 1400 px 9 of its 25 columns showed): a row per
+# method in the columns a reader needs, accuracy in both measures and the structure columns;
+# the intervals, the per-task columns and every other column are in the CSV and its caption.
+READER_COLUMNS = (
+    "method",
+    "n_seeds",
+    *(f"{column}{SUFFIX[m]}" for column in ACCURACY for m in (EXACT_MATCH, P_TARGET)),
+    *TABLE1_STRUCTURE,
+    "paper_in_domain",
+)
+
+
+def table_view_page(table: pd.DataFrame, title: str, spec: dict[str, Any]) -> str:
+    """The report's page of table 1 (`READER_COLUMNS` of `table`, 2 decimals), its note naming
+    the columns and where the rest are."""
+    from rpb.report.report_html import page, table_html
+
+    columns = [c for c in READER_COLUMNS if c in table.columns]
+    note = (
+        "".join(f"{line} " for line in [smoke_note(spec)] if line)
+        + "The columns a reader needs; the intervals, the per-task columns and the full caption "
+        "are in table1.csv and table1.html (the menu's Table 1, then Table). "
+        f"{measures_text(spec)} modularity, community_nmi, coact_cosine: co-activation "
+        "structure (unitless; the last two against the base); paper_in_domain: the paper's "
+        "in-domain accuracy (Moonlight-16B-A3B, family A only)."
+    )
+    # Narrow: the text column at its content's width, headers wrapped at their underscores.
+    narrow = (
+        "<style>table.rpb td.text { min-width: 0; } table.rpb th { word-break: break-word; "
+        "max-width: 7em; }</style>\n</head>"
+    )
+    html = page(title, note, [("", table_html(table[columns], ".2f"))])
+    return html.replace("</head>", narrow, 1)
 
 
 # --- table 1's landing page: the verdicts, the headline, the checks, the tasks ------------------
@@ -577,6 +615,22 @@ STRUCTURE_NAMES = {
     "coact_cosine": "co-activation cosine with the base",
 }
 PAPER_ROW = "paper in-domain (Moonlight-16B-A3B)"
+
+
+# What a smoke run's outputs say first (config `scale: smoke`, config/smoke.yaml): its models are
+# trained for seconds on a few hundred tokens to check that every rule runs, so its numbers, its
+# verdicts and its checks' outcomes carry no meaning (issue 58).
+SMOKE_NOTE = (
+    "Smoke run (config scale: smoke): a few seconds of training on tiny models, to check that the "
+    'pipeline runs end to end. Its numbers carry no meaning: 0.00 accuracies, verdicts "not '
+    'testable" and checks "not met" are expected here and say nothing about the paper\'s claims; '
+    "table 1's numbers come from `make table1`."
+)
+
+
+def smoke_note(spec: dict[str, Any]) -> str:
+    """`SMOKE_NOTE` for a smoke run's spec (`scale: smoke`), else nothing."""
+    return SMOKE_NOTE if spec.get("scale") == "smoke" else ""
 
 
 def _title(title: str, spec: dict[str, Any]) -> str:
@@ -685,12 +739,14 @@ def write_landing(
     checks: Sequence[Any] = (),
     comparisons: Sequence[str] = (),
     notes: tuple[str, str] = ("", ""),
+    banner: str = "",
+    view: str = "",
 ) -> Path:
     """The landing page's HTML fragment (`rpb.report.report_html.landing_html`) at `path`."""
     from rpb.report.report_html import landing_html
 
     shown = [(c.id, c.outcome(), c.value, c.passed) for c in checks]
-    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes)
+    text = landing_html(title, lead, headline, per_task, shown, comparisons, notes, banner, view)
     return write_text(Path(path), text)
 
 

@@ -10,6 +10,7 @@ rule table1:
             caption="../report/data.rst",
             category="Table 1",
             subcategory="Data",
+            labels={"file": "table1.csv (every column, 4 decimals)"},
         ),
         md=f"{RESULTS}/table1.md",
         html=report(
@@ -17,6 +18,7 @@ rule table1:
             caption="../report/table.rst",
             category="Table 1",
             subcategory="Table",
+            labels={"file": "table1.html (every column, its full caption)"},
         ),
         heatmaps=f"{RESULTS}/figures/table1_coactivation.png",
         heatmaps_runs=report(
