@@ -58,6 +58,7 @@ from rpb.report.tables import (
     table5_frames,
 )
 from rpb.report.verdicts import (
+    BELOW_MARGIN,
     CONFIRMATORY,
     EXPLORATORY,
     INCONCLUSIVE,
@@ -676,6 +677,8 @@ VERDICT_MEANING = {
     SUPPORTED: "supported on this testbed",
     NOT_SUPPORTED: "not supported on this testbed",
     INCONCLUSIVE: "inconclusive: the interval spans both outcomes",
+    BELOW_MARGIN: "positive, below the margin: RPB is ahead, but by less than an effect worth "
+    "claiming, or by an amount the interval cannot place above it",
     UNDERPOWERED_BY_DESIGN: "underpowered by design: the most a router method can change here is "
     "smaller than what these runs can detect, as the design predicted before any method ran",
     NOT_TESTABLE: "not testable here: a check it depends on did not hold or could not be judged "
