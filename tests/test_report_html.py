@@ -279,6 +279,7 @@ def test_table_html_formats_escapes_and_leaves_nan_empty(tmp_path: Path) -> None
 def test_verdict_classes() -> None:
     assert verdict_class("supported") == "supported"
     assert verdict_class("inconclusive (underpowered: MDE 6.1 pp, needs 9 runs)") == "inconclusive"
+    assert verdict_class("positive, below the margin (above 0, ...)") == "positive-below-the-margin"
     assert verdict_class("not testable: M1 lbl flattens routing failed, x") == "not-testable"
     assert verdict_class("not supported") == "not-supported"
 

@@ -303,7 +303,7 @@ def verdict_class(verdict: Any) -> str:
     """The CSS class of a verdict cell: its verdict without its reason ("inconclusive
     (underpowered: ...)" -> inconclusive, "not testable: ..." -> not-testable)."""
     base = re.split(r" \(|:", str(verdict), maxsplit=1)[0].strip()
-    return base.replace(" ", "-") if base else ""
+    return base.replace(",", "").replace(" ", "-") if base else ""
 
 
 def _claims_css(column: str, value: Any) -> str:
