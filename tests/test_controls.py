@@ -89,7 +89,8 @@ def _config() -> dict:
             r"claims\.permuted: methods\.rpb_permuted is a 'anchor_weight', not a variant",
         ),
         (
-            lambda c: c["methods"]["rpb_permuted"].pop("options"),
+            # rpb keeps its bias at evaluation (the default since issue 58); this one drops it.
+            lambda c: c["methods"]["rpb_permuted"].update(options={"keep_bias_at_eval": False}),
             r"claims\.permuted: methods\.rpb_permuted\.options differs from methods\.rpb",
         ),
         (
