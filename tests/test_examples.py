@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -191,7 +192,7 @@ def test_the_minimal_example_routes_as_the_librarys_method(marginal: bool, train
     batch = minimal.batches(1, base.config.vocab_size, seed=3)[0]
     routers = minimal.find_routers(model)
 
-    def forward(attached: list | None = None) -> tuple[torch.Tensor, list]:
+    def forward(attached: list | None = None) -> tuple[Any, list]:
         seen: list = []  # spies after the method's hooks see the routing the experts got
         spies = [r.register_forward_hook(lambda m, a, out: seen.append(out)) for r in routers]
         with torch.no_grad():
@@ -200,7 +201,7 @@ def test_the_minimal_example_routes_as_the_librarys_method(marginal: bool, train
             hook.remove()
         return out, seen
 
-    native, native_routing = forward()
+    _, native_routing = forward()
     ours, our_routing = forward(
         minimal.attach_rpb(model, minimal.extract_prior(base, data), STRENGTH, marginal)
     )
@@ -226,31 +227,22 @@ def test_the_minimal_example_trains_as_the_library(marginal: bool) -> None:
     """Three AdamW steps from the same moved routers on the same batches: the example's loop
     and the library's (examples/plain_loop.py's: method attached, out.loss + router_loss) end at
     the same parameters, bit for bit, and not at plain fine-tuning's."""
-    from rpb.methods import make_method
+    from rpb.methods import RouterMethod, make_method
     from rpb.prior import extract_prior
 
     base = tiny_base()
-    vocab = base.config.vocab_size
-    prior = extract_prior(base, minimal.batches(2, vocab, seed=1), progress=False)
-    data = minimal.batches(3, vocab, seed=2)
+    prior_data = minimal.batches(2, base.config.vocab_size, seed=1)
+    data = minimal.batches(3, base.config.vocab_size, seed=2)
     start = moved_routers(base)
-
     ours = copy.deepcopy(start)
     minimal.train(
-        ours,
-        minimal.extract_prior(base, minimal.batches(2, vocab, seed=1)),
-        data,
-        strength=STRENGTH,
-        marginal=marginal,
-        lr=1e-2,
+        ours, minimal.extract_prior(base, prior_data), data, strength=STRENGTH, marginal=marginal
     )
 
-    def library_loop(model: torch.nn.Module, method_name: str) -> torch.nn.Module:
+    def library_loop(model: torch.nn.Module, method: RouterMethod) -> torch.nn.Module:
         model.train()
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-        with make_method(method_name, strength=STRENGTH if method_name != "none" else None).attach(
-            model, prior
-        ) as method:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)  # the example's default lr
+        with method.attach(model, extract_prior(base, prior_data, progress=False)):
             for step, batch in enumerate(data):
                 method.set_progress(step, len(data))
                 out = model(**batch)
@@ -260,16 +252,14 @@ def test_the_minimal_example_trains_as_the_library(marginal: bool) -> None:
                 method.on_step_end()
         return model
 
-    theirs = library_loop(copy.deepcopy(start), MINIMAL_METHODS[marginal])
-    plain = library_loop(copy.deepcopy(start), "none")
-    their_params = dict(theirs.named_parameters())
+    method = make_method(MINIMAL_METHODS[marginal], strength=STRENGTH)
+    theirs = dict(library_loop(copy.deepcopy(start), method).named_parameters())
+    plain = dict(library_loop(copy.deepcopy(start), make_method("none")).named_parameters())
     for name, param in ours.named_parameters():
-        assert torch.equal(param, their_params[name]), name
-    assert not torch.equal(
-        ours.model.layers[0].mlp.gate.weight, start.model.layers[0].mlp.gate.weight
-    )
-    plain_params = dict(plain.named_parameters())
-    assert any(not torch.equal(p, plain_params[n]) for n, p in ours.named_parameters())
+        assert torch.equal(param, theirs[name]), name
+    router = "model.layers.0.mlp.gate.weight"
+    assert not torch.equal(theirs[router], dict(start.named_parameters())[router])
+    assert any(not torch.equal(p, plain[n]) for n, p in ours.named_parameters())
 
 
 @slow
