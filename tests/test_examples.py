@@ -136,10 +136,10 @@ MINIMAL_METHODS = {False: "rpb", True: "rpb_marginal"}
 STRENGTH = 1.5  # not 1, so a strength dropped or applied twice shows
 
 
-def tiny_base() -> torch.nn.Module:
+def tiny_base(model_type: str = "qwen3_moe") -> torch.nn.Module:
     from rpb.architectures import random_model
 
-    return random_model("qwen3_moe", seed=0)
+    return random_model(model_type, seed=0)
 
 
 def moved_routers(base: torch.nn.Module) -> torch.nn.Module:
@@ -153,6 +153,10 @@ def moved_routers(base: torch.nn.Module) -> torch.nn.Module:
                 0.5 * router.weight.std() * torch.randn(router.weight.shape, generator=g)
             )
     return model
+
+
+def renormalises_top_k(model: torch.nn.Module) -> bool:
+    return all(router.norm_topk_prob for router in minimal.find_routers(model))
 
 
 def test_the_minimal_example_does_not_import_rpb() -> None:
@@ -177,15 +181,20 @@ def test_the_minimal_prior_is_the_librarys() -> None:
 
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
 @pytest.mark.parametrize("marginal", [False, True], ids=list(MINIMAL_METHODS.values()))
-def test_the_minimal_example_routes_as_the_librarys_method(marginal: bool, training: bool) -> None:
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "qwen2_moe"])
+def test_the_minimal_example_routes_as_the_librarys_method(
+    model_type: str, marginal: bool, training: bool
+) -> None:
     """On the same moved routers: every router's gate weights and experts, the model's logits and
     loss are the library's method's, bit for bit; the library's router term is 0 (the example
     adds none); and the routing is not the native one where the bias is on (rpb keeps it at
-    evaluation, rpb_marginal drops it)."""
+    evaluation, rpb_marginal drops it). The tiny Qwen3-MoE renormalises its top-k gate weights,
+    the tiny Qwen2-MoE does not."""
     from rpb.methods import make_method
     from rpb.prior import extract_prior
 
-    base = tiny_base()
+    base = tiny_base(model_type)
+    assert renormalises_top_k(base) == (model_type == "qwen3_moe")
     data = minimal.batches(2, base.config.vocab_size, seed=1)
     prior = extract_prior(base, data, progress=False)
     model = moved_routers(base).train(training)
