@@ -59,7 +59,7 @@ onstart:
 
 
 onsuccess:
-    from rpb.artifacts import release_results_lock
+    from rpb.pipeline.results_folder import release_results_lock
     from rpb.pipeline.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FINISHED")
@@ -67,7 +67,7 @@ onsuccess:
 
 
 onerror:
-    from rpb.artifacts import release_results_lock
+    from rpb.pipeline.results_folder import release_results_lock
     from rpb.pipeline.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FAILED")

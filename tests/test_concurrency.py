@@ -199,7 +199,7 @@ def test_every_tracked_job_waits_for_tracking_init(tmp_path: Path, configfile: s
 # An invocation holding a results folder: the lock the workflow takes at parse time, then it waits.
 HOLDER = """
 import sys, time
-from rpb.artifacts import hold_results_lock
+from rpb.pipeline.results_folder import hold_results_lock
 target = sys.argv[2]
 hold_results_lock(sys.argv[1], command=["snakemake", "--cores", "2", target], targets=[target])
 print("held", flush=True)
@@ -216,7 +216,7 @@ def _holder(results: Path, target: str) -> subprocess.Popen:
 
 
 def test_the_results_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
-    from rpb.artifacts import ResultsBusy, hold_results_lock, release_results_lock
+    from rpb.pipeline.results_folder import ResultsBusy, hold_results_lock, release_results_lock
 
     results = tmp_path / "results"
     holder = _holder(results, f"{results}/table1.csv")
@@ -240,7 +240,7 @@ def test_the_results_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> N
 
 
 def test_a_dry_run_on_a_fresh_folder_creates_no_lock(tmp_path: Path) -> None:
-    from rpb.artifacts import hold_results_lock
+    from rpb.pipeline.results_folder import hold_results_lock
 
     assert hold_results_lock(tmp_path / "results", command=["snakemake", "-n"], hold=False) is None
     assert not (tmp_path / "results").exists()
@@ -306,7 +306,7 @@ def test_a_killed_invocations_snakemake_lock_is_cleared_with_one_line(tmp_path: 
     directory). Now the next invocation, holding the results lock (so no live invocation uses the
     folder), deletes the dead one's lock files, those naming files of its results folder only,
     and says in one line the command that recovers; with `--rerun-incomplete` it goes on."""
-    from rpb.artifacts import (
+    from rpb.pipeline.results_folder import (
         hold_results_lock,
         parse_invocation,
         recover_after_kill,

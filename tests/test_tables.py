@@ -546,7 +546,7 @@ def test_a_failed_table_job_leaves_none_of_the_old_table(
     table1.csv; Snakemake deletes only the declared outputs."""
     from conftest import new_store
 
-    from rpb.artifacts import RESULTS_ENV
+    from rpb.pipeline.results_folder import RESULTS_ENV
     from rpb.pipeline.cli import main
 
     results = tmp_path / "results"
@@ -581,7 +581,7 @@ def test_a_table_job_whose_store_is_full_leaves_none_of_its_table(
     from conftest import new_store
 
     import rpb.pipeline.tracking as tracking
-    from rpb.artifacts import RESULTS_ENV
+    from rpb.pipeline.results_folder import RESULTS_ENV
     from rpb.pipeline.cli import main
 
     results = tmp_path / "results"

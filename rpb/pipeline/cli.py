@@ -1029,7 +1029,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     that succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit
     status."""
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
-    from rpb.artifacts import RESULTS_ENV, hold_job_lock  # the standard library's imports only
+    # The standard library's imports only; importing rpb.pipeline also installs the integrity
+    # records of what the job writes (rpb.pipeline.results_folder.IntegrityRecords).
+    from rpb.pipeline.results_folder import RESULTS_ENV, hold_job_lock
 
     if argv is None and sys.argv[1:2] == ["pipeline"] and os.environ.get(RESULTS_ENV):
         # A pipeline job: seen by the next invocation if its Snakemake is killed alone (a served
