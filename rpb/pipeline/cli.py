@@ -224,13 +224,12 @@ def cmd_fix_bases(args: argparse.Namespace) -> None:
     config/config.yaml, as Snakemake merges them) as the committed fixed bases."""
     from rpb.pipeline.bases import record
     from rpb.pipeline.config_check import check_config
-    from rpb.pipeline.plan import PipelineConfig, Plan
+    from rpb.pipeline.plan import Plan
     from rpb.pipeline.relayout import read_config
 
     workflow = Path(__file__).resolve().parents[2]
     config = read_config(args.configfile)
-    check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml")
-    plan = Plan(PipelineConfig.parse(config))
+    plan = Plan(check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml"))
     data = args.results / "data"
     for model in plan.original_pretrained:
         for base, entry in enumerate(plan.bases(model)):  # base k: the model's k-th entry

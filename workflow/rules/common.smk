@@ -11,7 +11,7 @@ from rpb.artifacts import sha256_of
 from rpb.numerics import KERNEL_ENV, LOCK_ENV, PIN_ENV, path_environment
 from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
 from rpb.pipeline.config_check import ConfigError, check_config
-from rpb.pipeline.plan import CHECKPOINTS_ENV, PipelineConfig, Plan, plain
+from rpb.pipeline.plan import CHECKPOINTS_ENV, Plan, plain
 from rpb.pipeline.results_folder import (
     RESULTS_ENV,
     ResultsBusy,
@@ -27,14 +27,13 @@ from rpb.pipeline.results_folder import (
 from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
 from rpb.specs import CORPORA, EVAL_SETS, PATHS
 
-# Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
-# (Snakemake prints sys.exit's message to stderr as is and exits 1).
+# Schema, defaults, cross-key checks and the config's one parse; a bad config stops here with one
+# line and no traceback (Snakemake prints sys.exit's message to stderr as is and exits 1).
 try:
-    check_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+    PLAN = Plan(check_config(config, workflow.source_path("../schemas/config.schema.yaml")))
 except ConfigError as err:
     sys.exit(f"config error: {err}")
 
-PLAN = Plan(PipelineConfig.parse(config))
 RESULTS = PLAN.results
 # One invocation per results folder, whatever its target: a second one would share the invocation
 # record and the incomplete markers of the first (Snakemake's own lock covers only the outputs in
