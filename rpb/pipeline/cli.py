@@ -1086,6 +1086,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("job failed", exc_info=True)
         print(f"{command_name(args)}: error: {line}", file=sys.stderr)
         return 2
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["pipeline"] and os.environ.get(RESULTS_ENV):
+        # A job of an invocation whose Snakemake was killed alone ends unseen by it: this note
+        # lets the next invocation keep what the job wrote (results_folder.keep_finished_outputs).
+        from rpb.pipeline.results_folder import record_finished_job
+
+        record_finished_job(os.environ[RESULTS_ENV], ["rpb", *given])
     if argv is None and single:
         from rpb.pipeline.jobserver import exit_now
 

@@ -51,6 +51,7 @@ __all__ = [
     "Problem",
     "ResultsBusy",
     "check_results",
+    "clear_finished_notes",
     "clear_stale_snakemake_locks",
     "drop_job_files",
     "hold_job_lock",
@@ -58,10 +59,12 @@ __all__ = [
     "incomplete_outputs",
     "integrity_message",
     "jobs_busy_message",
+    "keep_finished_outputs",
     "live_jobs",
     "parse_invocation",
     "rebuild_target",
     "record_artifact",
+    "record_finished_job",
     "record_folder",
     "recover_after_kill",
     "release_results_lock",
@@ -73,6 +76,11 @@ RECORDS = ".integrity"
 LOCK_NAME = ".invocation.lock"
 # One file per running job of the pipeline (`hold_job_lock`), locked for the job's life.
 JOBS_DIR = ".jobs"
+# One note per pipeline job that succeeded in the current or the last invocation
+# (`record_finished_job`): what it wrote and its command. Snakemake records a job's outputs
+# complete only when it sees the job end; the jobs of an invocation whose Snakemake alone was
+# killed end unseen, and the next invocation keeps what they finished (`keep_finished_outputs`).
+FINISHED_DIR = ".jobs_finished"
 # Folders the check does not descend into: the records themselves, MLflow's copies of artifacts,
 # logs and timings, resumable training state (the trainer checks its own completeness), and
 # Snakemake's temporary lm-eval folders (`*.work`).
@@ -135,16 +143,23 @@ def _drop_folder_records(folder: Path) -> None:
         shutil.rmtree(Path(found[0]) / RECORDS / found[1], ignore_errors=True)
 
 
+# What this process wrote whole under the results folder (absolute paths), for its job's note.
+_WRITTEN: list[str] = []
+
+
 class IntegrityRecords(ArtifactRecorder):
     """rpb.artifacts' writes under the results folder (`RESULTS_ENV`), recorded; any other write
     is left alone."""
 
     def file_written(self, path: Path) -> None:
-        record_artifact(path)
+        if record_artifact(path) is not None:
+            _WRITTEN.append(os.path.abspath(path))
 
     def folder_written(self, path: Path) -> None:
         _drop_folder_records(path)  # the folder's previous files
         record_folder(path)
+        if _results_root(path) is not None:
+            _WRITTEN.append(os.path.abspath(path))
 
     def folder_discarded(self, path: Path) -> None:
         _drop_folder_records(path)
@@ -571,17 +586,17 @@ def clear_stale_snakemake_locks(
     return sorted(stale)
 
 
-def incomplete_outputs(
-    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
-) -> list[str]:
-    """The files under `results` that Snakemake marks incomplete (a job started, never ended:
-    `.snakemake/incomplete/`, each path base64-encoded, split into `@`-prefixed folders when
-    long) and that exist, sorted."""
+def _incomplete_marks(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str]
+) -> dict[str, Path]:
+    """Snakemake's marks of the files under `results` that it calls incomplete (a job started,
+    never ended: `.snakemake/incomplete/`, each path base64-encoded, split into `@`-prefixed
+    folders when long) and that exist, by the path they mark."""
     import base64
 
     folder = os.path.abspath(results)
     marks = Path(workdir) / SNAKEMAKE_DIR / "incomplete"
-    found = []
+    found = {}
     for mark in marks.rglob("*") if marks.is_dir() else ():
         if not mark.is_file() or mark.name == "migration_underway":
             continue
@@ -591,8 +606,60 @@ def incomplete_outputs(
         except (ValueError, UnicodeDecodeError):
             continue
         if _under(name, folder) and os.path.lexists(name):  # as Snakemake: marked and there
-            found.append(name)
-    return sorted(found)
+            found[name] = mark
+    return found
+
+
+def incomplete_outputs(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
+) -> list[str]:
+    """The files under `results` that Snakemake marks incomplete and that exist, sorted."""
+    return sorted(_incomplete_marks(results, workdir))
+
+
+def record_finished_job(results: str | os.PathLike[str], argv: Sequence[str]) -> Path:
+    """Note that this process's pipeline job on `results` succeeded: its command and the paths it
+    wrote whole (`<results>/.jobs_finished/<host>.<pid>.json`). Read by the next invocation
+    (`keep_finished_outputs`) and cleared by it."""
+    folder = Path(results) / FINISHED_DIR
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{socket.gethostname()}.{os.getpid()}.json"
+    note = {"command": list(argv), "written": sorted(set(_WRITTEN))}
+    with atomic_path(path, record=False) as tmp:
+        tmp.write_text(json.dumps(note) + "\n")
+    return path
+
+
+def keep_finished_outputs(
+    results: str | os.PathLike[str], workdir: str | os.PathLike[str] = "."
+) -> list[str]:
+    """Of the outputs Snakemake marks incomplete, keep those a job finished (`record_finished_job`):
+    a path it wrote whole, or a path its command names (lm-eval's `--work` folder); Snakemake's
+    mark is removed, so it takes them as done. Returns them; then clears every note. Call it
+    while holding the results lock, once no job of an earlier invocation runs (`live_jobs`).
+
+    A job with an output left marked still reruns whole (Snakemake deletes its outputs first): a
+    path is kept on exact equality only, so a job's note never covers another job's output."""
+    folder = Path(results) / FINISHED_DIR
+    finished: set[str] = set()
+    for note in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        with contextlib.suppress(OSError, ValueError):
+            content = json.loads(note.read_text())
+            finished |= set(content["written"])
+            finished |= {os.path.abspath(arg) for arg in content["command"] if os.sep in arg}
+    kept = []
+    for name, mark in _incomplete_marks(results, workdir).items():
+        if os.path.abspath(name) in finished:
+            mark.unlink(missing_ok=True)
+            kept.append(name)
+    clear_finished_notes(results)
+    return sorted(kept)
+
+
+def clear_finished_notes(results: str | os.PathLike[str]) -> None:
+    """Delete the finished jobs' notes (`record_finished_job`): at the end of an invocation, which
+    saw every job end, and once the next invocation has read them."""
+    shutil.rmtree(Path(results) / FINISHED_DIR, ignore_errors=True)
 
 
 def recover_after_kill(
@@ -604,6 +671,7 @@ def recover_after_kill(
     this one lacks `--rerun-incomplete`: Snakemake would stop on them in a dozen lines (and,
     before its lock was cleared here, `--rerun-incomplete` met `LockException` until `--unlock`)."""
     cleared = clear_stale_snakemake_locks(results, workdir)
+    kept = keep_finished_outputs(results, workdir)  # the notes of this invocation start afresh
     if not cleared:
         return None, False
     names = ", ".join(str(p) for p in cleared)
@@ -621,10 +689,21 @@ def recover_after_kill(
         more = f" (+{len(incomplete) - 1} more)" if incomplete[1:] else ""
         return (
             f"recover: an invocation on {results} was killed; its Snakemake lock ({names}) is "
-            f"removed, and its jobs left {incomplete[0]}{more} incomplete; rerun them with: "
-            f"{shlex.join(command)}"
+            f"removed, {_kept(kept)}and its jobs left {incomplete[0]}{more} incomplete; rerun "
+            f"them with: {shlex.join(command)}"
         ), True
-    return f"rpb: removed the Snakemake lock of a killed invocation on {results} ({names})", False
+    return (
+        f"rpb: removed the Snakemake lock of a killed invocation on {results} ({names})"
+        f"{'; ' + _kept(kept).removesuffix(', ') if kept else ''}"
+    ), False
+
+
+def _kept(kept: Sequence[str]) -> str:
+    """The clause naming what jobs of a killed invocation finished unseen and is kept."""
+    if not kept:
+        return ""
+    more = f" (+{len(kept) - 1} more)" if kept[1:] else ""
+    return f"{kept[0]}{more}, finished by its jobs after the kill, is kept, "
 
 
 def _busy(results: str | os.PathLike[str], path: Path) -> str:
