@@ -59,18 +59,26 @@ onstart:
 
 
 onsuccess:
-    from rpb.artifacts import release_results_lock
+    from rpb.pipeline.results_folder import (
+        clear_finished_notes,
+        release_results_lock,
+    )
     from rpb.pipeline.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FINISHED")
+    clear_finished_notes(RESULTS)  # this invocation saw every job end
     release_results_lock(RESULTS)
 
 
 onerror:
-    from rpb.artifacts import release_results_lock
+    from rpb.pipeline.results_folder import (
+        clear_finished_notes,
+        release_results_lock,
+    )
     from rpb.pipeline.tracking import end_invocation
 
     end_invocation(TRACKING_INVOCATION, "FAILED")
+    clear_finished_notes(RESULTS)  # this invocation saw every job end
     release_results_lock(RESULTS)
 
 

@@ -34,11 +34,13 @@ from pathlib import Path
 from typing import Any
 
 KINDS = {".csv", ".md", ".html", ".png", ".pdf", ".json", ".safetensors"}
-# Never compared: tracking stores, logs, timings, integrity records, and scratch (`.work/`: a job's
-# `temp()` folder, which Snakemake deletes after the job, except where a run is left behind by
-# `--forcerun` or a kill: a record made from such a folder would fail every fresh run).
+# Never compared: tracking stores, logs, timings, integrity records, finished jobs' notes, and
+# scratch (`.work/`: a job's `temp()` folder, which Snakemake deletes after the job, except where a
+# run is left behind by `--forcerun` or a kill: a record made from such a folder would fail every
+# fresh run).
 SKIPPED = re.compile(
-    r"(^|/)(mlflow[^/]*|mlartifacts|logs|benchmarks|\.integrity|\.snakemake)(/|$)|\.run/|\.work/"
+    r"(^|/)(mlflow[^/]*|mlartifacts|logs|benchmarks|\.integrity|\.jobs_finished|\.snakemake)(/|$)"
+    r"|\.run/|\.work/"
 )
 # When and where a run happened: dates, commits, timings, and the CPU numeric path (the CPU's
 # model is recorded with every training: rpb.numerics), which two CPUs must differ in.

@@ -11,6 +11,7 @@ overlap on a loaded machine too.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -199,7 +200,7 @@ def test_every_tracked_job_waits_for_tracking_init(tmp_path: Path, configfile: s
 # An invocation holding a results folder: the lock the workflow takes at parse time, then it waits.
 HOLDER = """
 import sys, time
-from rpb.artifacts import hold_results_lock
+from rpb.pipeline.results_folder import hold_results_lock
 target = sys.argv[2]
 hold_results_lock(sys.argv[1], command=["snakemake", "--cores", "2", target], targets=[target])
 print("held", flush=True)
@@ -216,7 +217,7 @@ def _holder(results: Path, target: str) -> subprocess.Popen:
 
 
 def test_the_results_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> None:
-    from rpb.artifacts import ResultsBusy, hold_results_lock, release_results_lock
+    from rpb.pipeline.results_folder import ResultsBusy, hold_results_lock, release_results_lock
 
     results = tmp_path / "results"
     holder = _holder(results, f"{results}/table1.csv")
@@ -240,7 +241,7 @@ def test_the_results_lock_names_its_holder_and_dies_with_it(tmp_path: Path) -> N
 
 
 def test_a_dry_run_on_a_fresh_folder_creates_no_lock(tmp_path: Path) -> None:
-    from rpb.artifacts import hold_results_lock
+    from rpb.pipeline.results_folder import hold_results_lock
 
     assert hold_results_lock(tmp_path / "results", command=["snakemake", "-n"], hold=False) is None
     assert not (tmp_path / "results").exists()
@@ -306,7 +307,7 @@ def test_a_killed_invocations_snakemake_lock_is_cleared_with_one_line(tmp_path: 
     directory). Now the next invocation, holding the results lock (so no live invocation uses the
     folder), deletes the dead one's lock files, those naming files of its results folder only,
     and says in one line the command that recovers; with `--rerun-incomplete` it goes on."""
-    from rpb.artifacts import (
+    from rpb.pipeline.results_folder import (
         hold_results_lock,
         parse_invocation,
         recover_after_kill,
@@ -352,3 +353,64 @@ def test_a_killed_invocations_snakemake_lock_is_cleared_with_one_line(tmp_path: 
         False,
     )
     release_results_lock(results)
+
+
+def test_what_jobs_of_a_killed_snakemake_finish_after_the_kill_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 59, item 2 (the second half): jobs of an invocation whose Snakemake alone was
+    SIGKILLed run on and finish unseen, so Snakemake never unmarks their outputs and the next
+    invocation reran them. A pipeline job that succeeds now leaves a note (what it wrote whole,
+    its command); the next invocation unmarks exactly those outputs and keeps them, says so, and
+    still asks `--rerun-incomplete` for a job that did not finish. The notes go once read."""
+    from rpb import artifacts
+    from rpb.pipeline import cli
+    from rpb.pipeline.results_folder import (
+        FINISHED_DIR,
+        RESULTS_ENV,
+        hold_results_lock,
+        incomplete_outputs,
+        parse_invocation,
+        record_finished_job,
+        recover_after_kill,
+        release_results_lock,
+    )
+
+    workdir = tmp_path / "work"
+    results = workdir / "results"
+    done_json, work = results / "eval" / "a.json", results / "eval" / "a.work"
+    cut = results / "eval" / "b.json"  # its job was killed: written by other code, no note
+    _snakemake_state(
+        workdir,
+        {"0.input.lock": [], "0.output.lock": [f"{results}/table1.csv"]},
+        [str(done_json), str(work), str(cut)],
+    )
+    monkeypatch.setenv(RESULTS_ENV, str(results))
+    monkeypatch.setattr(sys, "argv", ["rpb"])
+    # A finished job writes through rpb.artifacts (recorded), and the `rpb` command notes it as
+    # it ends (a real job: init-tracking on a store of its own); lm-eval fills another job's
+    # --work folder, which its command names.
+    artifacts.write_text(done_json, "{}")
+    job = ["pipeline", "init-tracking", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"]
+    assert cli.main([*job, "--experiment", "e"]) == 0
+    (note,) = (results / FINISHED_DIR).iterdir()
+    assert json.loads(note.read_text())["command"] == ["rpb", *job, "--experiment", "e"]
+    assert str(done_json) in json.loads(note.read_text())["written"]
+    work.mkdir()
+    record_finished_job(results, ["rpb", "pipeline", "eval", "--work", str(work)])
+    cut.write_text("{")
+    argv = ["--cores", "2", "--", f"{results}/table1.csv"]
+    hold_results_lock(results, command=["snakemake", *argv])
+    try:
+        line, stop = recover_after_kill(results, parse_invocation(argv), workdir)
+    finally:
+        release_results_lock(results)
+    assert (
+        stop and f"removed, {done_json} (+1 more), finished by its jobs after the kill, is " in line
+    )
+    assert line.endswith(
+        f"and its jobs left {cut} incomplete; rerun them with: snakemake --cores 2 "
+        f"--rerun-incomplete -- {results}/table1.csv"
+    )
+    assert incomplete_outputs(results, workdir) == [str(cut)]  # the others are Snakemake's done
+    assert not (results / FINISHED_DIR).exists()

@@ -593,7 +593,13 @@ def test_a_trained_model_folder_is_recorded_and_a_damaged_weights_file_is_one_li
     records every file, the eval-time routing included. A truncated or lost weights file of the
     finished folder is then named, file and all, by the check that runs before Snakemake builds
     its DAG (so before it deletes anything), in one line with the command that rebuilds it."""
-    from rpb.artifacts import RECORDS, RESULTS_ENV, Problem, check_results, integrity_message
+    from rpb.pipeline.results_folder import (
+        RECORDS,
+        RESULTS_ENV,
+        Problem,
+        check_results,
+        integrity_message,
+    )
 
     results = tmp_path / "results"
     monkeypatch.setenv(RESULTS_ENV, str(results))
@@ -643,7 +649,8 @@ def test_a_model_folder_that_fails_while_saving_is_not_left(
     import errno
 
     import rpb.pipeline.training
-    from rpb.artifacts import RESULTS_ENV, check_results, failure_line
+    from rpb.artifacts import failure_line
+    from rpb.pipeline.results_folder import RESULTS_ENV, check_results
 
     results = tmp_path / "results"
     monkeypatch.setenv(RESULTS_ENV, str(results))
@@ -666,7 +673,7 @@ def test_a_swapped_model_folder_is_recorded(
     world: dict, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """rpb.router_swap writes its model folder whole and records it, swap.json included."""
-    from rpb.artifacts import RECORDS, RESULTS_ENV, check_results
+    from rpb.pipeline.results_folder import RECORDS, RESULTS_ENV, check_results
     from rpb.router_swap import swap_saved_parts
 
     results = tmp_path / "results"
@@ -927,7 +934,7 @@ cli.main()
 
 
 def _running_job(results: Path) -> subprocess.Popen:
-    from rpb.artifacts import RESULTS_ENV, live_jobs
+    from rpb.pipeline.results_folder import RESULTS_ENV, live_jobs
 
     env = dict(os.environ, **{RESULTS_ENV: str(results)})
     job = subprocess.Popen([sys.executable, "-c", _RUNNING_JOB], env=env)
@@ -945,7 +952,7 @@ def test_jobs_of_a_killed_snakemake_are_seen_by_the_next_invocation(tmp_path: Pa
     Each pipeline job now holds a lock file under `<results>/.jobs/` for its life; an invocation
     that would run jobs refuses in one line naming them while any is alive, and goes on once they
     ended (the file of a SIGKILLed job is removed, its lock being gone)."""
-    from rpb.artifacts import JOBS_DIR, live_jobs
+    from rpb.pipeline.results_folder import JOBS_DIR, live_jobs
 
     results = tmp_path / "results"
     job = _running_job(results)

@@ -193,6 +193,20 @@ def test_the_wings_import_downward_only():
     assert not wrong_way(import_graph()), "\n".join(wrong_way(import_graph()))
 
 
+def test_what_a_router_is_imports_nothing_above_it():
+    """rpb/router/ (what a router computes and its check) is the library's floor: the families,
+    the registry and the methods build on it, so it imports no other module of rpb (it once
+    imported rpb.families to name a family in an error)."""
+    up = {
+        f"rpb.{name} -> rpb.{target}"
+        for name, targets in import_graph().items()
+        if name.startswith("router.")
+        for target in targets
+        if not target.startswith("router")
+    }
+    assert not up, sorted(up)
+
+
 def declares_report_jobs(path: Path) -> bool:
     """Whether a module assigns `REPORT_ENTRIES` at its top level: a report job's module."""
     tree = ast.parse(path.read_text(), filename=str(path))

@@ -27,7 +27,7 @@ from rpb.pipeline import training
 from rpb.pipeline.analysis import extract_prior_from_corpus
 from rpb.pipeline.cli import main
 from rpb.pipeline.config_check import ConfigError, check_config
-from rpb.pipeline.plan import PipelineConfig, Plan, plain
+from rpb.pipeline.plan import Plan, plain
 from rpb.pipeline.tracking import model_job_params, tracked_run
 from rpb.specs import METHOD_SPECS
 
@@ -68,8 +68,7 @@ def _plan_with(label: str, entry: dict[str, Any]) -> Plan:
     """The planner of the shipped config with `methods.<label>: entry`, after the config check."""
     config = copy.deepcopy(BASE)
     config["methods"][label] = copy.deepcopy(entry)
-    check_config(config, SCHEMA)
-    return Plan(PipelineConfig.parse(config))
+    return Plan(check_config(config, SCHEMA))
 
 
 @pytest.mark.parametrize("case", list(ENTRIES))

@@ -889,15 +889,16 @@ def test_what_reaches_the_router_weight(arch_name, name, strength, options, path
 
 
 def test_config_check_knows_the_new_methods_limits():
-    from rpb.pipeline.config_check import ConfigError, _check_method
+    """The config's parse (`MethodEntry.parse`, which check_config runs once) knows the limits."""
+    from rpb.pipeline.plan import MethodEntry
 
-    _check_method("rpb_interp", {"strength": 1.0})
-    _check_method("rpb_linf", {"kind": "hard", "options": {"keep_bias_at_eval": False}})
-    _check_method("lbl", {"options": {"pooling": "per_layer"}})
-    with pytest.raises(ConfigError, match=r"methods.mix.strength: 'rpb_interp' takes at most"):
-        _check_method("mix", {"kind": "rpb_interp", "strength": 2.0})
-    with pytest.raises(ConfigError, match=r"options.schedule: 'step' is not one of"):
-        _check_method("rpb_anneal", {"options": {"schedule": "step"}})
+    MethodEntry.parse("rpb_interp", {"strength": 1.0})
+    MethodEntry.parse("rpb_linf", {"kind": "hard", "options": {"keep_bias_at_eval": False}})
+    MethodEntry.parse("lbl", {"options": {"pooling": "per_layer"}})
+    with pytest.raises(ValueError, match=r"methods.mix.strength: 'rpb_interp' takes at most"):
+        MethodEntry.parse("mix", {"kind": "rpb_interp", "strength": 2.0})
+    with pytest.raises(ValueError, match=r"options.schedule: 'step' is not one of"):
+        MethodEntry.parse("rpb_anneal", {"options": {"schedule": "step"}})
 
 
 def test_pooled_lbl_is_far_weaker_than_per_layer_at_moonlights_shape():

@@ -227,7 +227,7 @@ def test_every_shape_plans_from_its_config_entry(key: str, monkeypatch: pytest.M
     and the claims roles name, on each of its models and corpora, each run output it `reads`, the
     bases' own runs where `base` says, and a spec of its entry, seeds and `spec` extras."""
     from rpb.pipeline.config_check import check_config
-    from rpb.pipeline.plan import PipelineConfig, Plan, plain
+    from rpb.pipeline.plan import Plan, plain
     from rpb.specs import results_path
 
     config = copy.deepcopy(SHIPPED["default"])
@@ -236,8 +236,7 @@ def test_every_shape_plans_from_its_config_entry(key: str, monkeypatch: pytest.M
         monkeypatch.setitem(REPORTS, key, replace(job, key=key, shape=NEW_SHAPES[key]))
     shape = REPORTS[key].shape
     config["tables"].setdefault(key, _entry(shape))  # a table no shipped config names
-    check_config(config, SCHEMA)
-    plan = Plan(PipelineConfig.parse(copy.deepcopy(config)))
+    plan = Plan(check_config(config, SCHEMA))
     t, claims = plan.config.tables[key], config["claims"]
     labels = plan.table_labels(key)
     for field in shape.entry_keys:
@@ -306,7 +305,7 @@ def test_a_new_table_is_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     spec."""
     from rpb.pipeline.cli import cmd_report
     from rpb.pipeline.config_check import ConfigError, check_config
-    from rpb.pipeline.plan import PipelineConfig, Plan
+    from rpb.pipeline.plan import Plan
 
     package = tmp_path / "mypkg"
     package.mkdir()
@@ -337,8 +336,7 @@ def test_a_new_table_is_one_module(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     with pytest.raises(ConfigError, match=r"^tables\.mytable\.correlate: unknown key"):
         check_config(copy.deepcopy(config), SCHEMA)
     del config["tables"]["mytable"]["correlate"]
-    check_config(config, SCHEMA)
-    plan = Plan(PipelineConfig.parse(copy.deepcopy(config)))
+    plan = Plan(check_config(config, SCHEMA))
     inputs = plan.table_inputs("mytable")
     assert "results/eval/tinyB/math2/rpb/base1/seed1.json" in inputs
     assert "results/analysis/tinyA/math2/base/base1/seed0.json" in inputs

@@ -8,6 +8,7 @@ library's for every family (rpb.routing.check_zero_bias_forward)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 
@@ -17,8 +18,9 @@ from conftest import make_batch
 from family_models import ROUTED_TYPES, family_model, family_prior
 from torch import nn
 
+from rpb.families import FAMILIES
 from rpb.methods import make_method
-from rpb.router.check import _probe_copy, _probe_rows, check_router
+from rpb.router.check import _probe_copy, _probe_rows, check_router, describe_router_class
 from rpb.router.route import make_handle
 from rpb.router.spec import RouterSpec
 from rpb.routing import (
@@ -64,6 +66,16 @@ def test_a_wrong_description_is_refused_in_one_line(model_type, saved_registry):
     assert re.search(message, msg), msg
     with pytest.raises(ValueError, match=message):
         make_method("rpb").attach(model, family_prior(model_type))
+
+
+def test_every_family_is_named_by_its_router_class_folder():
+    """rpb.router.check names a router class's family by the transformers folder it comes from
+    (it imports no family table: rpb.families sits above it): so every built-in family is named
+    after that folder, or its refusals would name another family."""
+    for name, family in FAMILIES.items():
+        module, _, cls_name = family.router.rpartition(".")
+        router = getattr(importlib.import_module(module), cls_name)
+        assert describe_router_class(router) == f"router class {cls_name} ({name})"
 
 
 def test_the_check_picks_the_settings_that_reproduce_the_module(saved_registry):

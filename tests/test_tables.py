@@ -546,8 +546,8 @@ def test_a_failed_table_job_leaves_none_of_the_old_table(
     table1.csv; Snakemake deletes only the declared outputs."""
     from conftest import new_store
 
-    from rpb.artifacts import RESULTS_ENV
     from rpb.pipeline.cli import main
+    from rpb.pipeline.results_folder import RESULTS_ENV
 
     results = tmp_path / "results"
     _fake_results(results, SPEC)
@@ -581,8 +581,8 @@ def test_a_table_job_whose_store_is_full_leaves_none_of_its_table(
     from conftest import new_store
 
     import rpb.pipeline.tracking as tracking
-    from rpb.artifacts import RESULTS_ENV
     from rpb.pipeline.cli import main
+    from rpb.pipeline.results_folder import RESULTS_ENV
 
     results = tmp_path / "results"
     _fake_results(results, SPEC)

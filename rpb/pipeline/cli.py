@@ -224,13 +224,12 @@ def cmd_fix_bases(args: argparse.Namespace) -> None:
     config/config.yaml, as Snakemake merges them) as the committed fixed bases."""
     from rpb.pipeline.bases import record
     from rpb.pipeline.config_check import check_config
-    from rpb.pipeline.plan import PipelineConfig, Plan
+    from rpb.pipeline.plan import Plan
     from rpb.pipeline.relayout import read_config
 
     workflow = Path(__file__).resolve().parents[2]
     config = read_config(args.configfile)
-    check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml")
-    plan = Plan(PipelineConfig.parse(config))
+    plan = Plan(check_config(config, workflow / "workflow" / "schemas" / "config.schema.yaml"))
     data = args.results / "data"
     for model in plan.original_pretrained:
         for base, entry in enumerate(plan.bases(model)):  # base k: the model's k-th entry
@@ -1029,7 +1028,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     that succeeded exits at once (`jobserver.exit_now`); a call with `argv` returns its exit
     status."""
     single = int(os.environ.get("WORLD_SIZE", "1")) == 1
-    from rpb.artifacts import RESULTS_ENV, hold_job_lock  # the standard library's imports only
+    # The standard library's imports only; importing rpb.pipeline also installs the integrity
+    # records of what the job writes (rpb.pipeline.results_folder.IntegrityRecords).
+    from rpb.pipeline.results_folder import RESULTS_ENV, hold_job_lock
 
     if argv is None and sys.argv[1:2] == ["pipeline"] and os.environ.get(RESULTS_ENV):
         # A pipeline job: seen by the next invocation if its Snakemake is killed alone (a served
@@ -1085,6 +1086,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.debug("job failed", exc_info=True)
         print(f"{command_name(args)}: error: {line}", file=sys.stderr)
         return 2
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given[:1] == ["pipeline"] and os.environ.get(RESULTS_ENV):
+        # A job of an invocation whose Snakemake was killed alone ends unseen by it: this note
+        # lets the next invocation keep what the job wrote (results_folder.keep_finished_outputs).
+        from rpb.pipeline.results_folder import record_finished_job
+
+        record_finished_job(os.environ[RESULTS_ENV], ["rpb", *given])
     if argv is None and single:
         from rpb.pipeline.jobserver import exit_now
 

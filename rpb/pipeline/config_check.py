@@ -1,8 +1,9 @@
 """Validate the pipeline config before any job runs; every problem is one line naming its key.
 
 `check_config` validates against the JSON schema (workflow/schemas/config.schema.yaml), fills the
-schema's defaults in place as Snakemake's `validate` does, then runs the cross-key checks a schema
-cannot express (names that must refer to other keys, wildcard-safe names, per-method options).
+schema's defaults in place as Snakemake's `validate` does, runs the cross-key checks a schema
+cannot express (names that must refer to other keys, wildcard-safe names), and parses the config
+once into the planner's `PipelineConfig`, which checks each method's strength and options.
 It imports neither torch nor transformers: the Snakefile calls it at every parse.
 """
 
@@ -20,7 +21,7 @@ import yaml
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError, best_match
 
-from rpb.method_config import MethodConfig
+from rpb.pipeline.plan import PipelineConfig
 from rpb.specs import EVAL_SETS, METHOD_SPECS, replicate_name
 
 __all__ = [
@@ -237,16 +238,9 @@ def _schema_errors(config: Any, schema: Mapping[str, Any]) -> None:
     raise ConfigError(f"{format_key_path(path)}: {problem}{more}")
 
 
-def _method(label: str, entry: Mapping[str, Any] | None) -> MethodConfig:
-    """The MethodConfig of `methods.<label>`: its strength and options checked there, once (the
-    schema leaves them to it), a bad one named by its key."""
-    try:
-        return MethodConfig.from_entry(label, entry)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
 def _check_method(label: str, entry: Mapping[str, Any]) -> None:
+    """`methods.<label>` names a method family; its strength and options are checked where the
+    config is parsed (`_parse`: rpb.method_config.MethodConfig, once)."""
     family = entry.get("kind", label)
     if label in RESERVED_METHOD_LABELS:
         raise ConfigError(f"methods.{label}: '{label}' is reserved for the untrained base")
@@ -257,11 +251,11 @@ def _check_method(label: str, entry: Mapping[str, Any]) -> None:
             f"{where}: unknown method '{family}' ({hint}known: "
             f"{', '.join(METHOD_FAMILIES)}; set 'kind' for a variant label)"
         )
-    _method(label, entry)
 
 
 def _check_controls(config: Mapping[str, Any]) -> None:
-    """The claims audit's control labels (claims.placebo, claims.permuted) and `prior` keys."""
+    """The claims audit's control labels (claims.placebo, claims.permuted) and `prior` keys
+    (`_check_parsed_methods`: the permuted control's strength and options)."""
     methods = config["methods"]
     for label, entry in methods.items():
         entry = entry or {}
@@ -294,13 +288,6 @@ def _check_controls(config: Mapping[str, Any]) -> None:
                 f"claims.permuted: methods.{permuted} is a '{family}', not a variant of "
                 f"claims.method '{method}'"
             )
-        control, reference = _method(permuted, entry), _method(method, methods.get(method))
-        for key in ("strength", "options"):
-            if getattr(control, key) != getattr(reference, key):
-                raise ConfigError(
-                    f"claims.permuted: methods.{permuted}.{key} differs from methods.{method}"
-                    f".{key}: the control must be claims.method with only its prior changed"
-                )
 
 
 def _check_lengths(config: Mapping[str, Any]) -> None:
@@ -533,13 +520,6 @@ def _check_diagnostics(config: Mapping[str, Any], corpora: list[str], corpora_wh
                 f"diagnostics.{section}.corpus: '{entry['corpus']}' must be {corpora_where} "
                 f"({', '.join(corpora)})"
             )
-    swap = diagnostics.get("router_swap")
-    swapped = swap and _method(swap["method"], config["methods"][swap["method"]])
-    if swapped and swapped.keeps_routing_at_eval:
-        raise ConfigError(
-            f"diagnostics.router_swap.method: '{swap['method']}' keeps its routing at "
-            "evaluation, so swapping its router weights would not swap its routing"
-        )
     regime = diagnostics.get("regime")
     if regime is not None and regime.get("trunk_lr_scale") and regime["trainable"] != "moe":
         raise ConfigError(
@@ -702,14 +682,48 @@ def check_yaml_syntax(path: Path | str) -> None:
         )
 
 
-def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> None:
-    """Validate `config` against the schema at `schema_path`, fill its defaults in place, and
-    check cross-key consistency; raise ConfigError (one line, key path first) on the first
-    problem."""
+def check_config(config: MutableMapping[str, Any], schema_path: Path | str) -> PipelineConfig:
+    """Validate `config` against the schema at `schema_path`, fill its defaults in place, check
+    cross-key consistency, and parse it, once: the PipelineConfig the planner reads. Raise
+    ConfigError (one line, key path first) on the first problem."""
     schema = _with_table_schemas(_load_schema(schema_path))
     _schema_errors(config, schema)
     expand_replicates(config)
     _cross_key_errors(config)
+    parsed = _parse(config)
+    _check_parsed_methods(config, parsed)
+    return parsed
+
+
+def _parse(config: Mapping[str, Any]) -> PipelineConfig:
+    """The config parsed: each method's MethodConfig is made here alone, which checks its
+    strength and options (the schema leaves them to it) and names a bad one by its key."""
+    try:
+        return PipelineConfig.parse(config)
+    except ValueError as err:  # MethodConfig's one line, `methods.<label>.strength: ...`
+        raise ConfigError(str(err)) from None
+
+
+def _check_parsed_methods(config: Mapping[str, Any], parsed: PipelineConfig) -> None:
+    """The checks that compare methods as parsed (strength and options completed)."""
+    methods = parsed.methods
+    claims = config.get("claims") or {}
+    permuted = claims.get("permuted")
+    if permuted is not None:
+        method = claims.get("method", "rpb")
+        control, reference = methods[permuted].method, methods[method].method
+        for key in ("strength", "options"):
+            if getattr(control, key) != getattr(reference, key):
+                raise ConfigError(
+                    f"claims.permuted: methods.{permuted}.{key} differs from methods.{method}"
+                    f".{key}: the control must be claims.method with only its prior changed"
+                )
+    swap = (config.get("diagnostics") or {}).get("router_swap")
+    if swap and methods[swap["method"]].method.keeps_routing_at_eval:
+        raise ConfigError(
+            f"diagnostics.router_swap.method: '{swap['method']}' keeps its routing at "
+            "evaluation, so swapping its router weights would not swap its routing"
+        )
 
 
 def expand_replicates(config: MutableMapping[str, Any]) -> None:

@@ -620,7 +620,7 @@ def _torch_version() -> str:
 
 def save_results(result: dict[str, Any], path: Path) -> None:
     """Write `result` as JSON atomically (a reader never sees a half-written file), with its
-    integrity record under the results folder (rpb.artifacts)."""
+    integrity record under the results folder (rpb.pipeline.results_folder)."""
     from rpb.artifacts import write_text
 
     path = Path(path)

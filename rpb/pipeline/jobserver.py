@@ -100,7 +100,7 @@ def exit_now(code: int) -> None:
     torch's and mlflow's exit hooks): about 2 CPU-seconds per job, measured in
     docs/performance.md. Everything the job wrote is closed or flushed by then; logs are
     flushed here. The `rpb` command ends with it too when it runs a job in its own process."""
-    from rpb.artifacts import drop_job_files
+    from rpb.pipeline.results_folder import drop_job_files
 
     drop_job_files()  # the exit hooks that would remove the job's file are skipped
     logging.shutdown()

@@ -311,9 +311,10 @@ class Execution:
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """The whole config, read once, after the schema and rpb.pipeline.config_check validated it
-    and filled in its defaults. `posttrain` (the training job's spec, passed on as is) and
-    `calibration` stay read-only mappings."""
+    """The whole config, read once: rpb.pipeline.config_check.check_config validates it, fills in
+    its defaults and parses it here (a method's strength and options are checked as its
+    MethodConfig is made, in `MethodEntry.parse`). `posttrain` (the training job's spec, passed
+    on as is) and `calibration` stay read-only mappings."""
 
     results: str
     scale: str

@@ -14,10 +14,10 @@ its pretraining seed). The current one names both the same way from pretraining 
     figures/table1_coactivation_runs/math_seed1002.png -> .../math_base1_seed2.png
 
 and the same under `diagnostic/` and for the integrity records (`.integrity/<path>.json`,
-rpb.artifacts). Logs, benchmarks and the MLflow store stay where they are. `rpb relayout` prints
-the moves; with `--apply` it makes them, refusing any move onto an existing path, so nothing
-computed is lost. Report jobs run again afterwards (their inputs have new names); training,
-evaluation and analysis do not.
+rpb.pipeline.results_folder). Logs, benchmarks and the MLflow store stay where they are. `rpb
+relayout` prints the moves; with `--apply` it makes them, refusing any move onto an existing
+path, so nothing computed is lost. Report jobs run again afterwards (their inputs have new
+names); training, evaluation and analysis do not.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from rpb.pipeline.results_folder import RECORDS
 from rpb.specs import Run
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "read_config",
 ]
 
-RECORDS = ".integrity"
 # Folders a results tree keeps beside the layout (MLflow's store, logs, timings).
 _UNTOUCHED = {"mlartifacts", "logs", "benchmarks", "downloads"}
 # A run id in a path: `<kind>/<model>/<corpus>/<method>/seed<id>` then its suffix (a folder's

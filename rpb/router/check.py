@@ -18,7 +18,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from rpb.families import FAMILIES
 from rpb.router.route import (
     Registered,
     RouterHandle,
@@ -196,14 +195,13 @@ def check_router(
 
 
 def describe_router_class(cls: type) -> str:
-    """`router class X (family)`: the built-in family of the class, or the transformers model
-    folder it comes from (`cohere2_moe`); just `router class X` for a class of one's own."""
-    path = class_path(cls)
-    families = [name for name, family in FAMILIES.items() if family.router == path]
-    parts = path.split(".")
-    if not families and parts[:2] == ["transformers", "models"] and len(parts) > 3:
-        families = [parts[2]]
-    return f"router class {cls.__name__}" + (f" ({families[0]})" if families else "")
+    """`router class X (family)`: the transformers model folder the class comes from
+    (`qwen3_moe`, `cohere2_moe`), which is a built-in family's name (rpb.families names each
+    family so; tests/test_router_check.py checks it), so this module needs no family table; just
+    `router class X` for a class of one's own."""
+    parts = class_path(cls).split(".")
+    folder = parts[2] if parts[:2] == ["transformers", "models"] and len(parts) > 3 else None
+    return f"router class {cls.__name__}" + (f" ({folder})" if folder else "")
 
 
 def _one_line(err: Exception) -> str:

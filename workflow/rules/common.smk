@@ -7,7 +7,12 @@ import shlex
 import sys
 from pathlib import Path
 
-from rpb.artifacts import (
+from rpb.artifacts import sha256_of
+from rpb.numerics import KERNEL_ENV, LOCK_ENV, PIN_ENV, path_environment
+from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
+from rpb.pipeline.config_check import ConfigError, check_config
+from rpb.pipeline.plan import CHECKPOINTS_ENV, Plan, plain
+from rpb.pipeline.results_folder import (
     RESULTS_ENV,
     ResultsBusy,
     check_results,
@@ -18,23 +23,17 @@ from rpb.artifacts import (
     parse_invocation,
     rebuild_target,
     recover_after_kill,
-    sha256_of,
 )
-from rpb.numerics import KERNEL_ENV, LOCK_ENV, PIN_ENV, path_environment
-from rpb.pipeline.bases import FIXED_BASES as FIXED_BASES_DIR
-from rpb.pipeline.config_check import ConfigError, check_config
-from rpb.pipeline.plan import CHECKPOINTS_ENV, PipelineConfig, Plan, plain
 from rpb.report.registry import REPORTS, RUN_FIGURES, RUN_LABELS
 from rpb.specs import CORPORA, EVAL_SETS, PATHS
 
-# Schema, defaults and cross-key checks; a bad config stops here with one line and no traceback
-# (Snakemake prints sys.exit's message to stderr as is and exits 1).
+# Schema, defaults, cross-key checks and the config's one parse; a bad config stops here with one
+# line and no traceback (Snakemake prints sys.exit's message to stderr as is and exits 1).
 try:
-    check_config(config, workflow.source_path("../schemas/config.schema.yaml"))
+    PLAN = Plan(check_config(config, workflow.source_path("../schemas/config.schema.yaml")))
 except ConfigError as err:
     sys.exit(f"config error: {err}")
 
-PLAN = Plan(PipelineConfig.parse(config))
 RESULTS = PLAN.results
 # One invocation per results folder, whatever its target: a second one would share the invocation
 # record and the incomplete markers of the first (Snakemake's own lock covers only the outputs in
@@ -66,7 +65,7 @@ if CHECKS_RESULTS:
             sys.exit(RECOVERY)
         if RECOVERY:
             print(RECOVERY, file=sys.stderr)
-# Jobs record the integrity of what they write under this folder (rpb.artifacts).
+# Jobs record the integrity of what they write under this folder (rpb.pipeline.results_folder).
 os.environ.update({RESULTS_ENV: os.path.abspath(RESULTS)})
 
 
@@ -76,8 +75,8 @@ def declared_output(path):
 
 
 def check_integrity():
-    """Stop the invocation in one line at a damaged artifact under RESULTS (rpb.artifacts), with
-    the command that rebuilds it. Called by the Snakefile once every rule is defined, before
+    """Stop the invocation in one line at a damaged artifact under RESULTS
+    (rpb.pipeline.results_folder), with the command that rebuilds it. Called by the Snakefile once every rule is defined, before
     Snakemake builds its DAG: Snakemake would otherwise take a damaged file with a fresh mtime
     for an updated input and delete the finished outputs of every job downstream of it.
     """
