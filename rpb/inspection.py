@@ -18,7 +18,10 @@
    completion + EOS given the prompt (`ll_per_token`, nats), p(target) = exp(its sum) (percent)
    and exact match (percent: the completion and EOS are the greedy continuation under teacher
    forcing). `rpb.router_swap.decompose` splits each base-to-tuned change into main effects,
-   interactions, Shapley values (adding up to the total) and put-back shares.
+   interactions, Shapley values (adding up to the total) and put-back shares. A tuned model that
+   keeps a method's routing at evaluation (`rpb finetune --method rpb` keeps its bias) is
+   measured and scored as it is evaluated, and that routing goes with its routers: the cells
+   that take the tuned routers route with it, those with the base's routers without it.
 3. **Output** in `--out`: inspect.json (every number, the inputs' sha256 and rpb's version),
    inspect.md and inspect.html, a page with its plots drawn as inline SVG.
 
@@ -144,8 +147,9 @@ def _file_sha256(path: Path) -> str:
 
 
 def folder_digests(folder: Path) -> dict[str, str]:
-    """sha256 of each file at the top of a checkpoint folder (config, weights, tokenizer)."""
-    return {p.name: _file_sha256(p) for p in sorted(folder.iterdir()) if p.is_file()}
+    """sha256 of each file of a checkpoint folder (config, weights, tokenizer, eval routing)."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    return {p.relative_to(folder).as_posix(): _file_sha256(p) for p in files}
 
 
 def parse_parts(text: str) -> tuple[str, ...]:
@@ -447,12 +451,16 @@ def score_cells(
     """cell -> domain -> METRICS for every cell of the factorial over `parts`. `known` holds the
     cells already scored (base and tuned, from their drift passes); each other cell is the base
     loaded on the CPU with the tuned model's parts of the factors it takes copied in (from one
-    CPU copy of the tuned model), then scored on `device`."""
+    CPU copy of the tuned model), then scored on `device`. A tuned model that keeps a method's
+    routing at evaluation (rpb.eval_routing) lends it with its routers: the cells that take the
+    tuned routers route as the tuned model is evaluated."""
     from tqdm.auto import tqdm
 
+    from rpb.eval_routing import attach_eval_routing
     from rpb.router_swap import swap_parts
 
     groups = factors(parts)
+    (routers,) = [f for f, held in groups.items() if "routers" in held]
     out = {cell: dict(known[cell]) for cell in known}
     todo = {cell: taken for cell, taken in cells(parts).items() if cell not in known}
     if not todo:
@@ -462,10 +470,13 @@ def score_cells(
         model = load_checkpoint(base_dir, dtype)
         swap_parts(model, donor, [p for f in taken for p in groups[f]])
         model.to(device)
+        steering = attach_eval_routing(model, tuned_dir) if routers in taken else None
         out[cell] = {
             domain: score_examples(model, batches, f"{cell}: {domain}", progress)
             for domain, batches in evals.items()
         }
+        if steering is not None:
+            steering.detach()
         del model
     return out
 
@@ -515,12 +526,10 @@ def inspect_models(
         for name, path in zip(domain_names(evals), evals, strict=True)
     }
     steered = eval_routing_spec(tuned_dir)
-    if eval_records and (steered is not None or eval_routing_spec(base_dir) is not None):
-        which = tuned_dir if steered is not None else base_dir
+    if eval_routing_spec(base_dir) is not None:
         raise ValueError(
-            f"{which}: keeps method routing at evaluation (eval_routing/), which a part swap "
-            "cannot move; --eval needs models that route natively (rpb finetune --option "
-            "keep_bias_at_eval=false), drift alone works without --eval"
+            f"--base {base_dir}: keeps a method's routing at evaluation (eval_routing/); a base "
+            "routes natively: give the checkpoint the fine-tune started from"
         )
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: one of {', '.join(DTYPES)}")
@@ -552,13 +561,14 @@ def inspect_models(
     known = {"base": scored(model, "base")}
     del model
     model = load_checkpoint(tuned_dir, dtype, device)
-    steering = attach_eval_routing(model, tuned_dir)  # drift as the tuned model is evaluated
+    # Drift and scores as the tuned model is evaluated (with the routing it keeps, if any).
+    steering = attach_eval_routing(model, tuned_dir)
     try:
         tuned = tuned_routing(model, data_batches, prior, progress)
+        known["trained"] = scored(model, "tuned")
     finally:
         if steering is not None:
             steering.detach()
-    known["trained"] = scored(model, "tuned")
     del model
     if device.startswith("cuda"):
         torch.cuda.empty_cache()

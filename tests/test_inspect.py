@@ -247,18 +247,52 @@ def test_bad_inputs_are_refused_in_one_line(world: dict, tmp_path: Path, capsys)
                                           {"prompt": "TheCat"}])  # fmt: skip
     err = _refusal(capsys, "--base", base, "--tuned", base, "--eval", str(bad), *common)
     assert f"{bad}:2: expected 'prompt' and 'completion' fields" in err
-    # A model that keeps method routing at evaluation: its routers are not all its routing.
+    # A base that keeps a method's routing at evaluation is no base.
     steered = tmp_path / "steered"
     shutil.copytree(world["tuned"], steered)
     (steered / EVAL_ROUTING_DIR).mkdir()
     (steered / EVAL_ROUTING_DIR / "method.json").write_text(
         json.dumps(MethodConfig("rpb").to_dict())
     )
-    evals = ["--eval", str(world["evals"][0])]
-    err = _refusal(capsys, "--base", base, "--tuned", str(steered), *evals, *common)
-    assert f"{steered}: keeps method routing at evaluation" in err
+    err = _refusal(capsys, "--base", str(steered), "--tuned", base, *common)
+    assert f"--base {steered}: keeps a method's routing at evaluation" in err
     with pytest.raises(SystemExit) as usage:  # a usage error: argparse's exit, one line too
         main(["inspect", "--base", base, "--tuned", base, "--parts", "gates", *common])
     err = capsys.readouterr().err
     assert usage.value.code == 2 and err.count("\n") == 1 and "--parts: 'gates'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_rpb_finetune_output_is_inspected_as_it_is_evaluated(world: dict, capsys) -> None:
+    """A base and its `rpb finetune --method rpb` output (which keeps rpb's bias at evaluation):
+    drift wherever training moved the routers, the tuned cell scored with its saved routing (as
+    rpb.eval_routing.load_model evaluates it), and the cells with the tuned routers routing with
+    it."""
+    if world["family"] != "qwen3_moe":
+        pytest.skip("one family suffices for the fine-tune")
+    from rpb.eval_routing import load_model
+
+    out = world["root"] / "rpb_finetune"
+    code = main(
+        ["finetune", "--model", str(world["base"]), "--data", str(world["data"]),
+         "--out", str(out), "--method", "rpb", "--steps", "3", "--batch-size", "4",
+         "--lr", "1e-2"]
+    )  # fmt: skip
+    assert code == 0 and (out / EVAL_ROUTING_DIR).is_dir()
+    world = world | {"rpb": out}
+    result = _inspect(world, "rpb", "rpb_inspect", parts=("routers",))
+    assert result["settings"]["tuned_eval_routing"]["kind"] == "rpb"
+    assert all(row["router_weight_change"] > 0 for row in result["drift"]["layers"])
+    scores = result["decomposition"]["scores"]
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(world["base"])
+    records = inspection.read_jsonl(world["evals"][1], "--eval", pairs_only=True)
+    batches = inspection.batches_of(inspection.tokenize(records, tok, 1024, "x"), 4, 0)
+    evaluated = inspection.score_examples(load_model(out).eval(), batches, "rpb", progress=False)
+    assert scores["trained"]["animals"] == pytest.approx(evaluated, abs=1e-9)
+    unsteered = load_model(out, steer=False).eval()
+    plain = inspection.score_examples(unsteered, batches, "rpb", progress=False)
+    assert plain != evaluated  # the saved routing matters, so the check above has teeth
+    e = result["decomposition"]["effects"]["animals"]["ll_per_token"]
+    assert e["shapley_routers"] + e["shapley_rest"] == pytest.approx(e["total"], abs=1e-12)
