@@ -817,7 +817,8 @@ def bar_chart(
     if hi == lo:
         hi = lo + 1.0
     n = max(len(series), 1)
-    group_w = max(14 * n + 8, 24)
+    # Wide groups where there are few of them (two domains, two layers), narrow where many.
+    group_w = max(14 * n + 8, min(30 * n + 20, 600 // max(len(groups), 1)))
     left, top, bottom = 56, 22, 34
     legend_w = sum(30 + 7 * len(name) for name in series)
     width = max(left + group_w * len(groups) + 10, left + legend_w)
@@ -865,10 +866,11 @@ def usage_heatmap(shares: Sequence[Sequence[float]], title: str) -> str:
     """Layers (rows) by experts (columns), coloured by log2 of the usage share over uniform:
     blue below it, red above, white at it; dead experts grey."""
     layers, experts = len(shares), len(shares[0])
-    cell = max(4, min(18, 640 // experts))
+    cell = max(4, min(32, 640 // experts))
+    width = max(40 + cell * experts + 10, 7 * len(title) + 50, 460)
     left, top = 40, 22
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + cell * experts + 10}" '
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" '
         f'height="{top + cell * layers + 20}" role="img" aria-label="{_esc(title)}">',
         f'<text x="{left}" y="14">{_esc(title)}</text>',
     ]
@@ -889,11 +891,14 @@ def usage_heatmap(shares: Sequence[Sequence[float]], title: str) -> str:
                 f'height="{cell}" fill="{color}"><title>layer {layer} expert {expert}: '
                 f"{100 * share:.2f}%</title></rect>"
             )
-    parts.append(
-        f'<text x="{left}" y="{top + cell * layers + 14}">experts 0..{experts - 1} '
-        "(blue: below the uniform share, red: above, 4x saturates; grey: dead)</text>"
-    )
+    parts.append(f'<text x="{left}" y="{top + cell * layers + 14}">experts 0..{experts - 1}</text>')
     return "\n".join([*parts, "</svg>"])
+
+
+def _code_spans(text: str) -> str:
+    """Escaped text with its `code` spans (the summary marks paths with backticks)."""
+    pieces = _esc(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(pieces))
 
 
 def _html_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -923,7 +928,7 @@ def page(result: Mapping[str, Any]) -> str:
     labels = [str(r["layer"]) for r in layers]
     body = [
         "<h1>rpb inspect</h1>",
-        *(f"<p>{_esc(line)}</p>" for line in _summary_lines(result) if line),
+        *(f"<p>{_code_spans(line)}</p>" for line in _summary_lines(result) if line),
         "<h2>Routing drift per MoE layer</h2>",
         _figure(
             bar_chart(
@@ -964,8 +969,9 @@ def page(result: Mapping[str, Any]) -> str:
         _figure(
             usage_heatmap(result["usage"]["base"], "base: usage share per expert")
             + usage_heatmap(result["usage"]["tuned"], "tuned: usage share per expert"),
-            "Share of top-k selections each expert receives over --data, per MoE layer, against "
-            "the uniform share 1/E.",
+            "Share of top-k selections each expert receives over --data, per MoE layer (rows), "
+            "against the uniform share 1/E: blue below it, red above (4x saturates), grey for a "
+            "dead expert; hover a cell for its share.",
         ),
     ]
     dec = result["decomposition"]
