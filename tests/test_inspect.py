@@ -296,3 +296,29 @@ def test_an_rpb_finetune_output_is_inspected_as_it_is_evaluated(world: dict, cap
     assert plain != evaluated  # the saved routing matters, so the check above has teeth
     e = result["decomposition"]["effects"]["animals"]["ll_per_token"]
     assert e["shapley_routers"] + e["shapley_rest"] == pytest.approx(e["total"], abs=1e-12)
+
+
+def test_without_the_analysis_extra_the_communities_are_left_out(
+    tuned: dict, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """networkx or scikit-learn missing: drift and usage still come out, the communities are
+    left out with the reason naming the extra, and the page draws no community plot."""
+    import rpb.coactivation
+
+    def missing(name: str):
+        raise ImportError(f"rpb.coactivation's community metrics need {name}: pip install ...")
+
+    monkeypatch.setattr(rpb.coactivation, "_analysis_module", missing)
+    counts = torch.ones(2, 8, 8)
+    rows, note = inspection.community_rows(counts.numpy(), counts.numpy())
+    assert rows is None and "community metrics need networkx" in note
+    community = ("community_nmi", "community_ari", "coact_cosine", "tuned_communities")
+    layers = [{k: v for k, v in r.items() if k not in community} for r in tuned["drift"]["layers"]]
+    result = tuned | {"drift": tuned["drift"] | {"layers": layers, "communities": note}}
+    result["drift"]["mean"] = inspection.mean_row(layers)
+    inspection.write_outputs(result, tmp_path)
+    assert (tmp_path / "inspect.html").read_text().count("<svg") == 5
+    assert (
+        "Communities: rpb.coactivation's community metrics need networkx"
+        in (tmp_path / "inspect.md").read_text()
+    )
