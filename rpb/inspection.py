@@ -184,17 +184,14 @@ def tokenize(
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ValueError(f"{source}: the tokenizer has no EOS token; set eos_token in its config")
-
-    def encode(text: str, where: str, special: bool) -> list[int]:
-        try:
-            return list(tokenizer(text, add_special_tokens=special)["input_ids"])
-        except Exception as err:  # tokenizers raises its own types
-            raise ValueError(f"{where}: cannot tokenize {text[:60]!r} ({err})") from None
-
     examples, dropped = [], 0
     for record in records:
-        prompt = encode(record["prompt"], record["where"], True)
-        answer = [*encode(record["completion"], record["where"], False), eos]
+        try:  # tokenizers raises its own types
+            prompt = list(tokenizer(record["prompt"], add_special_tokens=True)["input_ids"])
+            answer = tokenizer(record["completion"], add_special_tokens=False)["input_ids"]
+        except Exception as err:
+            raise ValueError(f"{record['where']}: cannot tokenize the record ({err})") from None
+        answer = [*answer, eos]
         ids = (prompt + answer)[-max_length:]
         start = len(ids) - len(answer)
         if start < 1 and record["prompt"]:
@@ -1054,15 +1051,6 @@ inspect.json, inspect.md and inspect.html (docs/library.md, "Inspecting a fine-t
 """
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """The epilog as written, and the default of each flag that has one in its help."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.required or action.default in (None, [], argparse.SUPPRESS):
-            return action.help or ""
-        return super()._get_help_string(action)
-
-
 def add_inspect(sub: Any) -> argparse.ArgumentParser:
     """Register `rpb inspect` on the `rpb` subparsers `sub`; return its parser."""
     p = sub.add_parser(
@@ -1072,7 +1060,8 @@ def add_inspect(sub: Any) -> argparse.ArgumentParser:
         "file, and with --eval its change per domain split by part (routers, routed experts,\n"
         "trunk) by the factorial part swap; writes inspect.json, inspect.md and inspect.html.",
         epilog=EPILOG,
-        formatter_class=_HelpFormatter,
+        # Each default is in its flag's help (%(default)s), so the plain formatter serves.
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.set_defaults(func=cmd_inspect)
     p.add_argument("--base", type=Path, required=True, metavar="DIR", help="the base checkpoint")
@@ -1096,12 +1085,29 @@ def add_inspect(sub: Any) -> argparse.ArgumentParser:
         type=parse_parts,
         default="routers,experts,trunk",
         metavar="LIST",
-        help="the factors of the swap: routers (against the rest) or routers,experts,trunk",
+        help="the factors of the swap: routers (against the rest) or routers,experts,trunk "
+        "(default: %(default)s)",
     )
-    p.add_argument("--device", default="auto", help="torch device; auto: cuda if available")
-    p.add_argument("--dtype", choices=DTYPES, default="auto", help="auto: as saved")
-    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="examples per forward")
-    p.add_argument("--max-length", type=int, default=1024, metavar="N", help="tokens per example")
+    p.add_argument(
+        "--device", default="auto", help="torch device (default: %(default)s, cuda if available)"
+    )
+    p.add_argument(
+        "--dtype", choices=DTYPES, default="auto", help="(default: %(default)s, as saved)"
+    )
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=8,
+        metavar="N",
+        help="examples per forward (default: %(default)s)",
+    )
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="tokens per example, the last kept (default: %(default)s)",
+    )
     return p
 
 
@@ -1110,16 +1116,7 @@ def cmd_inspect(args: argparse.Namespace) -> None:
     for flag in ("batch_size", "max_length"):
         if getattr(args, flag) < 1:
             raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: must be >= 1")
-    inspect_models(
-        args.base,
-        args.tuned,
-        args.data,
-        args.out,
-        evals=args.eval,
-        parts=args.parts,
-        device=args.device,
-        dtype=args.dtype,
-        batch_size=args.batch_size,
-        max_length=args.max_length,
-    )
+    flags = ("parts", "device", "dtype", "batch_size", "max_length")
+    settings = {flag: getattr(args, flag) for flag in flags}
+    inspect_models(args.base, args.tuned, args.data, args.out, evals=args.eval, **settings)
     log.info("rpb inspect: wrote %s in %s", ", ".join(OUT_FILES), args.out)

@@ -247,6 +247,11 @@ def test_bad_inputs_are_refused_in_one_line(world: dict, tmp_path: Path, capsys)
                                           {"prompt": "TheCat"}])  # fmt: skip
     err = _refusal(capsys, "--base", base, "--tuned", base, "--eval", str(bad), *common)
     assert f"{bad}:2: expected 'prompt' and 'completion' fields" in err
+    # Text the tokenizer cannot encode (the testbed's has no [UNK]): named by file:line.
+    odd = _jsonl(tmp_path / "odd.jsonl", [{"prompt": "TheDog", "completion": "Barks"},
+                                          {"prompt": "TheDog", "completion": "Ouaf"}])  # fmt: skip
+    err = _refusal(capsys, "--base", base, "--tuned", base, "--eval", str(odd), *common)
+    assert f"{odd}:2: cannot tokenize the record" in err
     # A base that keeps a method's routing at evaluation is no base.
     steered = tmp_path / "steered"
     shutil.copytree(world["tuned"], steered)
