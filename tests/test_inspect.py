@@ -176,9 +176,14 @@ def test_the_cells_are_the_base_and_tuned_models_scores(world: dict, tuned: dict
     assert 0.0 < base["p_target"] < 100.0
 
 
-def test_routers_against_the_rest(world: dict, tuned: dict) -> None:
+@pytest.fixture(scope="module")
+def routers_only(world: dict) -> dict:
+    return _inspect(world, "tuned", "routers_only", parts=("routers",))
+
+
+def test_routers_against_the_rest(routers_only: dict, tuned: dict) -> None:
     """--parts routers: the 2x2 of routers and the rest, whose corner cells are the 2x2x2's."""
-    two = _inspect(world, "tuned", "routers_only", parts=("routers",))
+    two = routers_only
     dec = two["decomposition"]
     assert dec["factors"] == {"routers": ["routers"], "rest": ["routed_experts", "trunk"]}
     assert list(dec["cells"]) == list(cells(["routers"]))
@@ -327,3 +332,55 @@ def test_without_the_analysis_extra_the_communities_are_left_out(
         "Communities: rpb.coactivation's community metrics need networkx"
         in (tmp_path / "inspect.md").read_text()
     )
+
+
+def test_the_pipeline_s_router_swap_gives_the_same_numbers(
+    world: dict, routers_only: dict, tmp_path: Path
+) -> None:
+    """The router-swap table's way: each swapped model saved by rpb.router_swap.swap_saved_parts,
+    every cell evaluated by lm-eval (rpb.pipeline.evaluation), read by the table's task_scores
+    and decomposed; rpb inspect's scores and effects are the same up to float noise (lm-eval's
+    float32 log-probabilities, batched otherwise, differ by about 1e-7 nats)."""
+    if world["family"] != "qwen3_moe":
+        pytest.skip("one family suffices for the comparison")
+    from rpb.pipeline.evaluation import evaluate_model
+    from rpb.report.router_swap_table import task_scores
+    from rpb.router_swap import decompose, swap_saved_parts
+
+    eval_dir = tmp_path / "eval"
+    eval_dir.mkdir()
+    for name, pairs in (("sums", SUMS[:6]), ("animals", ANIMALS)):
+        _jsonl(eval_dir / f"{name}.jsonl", [{"prompt": p, "target": c} for p, c in pairs])
+    folders = {"base": world["base"], "trained": world["tuned"]}
+    for cell, (target, source) in {
+        "base_with_trained_routers": ("base", "tuned"),
+        "trained_with_base_routers": ("tuned", "base"),
+    }.items():
+        folders[cell] = tmp_path / cell
+        swap_saved_parts(world[target], world[source], ["routers"], folders[cell])
+    pipeline = {}
+    for cell, folder in folders.items():
+        out = tmp_path / f"{cell}.json"
+        result = evaluate_model(
+            folder, eval_dir, ["sums", "animals"], out, tmp_path / "work" / cell, device="cpu"
+        )
+        pipeline[cell] = task_scores(result, ["sums", "animals"], out)
+    dec = routers_only["decomposition"]
+    taken = cells(["routers"])
+    for task in ("sums", "animals"):
+        for metric in ("ll_per_token", "p_target", "exact_match"):
+            (key,) = [k for k in pipeline["base"] if k[:2] == (task, metric)]
+            values = {taken[c]: pipeline[c][key] for c in taken}
+            for cell in taken:
+                assert dec["scores"][cell][task][metric] == pytest.approx(
+                    values[taken[cell]], rel=1e-5, abs=5e-7
+                ), (cell, task, metric)
+            theirs = decompose(values, ["routers", "rest"])
+            ours = dec["effects"][task][metric]
+            if metric == "ll_per_token":  # a change to compare, well above the tolerance
+                assert abs(theirs["total"]) > 1e-4 and abs(theirs["main_routers"]) > 1e-5
+            for effect in ("total", "main_routers", "shapley_routers", "put_back_routers"):
+                assert ours[effect] == pytest.approx(theirs[effect], rel=1e-4, abs=5e-7), (
+                    task,
+                    effect,
+                )
