@@ -487,6 +487,33 @@ def domain_names(paths: Sequence[Path]) -> list[str]:
     return [s if stems.count(s) == 1 else f"{s}_{i + 1}" for i, s in enumerate(stems)]
 
 
+def checked_inputs(
+    base_dir: Path, tuned_dir: Path, data: Path, evals: Sequence[Path]
+) -> tuple[str, list[dict[str, str]], dict[str, list[dict[str, str]]]]:
+    """The model type of the two checkpoints, the --data records and each --eval domain's
+    records, every input checked (in one line each) before any model loads."""
+    from rpb.eval_routing import eval_routing_spec
+
+    base_type = check_checkpoint(base_dir, "--base")
+    tuned_type = check_checkpoint(tuned_dir, "--tuned")
+    if base_type != tuned_type:
+        raise ValueError(
+            f"--tuned {tuned_dir}: model type {tuned_type!r}, the base's is {base_type!r}; "
+            "inspect a fine-tune against the base it was tuned from"
+        )
+    if eval_routing_spec(base_dir) is not None:
+        raise ValueError(
+            f"--base {base_dir}: keeps a method's routing at evaluation (eval_routing/); a base "
+            "routes natively: give the checkpoint the fine-tune started from"
+        )
+    data_records = read_jsonl(data, "--data", pairs_only=False)
+    eval_records = {
+        name: read_jsonl(path, "--eval", pairs_only=True)
+        for name, path in zip(domain_names(evals), evals, strict=True)
+    }
+    return base_type, data_records, eval_records
+
+
 def inspect_models(
     base_dir: Path,
     tuned_dir: Path,
@@ -510,29 +537,16 @@ def inspect_models(
     from rpb.eval_routing import attach_eval_routing, eval_routing_spec
 
     base_dir, tuned_dir, data, out = Path(base_dir), Path(tuned_dir), Path(data), Path(out)
-    base_type = check_checkpoint(base_dir, "--base")
-    tuned_type = check_checkpoint(tuned_dir, "--tuned")
-    if base_type != tuned_type:
-        raise ValueError(
-            f"--tuned {tuned_dir}: model type {tuned_type!r}, the base's is {base_type!r}; "
-            "inspect a fine-tune against the base it was tuned from"
-        )
-    data_records = read_jsonl(data, "--data", pairs_only=False)
-    eval_records = {
-        name: read_jsonl(path, "--eval", pairs_only=True)
-        for name, path in zip(domain_names(evals), evals, strict=True)
-    }
-    steered = eval_routing_spec(tuned_dir)
-    if eval_routing_spec(base_dir) is not None:
-        raise ValueError(
-            f"--base {base_dir}: keeps a method's routing at evaluation (eval_routing/); a base "
-            "routes natively: give the checkpoint the fine-tune started from"
-        )
+    evals = [Path(path) for path in evals]
+    model_type, data_records, eval_records = checked_inputs(base_dir, tuned_dir, data, evals)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file; give a folder for the outputs")
     if dtype not in DTYPES:
         raise ValueError(f"--dtype {dtype}: one of {', '.join(DTYPES)}")
     device = resolve_device(device)
     parts = tuple(parts)
     factors(parts)  # unknown parts: one line
+    steered = eval_routing_spec(tuned_dir)
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     pad_id = tokenizer.pad_token_id
@@ -541,8 +555,8 @@ def inspect_models(
         tokenize(data_records, tokenizer, max_length, str(data)), batch_size, pad_id
     )
     eval_batches = {
-        name: batches_of(tokenize(records, tokenizer, max_length, name), batch_size, pad_id)
-        for name, records in eval_records.items()
+        name: batches_of(tokenize(records, tokenizer, max_length, str(path)), batch_size, pad_id)
+        for (name, records), path in zip(eval_records.items(), evals, strict=True)
     }
     data_sha = _file_sha256(data)
 
@@ -594,7 +608,7 @@ def inspect_models(
             ],
         },
         "settings": {
-            "model_type": base_type,
+            "model_type": model_type,
             "parts": list(parts),
             "device": device,
             "dtype": dtype,
