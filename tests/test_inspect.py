@@ -384,3 +384,18 @@ def test_the_pipeline_s_router_swap_gives_the_same_numbers(
                     task,
                     effect,
                 )
+
+
+def test_without_eval_files_only_the_drift_is_measured(world: dict, tuned: dict) -> None:
+    """No --eval: drift and usage as with them (the same passes), no decomposition."""
+    if world["family"] != "qwen3_moe":
+        pytest.skip("one family suffices")
+    out = world["root"] / "drift_only"
+    result = inspection.inspect_models(
+        world["base"], world["tuned"], world["data"], out, device="cpu", batch_size=4,
+        progress=False,
+    )  # fmt: skip
+    assert result["decomposition"] is None and result["inputs"]["eval"] == []
+    assert result["drift"] == tuned["drift"] and result["usage"] == tuned["usage"]
+    assert "No --eval files" in (out / "inspect.md").read_text()
+    assert (out / "inspect.html").read_text().count("<svg") == 4
