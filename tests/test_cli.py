@@ -277,7 +277,7 @@ def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch,
 # --- the command line's shape --------------------------------------------------------------------
 
 # rpb.pipeline.user_cli, the config check and the results folder's move to base<b>/seed<s> paths.
-PEOPLE = {"finetune", "prior", "check-config", "relayout"}
+PEOPLE = {"finetune", "inspect", "prior", "check-config", "relayout"}
 
 
 def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -289,8 +289,8 @@ def _commands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentPar
 def test_the_top_level_is_the_people_s_commands_and_pipeline(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """`rpb --help` lists finetune, prior, check-config, relayout and pipeline, nothing else;
-    every job is under `rpb pipeline`, dash-spelled; an old top-level job (`rpb train`) is a
+    """`rpb --help` lists finetune, inspect, prior, check-config, relayout and pipeline, nothing
+    else; every job is under `rpb pipeline`, dash-spelled; an old top-level job (`rpb train`) is a
     usage error."""
     parser = build_parser()
     top = _commands(parser)

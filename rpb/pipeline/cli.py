@@ -815,6 +815,7 @@ def _add_prior(p: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from rpb import inspection
     from rpb.pipeline import user_cli
 
     parser = argparse.ArgumentParser(
@@ -827,6 +828,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     # The verbs for people (rpb.pipeline.user_cli): finetune, prior; then check-config.
     user_cli.add_finetune(sub)
+    user_cli.one_line_errors(inspection.add_inspect(sub))  # rpb inspect (rpb.inspection)
     p = sub.add_parser(
         "prior",
         help="extract a MoE checkpoint's router prior over a JSONL file",
