@@ -946,6 +946,36 @@ def _running_job(results: Path) -> subprocess.Popen:
 
 
 @pytest.mark.workflow
+def test_what_a_job_finishes_after_its_snakemake_was_killed_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 59, item 2, end to end: Snakemake's own pid SIGKILLed while the corpora job runs;
+    the job finishes unseen (Snakemake never unmarks its outputs). The next invocation keeps its
+    three outputs (a folder among them), says so in one line, and runs nothing again."""
+    from rpb.pipeline.results_folder import live_jobs
+
+    results = tmp_path / "results"
+    cmd, env = smoke_pipeline.snakemake_command(
+        results, f"{results}/data/manifest.json", "--cores", "1"
+    )
+    first = subprocess.Popen(cmd, cwd=smoke_pipeline.ROOT, env=env, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not any("pipeline corpora" in job["command"] for job in live_jobs(results)):
+        assert first.poll() is None and time.monotonic() < deadline, "corpora never started"
+        time.sleep(0.05)
+    first.kill()  # Snakemake alone: its job runs on
+    first.wait()
+    while live_jobs(results):
+        assert time.monotonic() < deadline, "the corpora job never ended"
+        time.sleep(0.1)
+    again = subprocess.run(cmd, cwd=smoke_pipeline.ROOT, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr[-3000:]
+    kept = f"{results}/data/manifest.json (+2 more), finished by its jobs after the kill, is kept"
+    assert kept in again.stderr
+    assert "rule corpora" not in again.stderr and "Nothing to be done" in again.stderr
+
+
+@pytest.mark.workflow
 def test_jobs_of_a_killed_snakemake_are_seen_by_the_next_invocation(tmp_path: Path) -> None:
     """Issue 59, item 2: SIGKILL of Snakemake's own pid (not its group) left its jobs running,
     and the next invocation, started while they still wrote, ran them again beside themselves.

@@ -122,6 +122,7 @@ def cmd_init_tracking(args: argparse.Namespace) -> None:
 def cmd_corpora(args: argparse.Namespace) -> None:
     import mlflow
 
+    from rpb.artifacts import atomic_folder
     from rpb.pipeline.data import preset_sizes, write_corpora
     from rpb.pipeline.tokenizer import build_tokenizer
     from rpb.pipeline.tracking import tracked_run
@@ -135,7 +136,10 @@ def cmd_corpora(args: argparse.Namespace) -> None:
         manifest = write_corpora(
             args.out, seed=args.seed, sizes=sizes, level=args.level, holdout=args.holdout
         )
-        build_tokenizer(args.out / "tokenizer")
+        # Whole or not at all, as every output: what a job finishes is kept even when its
+        # Snakemake was killed (rpb.pipeline.results_folder.keep_finished_outputs).
+        with atomic_folder(args.out / "tokenizer") as folder:
+            build_tokenizer(folder)
         mlflow.log_artifact(str(args.out / "manifest.json"))
         log.info("corpora written to %s: %s", args.out, json.dumps(manifest.get("files", {}))[:400])
 
