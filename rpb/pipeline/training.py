@@ -35,14 +35,12 @@ from rpb.pipeline.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS, SPECIAL_TOKENS, v
 from rpb.pipeline.tokenizer import encode
 from rpb.posttraining import (
     CHECKPOINT_STATE,
-    CONFIG_SETTING,
     IGNORE_INDEX,
     CheckpointStateCallback,
     RightPadCollator,
     RouterMethodTrainer,
     RoutingDriftCallback,
     TokenizedExamples,
-    TrainSpec,
     experts_kwargs,
     is_main_process,
     last_complete_checkpoint,
@@ -52,6 +50,7 @@ from rpb.posttraining import (
     write_json,
 )
 from rpb.prior import RouterPrior
+from rpb.train_spec import CONFIG_SETTING, TrainSpec
 
 # The library's names the pipeline's modules, tests and experiments reach through this module.
 __all__ = [
