@@ -100,6 +100,39 @@ def test_the_cli_s_and_the_library_s_rpb_is_table_1s_rpb(configfile: str) -> Non
     assert not select.keeps_routing_at_eval
 
 
+_REQUIRED = ("finetune", "--model", "m", "--data", "d", "--out", "o")
+
+
+def test_finetune_s_training_flags_are_train_spec_s_fields(capsys: pytest.CaptureFixture) -> None:
+    """Issue 60: `rpb finetune`'s training flags are generated from TrainSpec's field metadata
+    (rpb.train_spec): each sets its field, with the field's bounds and choices, one epoch where
+    --steps is not given, and the warm-up as the steps given."""
+    from rpb.user_cli import finetune_spec, train_flag_fields
+
+    flags = ("--steps", "5", "--warmup-steps", "2", "--trunk-lr-scale", "0.5")
+    flags += ("--trainable", "moe", "--save-steps", "2", "--gradient-checkpointing")
+    args = build_parser().parse_args([*_REQUIRED, *flags])
+    spec = finetune_spec(args, examples=100, processes=1, evaluate=False)
+    assert (spec.steps, spec.warmup, spec.trunk_lr_scale, spec.trainable) == (5, 2, 0.5, "moe")
+    assert spec.save_every == 2 and spec.gradient_checkpointing
+    assert (spec.lr, spec.batch_size, spec.max_length, spec.eval_every) == (1e-5, 8, 1024, 0)
+    args = build_parser().parse_args([*_REQUIRED, "--batch-size", "8", "--grad-accum", "2"])
+    assert finetune_spec(args, examples=100, processes=1, evaluate=False).steps == 7  # 13 / 2
+    names = {f.name for f in train_flag_fields()}
+    assert {"steps", "lr", "warmup_steps", "trunk_lr_scale", "eval_every", "report_to"} <= names
+    assert not names & {"base", "threads", "warmup_ratio", "scheduler"}  # the command's own
+    for bad, says in (
+        (("--lr", "0"), "argument --lr: must be > 0, got 0.0"),
+        (("--trunk-lr-scale", "2"), "argument --trunk-lr-scale: must be <= 1, got 2.0"),
+        (("--steps", "0"), "argument --steps: must be >= 1, got 0"),
+        (("--max-length", "x"), "argument --max-length: not an integer: 'x'"),
+    ):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args([*_REQUIRED, *bad])
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert says in line, line
+
+
 def test_prior_help_shows_every_default() -> None:
     """`rpb prior --help` says what each optional flag is when not given: the batch of texts per
     forward and the tokens per text above all (a big batch on a big model)."""
