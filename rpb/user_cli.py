@@ -561,7 +561,9 @@ def _check_finetune(args: argparse.Namespace, processes: int) -> tuple[MethodCon
     return choice, method
 
 
-def finetune_spec(args: argparse.Namespace, examples: int, processes: int, evaluate: bool):
+def finetune_spec(
+    args: argparse.Namespace, examples: int, processes: int, evaluate: bool
+) -> TrainSpec:
     """The run's TrainSpec: its flags' values (`add_train_flags`), one epoch of `examples` where
     --steps is not given, no evaluations without an eval split, and the process's own torch
     threads (the pipeline's jobs set theirs)."""
@@ -579,7 +581,9 @@ def finetune_spec(args: argparse.Namespace, examples: int, processes: int, evalu
 _NOT_THE_RUN = ("log_every", "report_to")
 
 
-def _finetune_params(args, choice: MethodConfig, spec: Any, form: str, processes: int) -> dict:
+def _finetune_params(
+    args: argparse.Namespace, choice: MethodConfig, spec: TrainSpec, form: str, processes: int
+) -> dict[str, Any]:
     """What the run is, as its MLflow params and OUT/PARAMS_FILE (which --resume compares)."""
     settings = {f.name: getattr(spec, f.name) for f in train_flag_fields()}
     return {
@@ -599,7 +603,9 @@ def _label(args: argparse.Namespace) -> str:
     return args.method if args.strength is None else f"{args.method}@{args.strength}"
 
 
-def _finetune_prior(args: argparse.Namespace, method: Any, model: Any, tokenizer, dataset) -> Any:
+def _finetune_prior(
+    args: argparse.Namespace, method: Any, model: Any, tokenizer: Any, dataset: Any
+) -> Any:
     """The base's router prior: --prior, else the one an interrupted run extracted into --out,
     else, for a method that reads one, extracted from the model on --data (and kept in --out)."""
     import torch
@@ -883,11 +889,15 @@ def add_compute(p: argparse.ArgumentParser, *, threads: bool = False) -> None:
 
 
 def add_prior_flags(
-    p: argparse.ArgumentParser, *, job: Callable[[argparse.ArgumentParser], None] | None = None
+    p: argparse.ArgumentParser,
+    *,
+    job: Callable[[argparse.ArgumentParser], None] | None = None,
+    trust_key: str = "",
 ) -> None:
     """The flags of the two router-prior commands: the people's `rpb prior` has the user's flags
     alone, so its `--help` lists no job's; the pipeline's `rpb pipeline prior` passes `job`,
-    which adds the job's own (its --name and the base's place), and takes --corpus too."""
+    which adds the job's own (its --name and the base's place), takes --corpus too, and names
+    the config key of its --trust-remote-code (`trust_key`)."""
     one_line_errors(p)
     add_model_and_data(p, corpus_alias=job is not None)
     p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
@@ -903,7 +913,7 @@ def add_prior_flags(
         help="tokens per text" + (" (without --name)" if job else ""),
     )
     add_mlflow(p, uri=job is None)  # the pipeline's job has the store's flags of its own
-    add_trust(p, " (models.<m>.trust_remote_code)" if job else "")
+    add_trust(p, trust_key)
     add_compute(p)
 
 

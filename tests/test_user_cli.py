@@ -133,6 +133,38 @@ def test_finetune_s_training_flags_are_train_spec_s_fields(capsys: pytest.Captur
         assert says in line, line
 
 
+@pytest.mark.slow  # a fresh interpreter that extracts a prior and trains a step
+def test_the_people_s_commands_load_no_module_of_the_pipeline(
+    world: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 60: `rpb prior` and `rpb finetune` (rpb.cli's people's verbs) run with the library
+    alone: a fresh interpreter running both has no module of rpb.pipeline or rpb.report loaded
+    (what tests/test_import_graph.py's static graph cannot see: an import by name)."""
+    import os
+    import subprocess
+    import sys
+
+    data = ("--model", str(world["base"]), "--data", str(world["pairs"]))
+    prior = ["prior", *data, "--out", "p.safetensors"]
+    finetune = ["finetune", *data, "--out", "ft", "--prior", "p.safetensors", "--steps", "1"]
+    code = f"""
+import json, sys
+from rpb.cli import main
+codes = [main({prior!r}), main({finetune!r})]
+wings = sorted(m for m in sys.modules if m.startswith(("rpb.pipeline", "rpb.report")))
+print(json.dumps({{"codes": codes, "wings": wings}}))
+"""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got == {"codes": [0, 0], "wings": []}
+    assert (tmp_path / "ft" / "train_history.json").is_file()
+
+
 def test_prior_help_shows_every_default() -> None:
     """`rpb prior --help` says what each optional flag is when not given: the batch of texts per
     forward and the tokens per text above all (a big batch on a big model)."""

@@ -765,7 +765,7 @@ def _add_prior_job(p: argparse.ArgumentParser) -> None:
         )
         _add_base_of(p)
 
-    add_prior_flags(p, job=job)
+    add_prior_flags(p, job=job, trust_key=_TRUST_KEY)
 
 
 def build_parser() -> argparse.ArgumentParser:
