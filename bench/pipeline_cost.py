@@ -142,9 +142,9 @@ PATCHES: dict[str, list[tuple[str, str]]] = {
         ("summarize_layers", "analysis"),
         ("save_file", "writes"),
     ],
+    "rpb.posttraining": [("save_eval_routing", "writes")],
     "rpb.pipeline.training": [
-        ("_write_json", "writes"),
-        ("save_eval_routing", "writes"),
+        ("write_json", "writes"),
         ("remove_checkpoints", "writes"),
     ],
     "rpb.pipeline.tracking": [("end_stale_runs", "tracking"), ("git_commit", "tracking")],

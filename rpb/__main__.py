@@ -1,3 +1,3 @@
-from rpb.pipeline.cli import main
+from rpb.cli import main
 
 raise SystemExit(main())

@@ -40,9 +40,16 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import torch
 from safetensors.torch import load_file
 from torch import nn
-from transformers import AutoModelForCausalLM, PreTrainedConfig, PreTrainedModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from rpb.artifacts import save_safetensors, write_text
 from rpb.method_config import MethodConfig
@@ -386,6 +393,28 @@ class RpbSteeredForCausalLM:
             method = attach_eval_routing(model, folder)
             log.info("%s: routing at evaluation with %r (%s/)", folder, method, EVAL_ROUTING_DIR)
         return model
+
+
+def load_for_inference(
+    model_dir: Path, *, trust_remote_code: bool = False, experts_implementation: str | None = None
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
+    """Tokenizer and eval-mode model of `model_dir`: fp32 on the CPU, or bf16 spread over the
+    visible GPUs (`device_map="auto"`) when CUDA is available, as a 16-30B model needs.
+
+    `trust_remote_code` applies to the tokenizer only (Moonlight's needs it); the model always
+    loads with transformers' own class, with `experts_implementation` (None: transformers'
+    default), and routes with its saved routers alone (a steered folder too:
+    `attach_eval_routing` steers it).
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    experts = {"experts_implementation": experts_implementation} if experts_implementation else {}
+    if torch.cuda.is_available():
+        model = load_model(
+            model_dir, steer=False, dtype=torch.bfloat16, device_map="auto", **experts
+        )
+    else:
+        model = load_model(model_dir, steer=False, dtype=torch.float32, **experts)
+    return tokenizer, model.eval()
 
 
 def register_steered_type() -> None:

@@ -9,7 +9,7 @@ and options, checked and completed once, when it is made, and built into the lib
 
 It is what a config's `methods.<label>` entry becomes (`from_entry`; rpb.pipeline.plan), what a
 training job gets on its command line and records in its train_history.json, what a steered model
-folder keeps (rpb.eval_routing) and what MLflow logs (rpb.pipeline.tracking.method_params): each
+folder keeps (rpb.eval_routing) and what MLflow logs (`method_params`): each
 spells it `to_dict()`'s way, {"kind", "strength", "options"}, and reads it back with `from_dict`,
 which also reads the spellings written before it. Torch-free until `.build()`: the planner holds
 it at every Snakefile parse.
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Mapping
 from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any
@@ -149,3 +150,17 @@ class MethodConfig:
         from rpb.methods import make_method
 
         return make_method(self.kind, self.strength, **dataclasses.asdict(self.options))
+
+
+def method_params(label: str, method: MethodConfig | None) -> dict[str, Any]:
+    """What a post-training method is beside its label (the schema's `method`): its
+    MethodConfig's `kind`, `strength` and `options` (JSON, every option), flat, never
+    `method.<key>`; a strength of "-" for a family that takes none, and the label as the `kind` of
+    a model without a method (the base)."""
+    spelled = method.to_dict() if method is not None else {"kind": label, "options": {}}
+    strength = spelled.get("strength")
+    return {
+        "kind": spelled["kind"],
+        "strength": "-" if strength is None else strength,
+        "options": json.dumps(spelled["options"], sort_keys=True),
+    }

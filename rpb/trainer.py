@@ -19,8 +19,8 @@ term that is a mean over tokens (anchor_logit, anchor_kl) or does not depend on 
 a batch statistic (the load-balancing loss) is the token-weighted mean of its micro-batches'
 values, as if each micro-batch were its own batch.
 
-Only torch, transformers and rpb's own modules are imported here: the pipeline's tracking
-(MLflow) stays in `rpb.pipeline.training`, TRL's SFTTrainer in `rpb.trl`.
+Only torch, transformers and rpb's own modules are imported here: logging to an MLflow run
+stays in `rpb.posttraining`, TRL's SFTTrainer in `rpb.trl`.
 """
 
 from __future__ import annotations

@@ -256,19 +256,24 @@ def test_a_missing_pipeline_package_names_the_extra(capsys, monkeypatch, name, o
 
 @pytest.mark.parametrize("command", ["finetune", "prior"])
 def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch, command) -> None:
-    """`rpb finetune/prior --mlflow` on the light install needs MLflow alone: `.[mlflow]`."""
+    """`rpb finetune/prior --mlflow` on the light install needs MLflow alone: `.[mlflow]`, from
+    the library's command line (rpb.user_cli) and the pipeline's alike."""
     from types import SimpleNamespace
 
     import rpb.pipeline.cli as cli
+    import rpb.user_cli as user_cli
 
     def missing(args) -> None:
         raise ModuleNotFoundError("No module named 'mlflow'", name="mlflow")
 
     parsed = SimpleNamespace(command=command, verbose=False, func=missing)
-    monkeypatch.setattr(cli, "build_parser", lambda: SimpleNamespace(parse_args=lambda a: parsed))
+    parser = SimpleNamespace(parse_args=lambda a: parsed)
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    monkeypatch.setattr(user_cli, "build_parser", lambda: parser)
+    assert user_cli.main([]) == 2
     assert cli.main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [
+    assert err == 2 * [
         f"rpb {command}: error: needs mlflow, which the mlflow extra installs: "
         "pip install '.[mlflow]' in a checkout of the rpb repository"
     ]
@@ -276,7 +281,8 @@ def test_user_command_without_mlflow_names_the_mlflow_extra(capsys, monkeypatch,
 
 # --- the command line's shape --------------------------------------------------------------------
 
-# rpb.pipeline.user_cli, the config check and the results folder's move to base<b>/seed<s> paths.
+# rpb.user_cli (and rpb.inspection's verb), the config check and the results folder's move to
+# base<b>/seed<s> paths.
 PEOPLE = {"finetune", "inspect", "prior", "check-config", "relayout"}
 
 
@@ -324,7 +330,7 @@ def _flags(help_text: str) -> set[str]:
 def test_people_s_prior_help_lists_the_user_s_flags_only() -> None:
     """`rpb prior --help` shows the user's flags, not the pipeline job's; `rpb pipeline prior`
     keeps them; the two forms are two functions, and the pipeline's needs --name."""
-    from rpb.pipeline.user_cli import cmd_prior
+    from rpb.user_cli import cmd_prior
 
     top = _commands(build_parser())
     people = _flags(top["prior"].format_help())

@@ -445,7 +445,7 @@ def test_a_steered_folder_loads_steered_in_every_family(tmp_path, arch) -> None:
     rpb's `load_model`) the family's own transformers model loads with its routing attached;
     rpb's unsteered load is transformers' load of the same folder before it was made a steered
     one: its config, class and logits."""
-    from rpb.pipeline.user_cli import check_model_dir
+    from rpb.user_cli import check_model_dir
 
     steered_dir, plain_dir = tmp_path / "steered", tmp_path / "plain"
     method, prior, batch, steered, native = _steered_folder(steered_dir, arch)

@@ -648,7 +648,7 @@ def test_a_model_folder_that_fails_while_saving_is_not_left(
     temporary folder, and the error names the file under the model folder in one line."""
     import errno
 
-    import rpb.pipeline.training
+    import rpb.posttraining
     from rpb.artifacts import failure_line
     from rpb.pipeline.results_folder import RESULTS_ENV, check_results
 
@@ -658,7 +658,7 @@ def test_a_model_folder_that_fails_while_saving_is_not_left(
     def full_disk(folder: Path, method: Any, prior: Any) -> None:
         raise OSError(errno.ENOSPC, "No space left on device", str(folder / "eval_routing"))
 
-    monkeypatch.setattr(rpb.pipeline.training, "save_eval_routing", full_disk)
+    monkeypatch.setattr(rpb.posttraining, "save_eval_routing", full_disk)
     run = results / "runs" / "tiny8" / "math" / "hard" / "base0" / "seed0"
     with pytest.raises(OSError) as raised:
         _posttrain_hard(world, run)

@@ -157,8 +157,9 @@ LIBRARY, PIPELINE, REPORT = "library", "pipeline", "report"
 MAY_IMPORT = {LIBRARY: {LIBRARY}, REPORT: {LIBRARY, REPORT}, PIPELINE: {LIBRARY, REPORT, PIPELINE}}
 # Entry points outside the rule, with the reason.
 ENTRY_POINTS = {
-    "__main__": "`python -m rpb` is the `rpb` command, whose jobs are the pipeline's",
-    "cli": "`python -m rpb.cli`, the training launcher that configs name (rpb/cli.py)",
+    "__main__": "`python -m rpb` is the `rpb` command (rpb.cli)",
+    "cli": "`python -m rpb.cli`, the training launcher that configs name, loads the pipeline's "
+    "verbs by name (rpb/cli.py)",
 }
 
 
@@ -205,6 +206,34 @@ def test_what_a_router_is_imports_nothing_above_it():
         if not target.startswith("router")
     }
     assert not up, sorted(up)
+
+
+def behind(graph: dict[str, set[str]], module: str) -> set[str]:
+    """The rpb modules `module` imports, directly or through others (itself included)."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo += graph.get(name, ())
+    return seen
+
+
+def test_behind_follows_imports_through_other_modules():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert behind(graph, "a") == {"a", "b", "c"} and behind(graph, "d") == {"a", "b", "c", "d"}
+
+
+def test_the_people_s_commands_import_nothing_of_the_pipeline():
+    """`rpb finetune` and `rpb prior` are the library's (rpb.user_cli; issue 60): no module
+    behind them, directly or through others, is the pipeline's or the report's, and the entry
+    point reaches the pipeline's verbs only by name (rpb.cli)."""
+    graph = import_graph()
+    modules = behind(graph, "user_cli")
+    assert {"posttraining", "train_spec", "jsonl", "methods"} <= modules  # it sees the core
+    assert sorted(m for m in modules if wing(m) != LIBRARY) == []
+    assert behind(graph, "cli") == {"cli"} | modules
+    assert "pipeline.training" in behind(graph, "pipeline.cli")  # it sees the pipeline's
 
 
 def declares_report_jobs(path: Path) -> bool:

@@ -21,6 +21,7 @@ import pytest
 import yaml
 from conftest import new_store, save_tiny_base
 
+from rpb import posttraining
 from rpb.eval_routing import eval_routing_spec, load_model
 from rpb.method_config import MethodConfig, options_class
 from rpb.pipeline import training
@@ -87,7 +88,7 @@ def test_a_strength_has_one_name_and_one_type_from_the_config_to_mlflow(
 
     # What training gets, and the method it builds (which its model folder keeps).
     seen: dict[str, Any] = {}
-    posttrain, save = training.posttrain, training.save_eval_routing
+    posttrain, save = training.posttrain, posttraining.save_eval_routing
 
     def watched_posttrain(**kwargs: Any) -> dict[str, Any]:
         seen["trained"] = kwargs["method"]
@@ -98,7 +99,7 @@ def test_a_strength_has_one_name_and_one_type_from_the_config_to_mlflow(
         return save(folder, method, prior)
 
     monkeypatch.setattr(training, "posttrain", watched_posttrain)
-    monkeypatch.setattr(training, "save_eval_routing", watched_save)
+    monkeypatch.setattr(posttraining, "save_eval_routing", watched_save)  # the one setup's
     out = world["root"] / "runs" / label
     experiment = f"pin_{case}"
     argv = [

@@ -150,7 +150,7 @@ def _what_a_run_sees(base, monkeypatch, method: str, seed: int) -> tuple[str, li
     in order (recorded at the collator, which builds each batch the sampler hands out)."""
     import hashlib
 
-    from rpb.pipeline import training
+    from rpb import posttraining as training  # the loop posttrain's setup runs
 
     batches: list[str] = []
     start: list[str] = []
@@ -223,3 +223,17 @@ def test_a_post_training_run_records_its_base_and_seed_and_keeps_its_torch_seed(
     assert TrainSpec(steps=4, batch_size=2, lr=1e-3, base=0, seed=3).record()["base"] == 0
     pretraining = TrainSpec(steps=4, batch_size=2, lr=1e-3, seed=1234)
     assert pretraining.torch_seed == 1234 and "base" not in pretraining.record()
+
+
+def test_the_warmup_is_a_ratio_of_the_steps_or_a_count_of_its_own() -> None:
+    """The pipeline's config gives the warm-up as a ratio of the steps, `rpb finetune` as a count
+    (issue 60: no longer turned into a ratio and back); a pipeline run's record has no
+    `warmup_steps`, as before it existed."""
+    from rpb.posttraining import _training_arguments
+
+    ratio = TrainSpec(steps=30, batch_size=1, lr=1e-3, warmup_ratio=0.1)
+    assert ratio.warmup == 3 and "warmup_steps" not in ratio.record()
+    count = TrainSpec(steps=30, batch_size=1, lr=1e-3, warmup_ratio=0.1, warmup_steps=7)
+    assert count.warmup == 7 and count.record()["warmup_steps"] == 7
+    assert _training_arguments(count, Path("unused"), evaluate=False).warmup_steps == 7
+    assert _training_arguments(ratio, Path("unused"), evaluate=False).warmup_steps == 3

@@ -17,11 +17,15 @@ from typing import Any
 
 import torch
 from tqdm.auto import tqdm
-from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedTokenizerBase
 
 from rpb.artifacts import save_safetensors, sha256_of, write_text
 from rpb.coactivation import CoactivationCounter, mean_kl, summarize_layers, topk_overlap
-from rpb.eval_routing import attach_eval_routing, eval_routing_spec, load_model
+from rpb.eval_routing import (
+    attach_eval_routing,
+    eval_routing_spec,
+    load_for_inference,
+)
 from rpb.pipeline.data import load_jsonl
 from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior, extract_prior
@@ -67,28 +71,6 @@ def probe_texts(eval_dir: Path, tasks: Sequence[str], limit: int) -> list[str]:
         rows = load_jsonl(Path(eval_dir) / f"{task}.jsonl", ("prompt", "target"))
         texts += [r["prompt"] + r["target"] for r in rows[:limit]]
     return texts
-
-
-def load_for_inference(
-    model_dir: Path, *, trust_remote_code: bool = False, experts_implementation: str | None = None
-) -> tuple[PreTrainedTokenizerBase, PreTrainedModel]:
-    """Tokenizer and eval-mode model of `model_dir`: fp32 on the CPU, or bf16 spread over the
-    visible GPUs (`device_map="auto"`) when CUDA is available, as a 16-30B model needs.
-
-    `trust_remote_code` applies to the tokenizer only (Moonlight's needs it); the model always
-    loads with transformers' own class, with `experts_implementation` (None: transformers'
-    default), and routes with its saved routers alone (a steered folder too:
-    `attach_eval_routing` steers it).
-    """
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    experts = {"experts_implementation": experts_implementation} if experts_implementation else {}
-    if torch.cuda.is_available():
-        model = load_model(
-            model_dir, steer=False, dtype=torch.bfloat16, device_map="auto", **experts
-        )
-    else:
-        model = load_model(model_dir, steer=False, dtype=torch.float32, **experts)
-    return tokenizer, model.eval()
 
 
 def extract_prior_from_corpus(

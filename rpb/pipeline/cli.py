@@ -1,6 +1,7 @@
-"""`rpb` command line. For people: `rpb finetune` and `rpb prior` on any Hugging Face MoE
-checkpoint folder and a JSONL file (rpb.pipeline.user_cli), and `rpb check-config`. For the
-workflow: `rpb pipeline <job>`, one job per pipeline stage, which the Snakemake rules call.
+"""`rpb` command line with the pipeline's verbs. For people: `rpb finetune` and `rpb prior` on any
+Hugging Face MoE checkpoint folder and a JSONL file (the library's rpb.user_cli, whose parser this
+extends), `rpb check-config` and `rpb relayout`. For the workflow: `rpb pipeline <job>`, one job per
+pipeline stage, which the Snakemake rules call.
 
 Each pipeline job opens one MLflow run (`rpb.pipeline.tracking.tracked_run`) named
 `{stage}/{model}/{corpus}/{method}/base{base}/seed{seed}` (the parts it has) and records its run
@@ -25,9 +26,17 @@ from pathlib import Path
 from typing import Any
 
 from rpb.method_config import MethodConfig
-from rpb.numerics import PIN_ENV
 from rpb.report.registry import REPORT_JOBS
-from rpb.specs import TRAINABLE, Run, install_hint
+from rpb.specs import TRAINABLE, Run
+from rpb.user_cli import (
+    VERBS,
+    add_compute,
+    add_prior_flags,
+    add_trust,
+    command_name,
+    new_parser,
+    run_command,
+)
 
 log = logging.getLogger("rpb")
 # What `rpb[pipeline]` adds to the core install (pyproject.toml); a subcommand missing one of
@@ -58,13 +67,6 @@ def _csv_arg(text: str) -> list[str]:
     if not items:
         raise argparse.ArgumentTypeError("expected a comma-separated, non-empty list")
     return items
-
-
-def _offline() -> None:
-    # Compute jobs never touch a hub; downloads happen in their own rules at paper scale.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
 def _train_spec(args: argparse.Namespace, checkpoints: bool = False):
@@ -256,7 +258,7 @@ def _fixed_bases_root() -> Path:
 
 def cmd_prior(args: argparse.Namespace) -> None:
     """`rpb pipeline prior --name ...`: the rules' prior job (the people's `rpb prior` is
-    rpb.pipeline.user_cli.cmd_prior)."""
+    rpb.user_cli.cmd_prior)."""
     import mlflow
 
     from rpb.pipeline.analysis import extract_prior_from_corpus
@@ -680,32 +682,11 @@ def cmd_report(args: argparse.Namespace) -> None:
     _report_job(args, args.report, getattr(importlib.import_module(job.module), job.builder))
 
 
-def command_name(args: argparse.Namespace) -> str:
-    """The command as typed, for messages: `rpb finetune`, `rpb pipeline train`."""
-    job = getattr(args, "job", None)
-    return f"rpb {args.command} {job}" if job else f"rpb {args.command}"
-
-
 # --- parser ----------------------------------------------------------------------------------
 
 
-def _add_trust(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--trust-remote-code",
-        action="store_true",
-        help="run the tokenizer's own code from the model folder (models.<m>.trust_remote_code)",
-    )
-
-
-def _add_compute(p: argparse.ArgumentParser, *, threads: bool = False) -> None:
-    """Options of a job that runs a model: how its experts run (and its torch threads)."""
-    p.add_argument(
-        "--experts-implementation",
-        default=None,
-        help="transformers experts implementation (eager, grouped_mm, ...; default: its own)",
-    )
-    if threads:
-        p.add_argument("--threads", type=int, default=None, help="torch threads (default: spec)")
+# Where the config sets a job's --trust-remote-code.
+_TRUST_KEY = " (models.<m>.trust_remote_code)"
 
 
 def _add_train(p: argparse.ArgumentParser) -> None:
@@ -730,8 +711,8 @@ def _add_train(p: argparse.ArgumentParser) -> None:
         default=None,
         help="parameters post-training updates (default: the spec's, else all)",
     )
-    _add_trust(p)
-    _add_compute(p, threads=True)
+    add_trust(p, _TRUST_KEY)
+    add_compute(p, threads=True)
 
 
 def _add_eval(p: argparse.ArgumentParser, out: str = "--out") -> None:
@@ -773,29 +754,12 @@ def _add_tracking(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_prior(p: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
-    """The flags of the two router-prior commands: the pipeline's `rpb pipeline prior`
-    (`cmd_prior`) takes the job's `--name` and the base's place as well; the people's `rpb prior`
-    (`pipeline=False`, `user_cli.cmd_prior`) has the user's flags alone, so its `--help` lists no
-    job's."""
-    from rpb.pipeline import user_cli
+def _add_prior_job(p: argparse.ArgumentParser) -> None:
+    """The pipeline's `rpb pipeline prior` (`cmd_prior`): the people's `rpb prior` flags
+    (rpb.user_cli.add_prior_flags), the job's `--name` and the base's place."""
+    p.set_defaults(func=cmd_prior)
 
-    p.set_defaults(func=cmd_prior if pipeline else user_cli.cmd_prior)
-    user_cli.one_line_errors(p)
-    p.add_argument(
-        "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
-    )
-    p.add_argument(
-        *(("--data", "--corpus") if pipeline else ("--data",)),  # --corpus: the rules' spelling
-        dest="corpus",
-        type=Path,
-        required=True,
-        metavar="FILE",
-        help=user_cli.DATA_HELP,
-    )
-    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
-    p.add_argument("--batch-size", type=int, default=128, metavar="N", help="texts per forward")
-    if pipeline:
+    def job(p: argparse.ArgumentParser) -> None:
         p.add_argument(
             "--name",
             required=True,
@@ -803,45 +767,13 @@ def _add_prior(p: argparse.ArgumentParser, *, pipeline: bool = True) -> None:
             "run over a prompt/completion corpus (`rpb prior` is the form without it)",
         )
         _add_base_of(p)
-    p.add_argument(
-        "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
-    )
-    p.add_argument(
-        "--max-length",
-        type=int,
-        default=1024,
-        metavar="N",
-        help="tokens per text" + (" (without --name)" if pipeline else ""),
-    )
-    user_cli.add_mlflow(p, uri=not pipeline)  # the pipeline's job has them from _add_tracking
-    _add_trust(p)
-    _add_compute(p)
+
+    add_prior_flags(p, job=job, trust_key=_TRUST_KEY)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from rpb import inspection
-    from rpb.pipeline import user_cli
-
-    parser = argparse.ArgumentParser(
-        prog="rpb",
-        description="Router Prior Bias (Lee et al., arXiv:2609.08115): post-train a Hugging Face "
-        "MoE checkpoint with a router method, extract its router prior, or run the pipeline's "
-        "jobs.",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    # The verbs for people (rpb.pipeline.user_cli): finetune, prior; then check-config.
-    user_cli.add_finetune(sub)
-    user_cli.one_line_errors(inspection.add_inspect(sub))  # rpb inspect (rpb.inspection)
-    p = sub.add_parser(
-        "prior",
-        help="extract a MoE checkpoint's router prior over a JSONL file",
-        description="Extract the router prior of a Hugging Face MoE checkpoint folder over a "
-        "JSONL file.",
-        epilog=user_cli.PRIOR_EPILOG,
-        formatter_class=user_cli.HelpFormatter,
-    )
-    _add_prior(p, pipeline=False)
+    # The verbs for people (rpb.user_cli): finetune, prior; then check-config, relayout.
+    parser, sub = new_parser()
     p = sub.add_parser(
         "check-config",
         help="check the YAML syntax of config files (a --configfile before snakemake reads it)",
@@ -918,9 +850,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--compare-base", help="pretrain, then say whether the bytes equal bases/<NAME>'s"
     )
     _add_base_of(p)
-    _add_compute(p, threads=True)
+    add_compute(p, threads=True)
 
-    _add_prior(add("prior", cmd_prior, "the router prior of the pipeline's base over a corpus"))
+    _add_prior_job(add("prior", cmd_prior, "the router prior of the pipeline's base over a corpus"))
 
     p = add("train", cmd_train, "post-train a base with one router method")
     _add_train(p)
@@ -949,8 +881,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus-name", default="-")
     p.add_argument("--model", type=Path, required=True)
     _add_eval(p)
-    _add_trust(p)
-    _add_compute(p)
+    add_trust(p, _TRUST_KEY)
+    add_compute(p)
 
     p = add("analyze", cmd_analyze, "co-activation and routing-drift analysis against the base")
     p.add_argument("--name", required=True)
@@ -964,8 +896,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", type=_csv_arg, required=True)
     p.add_argument("--limit", type=int, default=200)
     p.add_argument("--out", type=Path, required=True)
-    _add_trust(p)
-    _add_compute(p)
+    add_trust(p, _TRUST_KEY)
+    add_compute(p)
 
     p = add("run", cmd_run, "train, evaluate and analyse one post-training run in one process")
     _add_train(p)
@@ -1049,49 +981,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         if code is not None:
             exit_now(code)
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    from rpb.pipeline.tracking import tracking_failure
+
+    # A core-only install (`pip install .`) has the library, not the pipeline's packages; `rpb
+    # finetune/prior --mlflow` needs MLflow alone, which its own extra installs.
+    extras = dict.fromkeys(PIPELINE_PACKAGES, "pipeline")
+    code = run_command(
+        args,
+        extras=extras | ({"mlflow": "mlflow"} if args.command in VERBS else {}),
+        explain=tracking_failure,
     )
-    _offline()
-    if os.environ.get(PIN_ENV):
-        # The pipeline pins every job's CPU numeric path (rpb.numerics); a job that would compute
-        # with other kernels stops before it computes anything.
-        from rpb.numerics import NumericPathError, apply_path
-
-        try:
-            apply_path()
-        except NumericPathError as err:
-            print(f"{command_name(args)}: error: {err}", file=sys.stderr)
-            return 2
-    try:
-        args.func(args)
-    except ModuleNotFoundError as err:
-        # A core-only install (`pip install .`) has the library, not the pipeline's packages.
-        if (err.name or "").split(".")[0] not in PIPELINE_PACKAGES:
-            raise
-        # `rpb finetune/prior --mlflow` needs MLflow alone, which its own extra installs.
-        user_mlflow = args.command in ("finetune", "prior") and err.name.split(".")[0] == "mlflow"
-        extra = "mlflow" if user_mlflow else "pipeline"
-        print(
-            f"{command_name(args)}: error: needs {err.name}, which the {extra} extra installs: "
-            f"{install_hint(extra)}",
-            file=sys.stderr,
-        )
-        return 2
-    except Exception as err:
-        # Bad input, a damaged input file, a full disk, an unreadable file, a locked tracking
-        # store: one line naming the file, key or store and what to do; the MLflow run has already
-        # been marked FAILED. Any other error is a bug and keeps its traceback.
-        from rpb.artifacts import failure_line
-        from rpb.pipeline.tracking import tracking_failure
-
-        line = tracking_failure(err) or failure_line(err, getattr(args, "out", None))
-        if line is None:
-            raise
-        log.debug("job failed", exc_info=True)
-        print(f"{command_name(args)}: error: {line}", file=sys.stderr)
-        return 2
+    if code:
+        return code
     given = sys.argv[1:] if argv is None else list(argv)
     if given[:1] == ["pipeline"] and os.environ.get(RESULTS_ENV):
         # A job of an invocation whose Snakemake was killed alone ends unseen by it: this note

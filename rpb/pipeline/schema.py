@@ -1,4 +1,4 @@
-"""The config schema's training settings, written from `TrainSpec` (rpb.pipeline.training).
+"""The config schema's training settings, written from `TrainSpec` (rpb.train_spec).
 
 `posttrain` and each model's `pretrain` (workflow/schemas/config.schema.yaml) set fields of the
 training job's TrainSpec. Their properties are not written by hand: each TrainSpec field's metadata
@@ -46,7 +46,7 @@ def train_settings(section: str) -> dict[str, dict[str, Any]]:
     """The JSON-schema property of each TrainSpec field that config section `section` sets, in
     field order: its description, its type (or its enum), its keywords, its default if the schema
     fills it in."""
-    from rpb.pipeline.training import CONFIG_SETTING, TrainSpec
+    from rpb.train_spec import CONFIG_SETTING, TrainSpec
 
     hints = typing.get_type_hints(TrainSpec)
     properties = {}
@@ -54,7 +54,7 @@ def train_settings(section: str) -> dict[str, dict[str, Any]]:
         if CONFIG_SETTING not in f.metadata:
             raise ValueError(
                 f"TrainSpec.{f.name}: its metadata does not say whether a config sets it "
-                "(rpb.pipeline.training._setting)"
+                "(rpb.train_spec._setting)"
             )
         setting = f.metadata[CONFIG_SETTING]
         if section not in setting["sections"]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from rpb.artifacts import exception_chain
-from rpb.method_config import MethodConfig
+from rpb.method_config import MethodConfig, method_params
 
 log = logging.getLogger(__name__)
 
@@ -495,20 +495,6 @@ def mlflow_run_name(stage: str, schema: Mapping[str, str], group: str | None = N
     if "seed" in schema:
         parts.append(f"seed{schema['seed']}")
     return "/".join(p for p in parts if p not in _MISSING)
-
-
-def method_params(label: str, method: MethodConfig | None) -> dict[str, Any]:
-    """What a post-training method is beside its label (the schema's `method`): its
-    MethodConfig's `kind`, `strength` and `options` (JSON, every option), flat, never
-    `method.<key>`; a strength of "-" for a family that takes none, and the label as the `kind` of
-    a model without a method (the base)."""
-    spelled = method.to_dict() if method is not None else {"kind": label, "options": {}}
-    strength = spelled.get("strength")
-    return {
-        "kind": spelled["kind"],
-        "strength": "-" if strength is None else strength,
-        "options": json.dumps(spelled["options"], sort_keys=True),
-    }
 
 
 def run_color(method: str | None) -> str | None:

@@ -1,4 +1,5 @@
-"""`rpb finetune` and `rpb prior`: the command line for people, beside the pipeline's plumbing.
+"""`rpb finetune` and `rpb prior`: the command line for people, in the library (no module of
+rpb.pipeline behind them; rpb.cli adds the pipeline's verbs where it is installed).
 
 Both work on any Hugging Face MoE checkpoint folder of a family rpb supports (docs/families.md)
 and a JSONL file of training texts, with plain flags:
@@ -8,10 +9,12 @@ and a JSONL file of training texts, with plain flags:
 
 The data holds one JSON object per line: `{"text": ...}` (loss on every token; `--text-field`
 names another field) or `{"prompt": ..., "completion": ...}` (loss on the completion only, as the
-pipeline trains). Training is the pipeline's own core, `rpb.pipeline.training.run_training`
-(`rpb.trainer.RouterMethodTrainer`: transformers' Trainer with the method's term and rpb's
-metrics), with its checkpoints, `--resume`, multi-process launch and atomic model folder; MLflow
-only with `--mlflow` (or transformers' own loggers with `--report-to`).
+pipeline trains). Training is the pipeline's own post-training setup and loop,
+`rpb.posttraining.posttrain_model` (transformers' Trainer with the method's term and rpb's
+metrics), with its checkpoints, `--resume`, multi-process launch and atomic model folder; the
+training flags are generated from `TrainSpec`'s field metadata (rpb.train_spec). MLflow only with
+`--mlflow` (or transformers' own loggers with `--report-to`): its run is the pipeline's kind of
+run (rpb.pipeline.tracking, loaded by name then, with MLflow), so one schema covers every run.
 
 Errors on bad input (a missing file, an unknown method, a model family rpb cannot route) end the
 command with one line naming the culprit and exit status 2. Heavy imports stay inside the
@@ -22,20 +25,33 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import hashlib
+import importlib
 import json
 import logging
 import math
 import os
 import re
-from collections.abc import Callable, Iterator
+import sys
+import typing
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rpb.method_config import MethodConfig
-from rpb.specs import METHOD_SPECS, TRAINABLE, install_hint
+from rpb import inspection
+from rpb.method_config import MethodConfig, method_params
+from rpb.numerics import PIN_ENV
+from rpb.specs import METHOD_SPECS, install_hint
+from rpb.train_spec import CLI_FLAG, CONFIG_SETTING, FIELD_DEFAULT, TrainSpec
 
 log = logging.getLogger("rpb")
+
+# The people's verbs (`inspect`'s code is rpb.inspection's); `rpb` runs any other with the
+# pipeline's command line (rpb.cli).
+VERBS = ("finetune", "prior", "inspect")
+# The module of the pipeline's MLflow runs, which `--mlflow` logs through (with MLflow installed).
+TRACKING = "rpb.pipeline.tracking"
 
 # The prior a finetune run extracts itself (no --prior), beside the saved model.
 PRIOR_FILE = "router_prior.safetensors"
@@ -125,22 +141,26 @@ def option_arg(text: str) -> tuple[str, Any]:
         return key, raw
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse type: an integer >= `minimum`, refused in one line otherwise."""
+def bounded(kind: type, schema: Mapping[str, Any]) -> Callable[[str], Any]:
+    """An argparse type: an int or float (`kind`) within the JSON-schema bounds of `schema`
+    (`minimum`, `exclusiveMinimum`, `maximum`), refused in one line otherwise."""
+    low, above, high = (schema.get(k) for k in ("minimum", "exclusiveMinimum", "maximum"))
 
-    def parse(text: str) -> int:
+    def parse(text: str) -> Any:
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+            noun = "an integer" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        for bound, fails, says in ((low, "<", ">="), (above, "<=", ">"), (high, ">", "<=")):
+            if bound is not None and _FAILS[fails](value, bound):
+                raise argparse.ArgumentTypeError(f"must be {says} {bound}, got {value}")
         return value
 
     return parse
 
 
-_count, _positive_int = _int_at_least(0), _int_at_least(1)
+_FAILS = {"<": lambda v, b: v < b, "<=": lambda v, b: v <= b, ">": lambda v, b: v > b}
 
 
 # --- inputs -----------------------------------------------------------------------------------
@@ -195,7 +215,7 @@ def read_records(path: Path, text_field: str = "text") -> tuple[list[dict[str, s
     """The JSONL records of `path` and their form: "text" (`text_field` holds the whole text) or
     "prompt_completion". The first record decides; blank lines are skipped; errors name
     file:line."""
-    from rpb.pipeline.data import check_string_fields, jsonl_objects
+    from rpb.jsonl import check_string_fields, jsonl_objects
 
     check_file(path, "--data")
     records: list[dict[str, str]] = []
@@ -226,11 +246,11 @@ def tokenize_records(
     max_length: int,
     source: str,
 ) -> Any:
-    """`rpb.pipeline.training.TokenizedExamples` of the records: the tokenizer's own special tokens
+    """`rpb.posttraining.TokenizedExamples` of the records: the tokenizer's own special tokens
     (a BOS where it adds one) before the text or prompt, EOS after, cut at `max_length`. Labels
     cover every token of a text, or the completion and EOS of a prompt/completion pair. Records
     left with no target token by the cut are dropped (with a warning)."""
-    from rpb.pipeline.training import IGNORE_INDEX, TokenizedExamples
+    from rpb.posttraining import IGNORE_INDEX, TokenizedExamples
 
     eos = tokenizer.eos_token_id
     if eos is None:
@@ -282,7 +302,7 @@ def prior_of(
 ) -> Any:
     """The router prior of `model` on the tokenized `dataset` (all its tokens, prompts included,
     as the pipeline's prior covers the whole corpus texts)."""
-    from rpb.pipeline.training import RightPadCollator
+    from rpb.posttraining import RightPadCollator
     from rpb.prior import extract_prior
 
     collate = RightPadCollator(_pad_id(tokenizer))
@@ -319,22 +339,24 @@ def _check_routers(model: Any, model_dir: Path) -> list[Any]:
     return handles
 
 
+def _tracking() -> Any:
+    """The pipeline's MLflow tracking (rpb.pipeline.tracking), which `--mlflow` logs through."""
+    return importlib.import_module(TRACKING)
+
+
 def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params: dict[str, Any]):
     """The command's MLflow run with `--mlflow` (the store: --tracking-uri, else
     $MLFLOW_TRACKING_URI, else ./mlflow.db); otherwise nothing."""
-    import contextlib
-
     if not args.mlflow:
         return contextlib.nullcontext()
-    import mlflow
+    import mlflow  # first: without it, one line naming the mlflow extra
 
-    from rpb.pipeline.tracking import artifact_location, resolve_tracking_uri, tracked_run
-
-    uri = args.tracking_uri or resolve_tracking_uri(results_dir=Path("."))
+    tracking = _tracking()
+    uri = args.tracking_uri or tracking.resolve_tracking_uri(results_dir=Path("."))
     client = mlflow.MlflowClient(tracking_uri=uri)
     if client.get_experiment_by_name(args.experiment) is None:  # artifacts beside a sqlite store
-        client.create_experiment(args.experiment, artifact_location=artifact_location(uri))
-    return tracked_run(
+        client.create_experiment(args.experiment, artifact_location=tracking.artifact_location(uri))
+    return tracking.tracked_run(
         stage=stage,
         model=args.model.resolve().name,
         method=method,
@@ -351,7 +373,7 @@ def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params
 
 def cmd_prior(args: argparse.Namespace) -> None:
     """`rpb prior --model DIR --data FILE --out prior.safetensors` (the form without --name)."""
-    from rpb.pipeline.analysis import load_for_inference
+    from rpb.eval_routing import load_for_inference
 
     check_model_dir(args.model)
     records, form = read_records(args.corpus, args.text_field)
@@ -514,111 +536,146 @@ def method_choice(args: argparse.Namespace) -> MethodConfig:
     return MethodConfig(args.method, args.strength, dict(args.option or []))
 
 
-def cmd_finetune(args: argparse.Namespace) -> None:
-    """Supervised fine-tuning of `--model` on `--data` with one router method attached, by the
-    pipeline's training core (`rpb.pipeline.training.run_training`): its checkpoints, resume,
-    multi-process launch and atomic model folder."""
-    import shutil
-
-    import torch
-    from accelerate import PartialState
-    from transformers import AutoTokenizer
-
-    from rpb.artifacts import write_text
-    from rpb.eval_routing import load_model, save_eval_routing
-    from rpb.pipeline.tracking import method_params
-    from rpb.pipeline.training import (
-        TrainSpec,
-        is_main_process,
-        run_training,
-        unseen_token_ids,
-    )
-    from rpb.prior import RouterPrior
-    from rpb.trainable import select_trainable
-    from rpb.trainer import own_router_loss_message
-
-    processes = int(os.environ.get("WORLD_SIZE", "1"))
-    main = is_main_process()
+def _check_finetune(args: argparse.Namespace, processes: int) -> tuple[MethodConfig, Any]:
+    """Everything about the inputs that can be refused before a weight loads, in one line each;
+    the method's choice and the method (made first: a bad strength or option fails at once)."""
     check_model_dir(args.model)
     check_file(args.corpus, "--data")
-    if args.eval_file is not None:
-        check_file(args.eval_file, "--eval-file")
-    if args.prior is not None:
-        check_file(args.prior, "--prior")
+    for path, flag in ((args.eval_file, "--eval-file"), (args.prior, "--prior")):
+        if path is not None:
+            check_file(path, flag)
     if args.mlflow and "mlflow" in args.report_to.split(","):
         raise ValueError(
             "--report-to mlflow and --mlflow both log to MLflow (transformers' run and rpb's); "
             "choose one"
         )
-    spec = METHOD_SPECS[args.method]
-    # The method is made before anything loads: a bad strength or option fails at once.
     choice = method_choice(args)
     method = choice.build()
     _check_out(args)
-    resumed_prior = args.out / PRIOR_FILE
-    if processes > 1 and spec.needs_prior and args.prior is None and not resumed_prior.is_file():
+    extracted = (args.out / PRIOR_FILE).is_file()
+    if processes > 1 and method.needs_prior and args.prior is None and not extracted:
         # Each rank would extract it, and under FSDP's low-memory loading only rank 0 holds
         # weights to extract it from.
         raise ValueError(
             f"method {args.method} needs the base's router prior: under a multi-process launch "
             "give --prior (from `rpb prior --model ... --data ...`)"
         )
-    # Every rank has looked at --out before the main process writes into it.
-    state = PartialState()
-    state.wait_for_everyone()
-    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
-    dataset, evaluation, form = _finetune_inputs(args, tokenizer)
-    steps = args.steps or _one_epoch(len(dataset), args.batch_size, args.grad_accum, processes)
-    train = TrainSpec(
-        steps=steps,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        # The schedule's warmup in steps, as given: round(ratio * steps) gives it back exactly.
-        warmup_ratio=args.warmup_steps / steps,
-        scheduler="cosine",
-        max_length=args.max_length,
-        seed=args.seed,
-        log_every=args.log_every,
-        save_every=args.save_steps,
-        threads=torch.get_num_threads(),  # the process's own (the pipeline's jobs set theirs)
-        bf16=args.bf16,
-        trainable=args.trainable,
-        grad_accum=args.grad_accum,
-        eval_every=args.eval_every if evaluation is not None else 0,
-        report_to=args.report_to,
-    )
-    label = args.method if args.strength is None else f"{args.method}@{args.strength}"
-    params = {
+    return choice, method
+
+
+def finetune_spec(
+    args: argparse.Namespace, examples: int, processes: int, evaluate: bool
+) -> TrainSpec:
+    """The run's TrainSpec: its flags' values (`add_train_flags`), one epoch of `examples` where
+    --steps is not given, no evaluations without an eval split, and the process's own torch
+    threads (the pipeline's jobs set theirs)."""
+    import torch
+
+    values = {f.name: getattr(args, f.name) for f in train_flag_fields()}
+    if values["steps"] is None:
+        values["steps"] = _one_epoch(examples, args.batch_size, args.grad_accum, processes)
+    if not evaluate:
+        values["eval_every"] = 0
+    return TrainSpec(**values, threads=torch.get_num_threads())
+
+
+# TrainSpec's flags that do not change what a run computes: a --resume may give others.
+_NOT_THE_RUN = ("log_every", "report_to")
+
+
+def _finetune_params(
+    args: argparse.Namespace, choice: MethodConfig, spec: TrainSpec, form: str, processes: int
+) -> dict[str, Any]:
+    """What the run is, as its MLflow params and OUT/PARAMS_FILE (which --resume compares)."""
+    settings = {f.name: getattr(spec, f.name) for f in train_flag_fields()}
+    return {
         "model_dir": str(args.model),
         "data": str(args.corpus),
         "eval_data": str(args.eval_file) if args.eval_file else None,
         "prior": str(args.prior) if args.prior else None,
         "form": form,
         "text_field": args.text_field,
-        **method_params(label, choice),
-        "train": {
-            "steps": steps,
-            **{
-                k: getattr(args, k)
-                for k in (
-                    "lr",
-                    "warmup_steps",
-                    "batch_size",
-                    "grad_accum",
-                    "max_length",
-                    "seed",
-                    "trainable",
-                    "bf16",
-                    "save_steps",
-                )
-            },
-            "eval_every": train.eval_every,
-            "processes": processes,
-        },
+        **method_params(_label(args), choice),
+        "train": {k: v for k, v in settings.items() if k not in _NOT_THE_RUN}
+        | {"processes": processes},
     }
+
+
+def _label(args: argparse.Namespace) -> str:
+    return args.method if args.strength is None else f"{args.method}@{args.strength}"
+
+
+def _finetune_prior(
+    args: argparse.Namespace, method: Any, model: Any, tokenizer: Any, dataset: Any
+) -> Any:
+    """The base's router prior: --prior, else the one an interrupted run extracted into --out,
+    else, for a method that reads one, extracted from the model on --data (and kept in --out)."""
+    import torch
+
+    from rpb.prior import RouterPrior
+
+    extracted = args.out / PRIOR_FILE
+    if args.prior is not None or (method.needs_prior and extracted.is_file()):
+        path = args.prior or extracted
+        log.info("router prior: %s", path)
+        return RouterPrior.load(path)
+    if not method.needs_prior:
+        return None
+    log.info(
+        "method %s needs the base's router prior and no --prior was given: extracting it from "
+        "%s on %s into %s",
+        args.method,
+        args.model,
+        args.corpus,
+        extracted,
+    )
+    if torch.cuda.is_available():
+        model.to("cuda")
+    prior = prior_of(model, tokenizer, dataset, args.corpus, args.model, args.batch_size)
+    prior.save(extracted)
+    return prior
+
+
+def _keep_beside_model(out: Path) -> Callable[[Path], None]:
+    """What the finished folder keeps from --out before it takes --out's place: the prior the
+    run extracted and transformers' loggers' files (tensorboard's `runs`)."""
+    import shutil
+
+    def complete(folder: Path) -> None:
+        for path in out.iterdir():
+            if path.name not in ("checkpoints", PARAMS_FILE):
+                copy = shutil.copytree if path.is_dir() else shutil.copy2
+                copy(path, folder / path.name)
+        runs = out / "checkpoints" / "runs"  # tensorboard's default folder
+        if runs.is_dir():
+            shutil.copytree(runs, folder / "runs")
+
+    return complete
+
+
+def cmd_finetune(args: argparse.Namespace) -> None:
+    """Supervised fine-tuning of `--model` on `--data` with one router method attached: the
+    pipeline's post-training setup and loop (`rpb.posttraining.posttrain_model`), with its
+    checkpoints, resume, multi-process launch and atomic model folder."""
+    import torch
+    from accelerate import PartialState
+    from transformers import AutoTokenizer
+
+    from rpb.artifacts import write_text
+    from rpb.eval_routing import load_model
+    from rpb.posttraining import is_main_process, posttrain_model
+
+    processes, main = int(os.environ.get("WORLD_SIZE", "1")), is_main_process()
+    choice, method = _check_finetune(args, processes)
+    state = PartialState()
+    state.wait_for_everyone()  # every rank has looked at --out before the main process writes
+    tokenizer = AutoTokenizer.from_pretrained(args.model, trust_remote_code=args.trust_remote_code)
+    dataset, evaluation, form = _finetune_inputs(args, tokenizer)
+    spec = finetune_spec(args, len(dataset), processes, evaluate=evaluation is not None)
+    params = _finetune_params(args, choice, spec, form, processes)
     if (args.out / PARAMS_FILE).is_file():
         _check_same_run(args.out, params)
-    run = _mlflow_run(args, "finetune", label, params) if main else contextlib.nullcontext()
+    run = _mlflow_run(args, "finetune", _label(args), params) if main else contextlib.nullcontext()
     with run, _removed_if_left_empty(args.out):
         if main:
             args.out.mkdir(parents=True, exist_ok=True)
@@ -626,104 +683,54 @@ def cmd_finetune(args: argparse.Namespace) -> None:
             # finished model's folder replaces it.
             write_text(args.out / PARAMS_FILE, json.dumps(params, indent=2, sort_keys=True) + "\n")
         state.wait_for_everyone()
-        torch.manual_seed(args.seed)
+        torch.manual_seed(spec.torch_seed)
         # A steered folder (rpb.eval_routing): its weights, routing with its saved routers.
         model = load_model(args.model, steer=False, dtype=torch.float32)
         _check_routers(model, args.model)
-        if args.prior is not None:
-            prior = RouterPrior.load(args.prior)
-            prior.check_compatible(model)
-            log.info("router prior: %s", args.prior)
-        elif spec.needs_prior and resumed_prior.is_file():
-            # The interrupted run extracted it: the same prior, without the pass over the data.
-            prior = RouterPrior.load(resumed_prior)
-            prior.check_compatible(model)
-            log.info("router prior: %s (extracted by the interrupted run)", resumed_prior)
-        elif spec.needs_prior:
-            log.info(
-                "method %s needs the base's router prior and no --prior was given: extracting it "
-                "from %s on %s into %s",
-                args.method,
-                args.model,
-                args.corpus,
-                resumed_prior,
-            )
-            if torch.cuda.is_available():
-                model.to("cuda")
-            prior = prior_of(model, tokenizer, dataset, args.corpus, args.model, args.batch_size)
-            prior.save(resumed_prior)
-        else:
-            prior = None
-        callbacks = []
-        if args.trainable != "all":
-            new_ids = unseen_token_ids(tokenizer, dataset) if args.trainable == "moe" else []
-            selection = select_trainable(model, args.trainable, new_token_ids=new_ids)
-            if selection.row_scales:
-                callbacks.append(selection.callback(model))
+        prior = _finetune_prior(args, method, model, tokenizer, dataset)
         evals: list[dict[str, float]] = []
-        if evaluation is not None:
-            callbacks.append(_eval_loss_callback(evals, args.mlflow))
-        # A checkpoint whose config asks for router logits adds its own load-balancing loss to
-        # the task loss: beside the method's term that is a second router term nobody chose.
-        text_config = model.config.get_text_config()
-        own_lbl = bool(getattr(text_config, "output_router_logits", False))
-        if own_lbl:
-            text_config.output_router_logits = False
-            if main:
-                log.warning("%s", own_router_loss_message(model, method.name))
-        method.attach(model, prior)
-        model.train()
-
-        def complete(folder: Path) -> None:
-            """The finished folder, before it takes --out's place: what the run keeps beside the
-            model (the prior it extracted, transformers' loggers' files), the checkpoint's own
-            router-logits flag, and the routing a steering method keeps at evaluation."""
-            for path in args.out.iterdir():
-                if path.name not in ("checkpoints", PARAMS_FILE):
-                    copy = shutil.copytree if path.is_dir() else shutil.copy2
-                    copy(path, folder / path.name)
-            runs = args.out / "checkpoints" / "runs"  # tensorboard's default folder
-            if runs.is_dir():
-                shutil.copytree(runs, folder / "runs")
-            if own_lbl:  # the saved config is the checkpoint's own
-                text_config.output_router_logits = True
-                model.config.to_json_file(folder / "config.json")
-            save_eval_routing(folder, method, prior)
-
+        callbacks = [_eval_loss_callback(evals, args.mlflow)] if evaluation is not None else []
         log.info("fine-tuning with %r", method)
-        history = run_training(
-            model,
-            tokenizer,
-            dataset,
-            method,
-            train,
-            args.out,
+        history = posttrain_model(
+            *(model, tokenizer, dataset, method, spec, args.out),
+            prior=prior,  # a checkpoint's tokens have no pretraining record: no new_token_ids
             save_to=args.out,
             callbacks=callbacks,
-            complete_model=complete,
+            complete_model=_keep_beside_model(args.out),
             eval_dataset=evaluation,
         )
         if main:
             record = {"history": history, "params": params}
-            if evaluation is not None:
-                record["eval"] = evals
-            text = json.dumps(record, indent=2, sort_keys=True) + "\n"
-            write_text(args.out / HISTORY_FILE, text)
-            if args.mlflow:
-                import mlflow
-
-                mlflow.log_artifact(str(args.out / HISTORY_FILE))
+            _write_history(args, record | ({"eval": evals} if evaluation is not None else {}))
         state.wait_for_everyone()
-    if main and (args.out / "eval_routing").is_dir():
+    if main:
+        _say_where(args.out)
+
+
+def _write_history(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    """OUT/train_history.json (and, with --mlflow, the run's copy of it)."""
+    from rpb.artifacts import write_text
+
+    write_text(args.out / HISTORY_FILE, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    if args.mlflow:
+        import mlflow
+
+        mlflow.log_artifact(str(args.out / HISTORY_FILE))
+
+
+def _say_where(out: Path) -> None:
+    if (out / "eval_routing").is_dir():
         log.info(
             "the model steers at evaluation with %s: load it with trust_remote_code=True "
             "(lm-eval: --model_args pretrained=%s,trust_remote_code=True) or "
             "rpb.eval_routing.load_model",
-            args.out / "eval_routing",
-            args.out,
+            out / "eval_routing",
+            out,
         )
-    if main:
-        log.info("model and tokenizer saved to %s", args.out)
+    log.info("model and tokenizer saved to %s", out)
+
+
+# --- the parser -------------------------------------------------------------------------------
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -735,6 +742,39 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         if action.required or "default" in text or action.nargs == 0:
             return text
         return super()._get_help_string(action)
+
+
+def train_flag_fields() -> list[dataclasses.Field]:
+    """TrainSpec's fields that an `rpb finetune` flag sets (their metadata's `Flag`)."""
+    return [f for f in dataclasses.fields(TrainSpec) if f.metadata.get(CLI_FLAG)]
+
+
+def add_train_flags(p: argparse.ArgumentParser) -> None:
+    """`rpb finetune`'s training flags, one per TrainSpec field whose metadata has a `Flag`
+    (as TRL's HfArgumentParser reads a dataclass): its name, help, metavar and default from the
+    Flag, its type, bounds and choices from the field's type and JSON-schema keywords; the value
+    lands in `args.<field>`."""
+    hints = typing.get_type_hints(TrainSpec)
+    for f in train_flag_fields():
+        flag, schema = f.metadata[CLI_FLAG], f.metadata[CONFIG_SETTING]["schema"]
+        default = f.default if flag.default is FIELD_DEFAULT else flag.default
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not None)
+        if kind is bool:
+            p.add_argument(flag.name, dest=f.name, action="store_true", help=flag.help)
+        elif "enum" in schema:
+            p.add_argument(
+                flag.name, dest=f.name, choices=schema["enum"], default=default, help=flag.help
+            )
+        else:
+            parse = bounded(kind, schema) if kind in (int, float) else kind
+            p.add_argument(
+                flag.name,
+                dest=f.name,
+                type=parse,
+                default=default,
+                metavar=flag.metavar,
+                help=flag.help,
+            )
 
 
 def add_finetune(sub: Any) -> argparse.ArgumentParser:
@@ -749,12 +789,7 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
     )
     one_line_errors(p)
     p.set_defaults(func=cmd_finetune)
-    p.add_argument(
-        "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
-    )
-    p.add_argument(
-        "--data", dest="corpus", type=Path, required=True, metavar="FILE", help=DATA_HELP
-    )
+    add_model_and_data(p)
     p.add_argument(
         "--out",
         type=Path,
@@ -793,55 +828,7 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         help="router prior from `rpb prior` (default: extracted from --model on --data when "
         "the method needs one; a multi-process launch needs it given)",
     )
-    p.add_argument(
-        "--steps",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="optimizer steps (default: one epoch)",
-    )
-    p.add_argument(
-        "--lr", type=float, default=1e-5, metavar="X", help="peak learning rate (cosine decay)"
-    )
-    p.add_argument(
-        "--warmup-steps", type=_count, default=0, metavar="N", help="linear warmup steps"
-    )
-    p.add_argument(
-        "--batch-size",
-        type=_positive_int,
-        default=8,
-        metavar="N",
-        help="examples per micro-batch and process",
-    )
-    p.add_argument(
-        "--grad-accum",
-        type=_positive_int,
-        default=1,
-        metavar="N",
-        help="micro-batches per optimizer step",
-    )
-    p.add_argument(
-        "--max-length", type=_positive_int, default=1024, metavar="N", help="tokens per example"
-    )
-    p.add_argument("--seed", type=int, default=0, metavar="N", help="model, data order, dropout")
-    p.add_argument(
-        "--trainable",
-        choices=list(TRAINABLE),
-        default="all",
-        help="parameters to update: all, or moe (routed experts and routers; docs/design.md)",
-    )
-    p.add_argument("--bf16", action="store_true", help="bf16 mixed precision")
-    p.add_argument(
-        "--log-every", type=_positive_int, default=10, metavar="N", help="steps between logs"
-    )
-    p.add_argument(
-        "--save-steps",
-        type=_count,
-        default=0,
-        metavar="N",
-        help="steps between checkpoints in OUT/checkpoints, the last one kept (0: none); "
-        "--resume continues from it",
-    )
+    add_train_flags(p)
     p.add_argument(
         "--resume",
         action="store_true",
@@ -856,29 +843,94 @@ def add_finetune(sub: Any) -> argparse.ArgumentParser:
         help="eval split, JSONL as --data: its loss (the task loss alone) is logged and kept in "
         "train_history.json (default: none)",
     )
+    add_text_field(p)
+    add_trust(p)
+    add_mlflow(p)
+    return p
+
+
+def add_model_and_data(p: argparse.ArgumentParser, *, corpus_alias: bool = False) -> None:
+    """--model and --data (with `corpus_alias` also spelt --corpus, the rules' spelling)."""
     p.add_argument(
-        "--eval-every",
-        type=_count,
-        default=0,
-        metavar="N",
-        help="steps between evaluations of --eval-file (0: at the last step only)",
+        "--model", type=Path, required=True, metavar="DIR", help="checkpoint folder (config.json)"
     )
     p.add_argument(
-        "--report-to",
-        default="none",
-        metavar="NAMES",
-        help="transformers' loggers, comma-separated (TrainingArguments.report_to: tensorboard, "
-        "wandb, mlflow, ...); each gets every log with rpb's metrics. --mlflow is rpb's own run",
+        *(("--data", "--corpus") if corpus_alias else ("--data",)),
+        dest="corpus",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help=DATA_HELP,
     )
+
+
+def add_text_field(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--text-field", default="text", metavar="NAME", help="the field holding the whole text"
     )
+
+
+def add_trust(p: argparse.ArgumentParser, config_key: str = "") -> None:
+    """--trust-remote-code (`config_key`: the config key that sets it, for a pipeline job)."""
     p.add_argument(
         "--trust-remote-code",
         action="store_true",
-        help="run the tokenizer's own code from the model folder",
+        help="run the tokenizer's own code from the model folder" + config_key,
     )
-    add_mlflow(p)
+
+
+def add_compute(p: argparse.ArgumentParser, *, threads: bool = False) -> None:
+    """Options of a command that runs a model: how its experts run (and its torch threads)."""
+    p.add_argument(
+        "--experts-implementation",
+        default=None,
+        help="transformers experts implementation (eager, grouped_mm, ...; default: its own)",
+    )
+    if threads:
+        p.add_argument("--threads", type=int, default=None, help="torch threads (default: spec)")
+
+
+def add_prior_flags(
+    p: argparse.ArgumentParser,
+    *,
+    job: Callable[[argparse.ArgumentParser], None] | None = None,
+    trust_key: str = "",
+) -> None:
+    """The flags of the two router-prior commands: the people's `rpb prior` has the user's flags
+    alone, so its `--help` lists no job's; the pipeline's `rpb pipeline prior` passes `job`,
+    which adds the job's own (its --name and the base's place), takes --corpus too, and names
+    the config key of its --trust-remote-code (`trust_key`)."""
+    one_line_errors(p)
+    add_model_and_data(p, corpus_alias=job is not None)
+    p.add_argument("--out", type=Path, required=True, metavar="FILE", help="the prior to write")
+    p.add_argument("--batch-size", type=int, default=128, metavar="N", help="texts per forward")
+    if job is not None:
+        job(p)
+    add_text_field(p)
+    p.add_argument(
+        "--max-length",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="tokens per text" + (" (without --name)" if job else ""),
+    )
+    add_mlflow(p, uri=job is None)  # the pipeline's job has the store's flags of its own
+    add_trust(p, trust_key)
+    add_compute(p)
+
+
+def add_prior(sub: Any) -> argparse.ArgumentParser:
+    """Register `rpb prior` on the `rpb` subparsers `sub`."""
+    p = sub.add_parser(
+        "prior",
+        help="extract a MoE checkpoint's router prior over a JSONL file",
+        description="Extract the router prior of a Hugging Face MoE checkpoint folder over a "
+        "JSONL file.",
+        epilog=PRIOR_EPILOG,
+        formatter_class=HelpFormatter,
+    )
+    p.set_defaults(func=cmd_prior)
+    add_prior_flags(p)
     return p
 
 
@@ -901,3 +953,104 @@ def add_mlflow(p: argparse.ArgumentParser, *, uri: bool = True) -> None:
         p.add_argument(
             "--experiment", default="rpb", metavar="NAME", help="MLflow experiment (with --mlflow)"
         )
+
+
+def new_parser() -> tuple[argparse.ArgumentParser, Any]:
+    """The `rpb` parser with the people's verbs, and its subparsers (the pipeline adds its own)."""
+    parser = argparse.ArgumentParser(
+        prog="rpb",
+        description="Router Prior Bias (Lee et al., arXiv:2609.08115): post-train a Hugging Face "
+        "MoE checkpoint with a router method, extract its router prior, or run the pipeline's "
+        "jobs.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_finetune(sub)
+    add_prior(sub)
+    one_line_errors(inspection.add_inspect(sub))
+    return parser, sub
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `rpb` parser of the people's verbs alone."""
+    return new_parser()[0]
+
+
+# --- running a command ------------------------------------------------------------------------
+
+
+def command_name(args: argparse.Namespace) -> str:
+    """The command as typed, for messages: `rpb finetune`, `rpb pipeline train`."""
+    job = getattr(args, "job", None)
+    return f"rpb {args.command} {job}" if job else f"rpb {args.command}"
+
+
+def offline() -> None:
+    """Compute commands never touch a hub (downloads happen in their own rules at paper scale;
+    a user downloads a checkpoint folder first)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+
+
+def run_command(
+    args: argparse.Namespace,
+    *,
+    extras: Mapping[str, str] = {"mlflow": "mlflow"},
+    explain: Callable[[BaseException], str | None] | None = None,
+) -> int:
+    """Run the parsed command `args.func(args)` as `rpb` does: logging, no hub, the pinned
+    numeric path where the pipeline pins it; its exit status. A missing package that `extras`
+    maps to an extra is one line naming the extra; bad input, a damaged file, a full disk (and
+    what `explain` words, e.g. a locked tracking store) one line naming the file, key or store;
+    any other error is a bug and keeps its traceback."""
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    offline()
+    name = command_name(args)
+    try:
+        if os.environ.get(PIN_ENV):
+            # The pipeline pins every job's CPU numeric path (rpb.numerics); a job that would
+            # compute with other kernels stops before it computes anything.
+            from rpb.numerics import NumericPathError, apply_path
+
+            try:
+                apply_path()
+            except NumericPathError as err:
+                print(f"{name}: error: {err}", file=sys.stderr)
+                return 2
+        args.func(args)
+    except ModuleNotFoundError as err:
+        extra = extras.get((err.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"{name}: error: needs {err.name}, which the {extra} extra installs: "
+            f"{install_hint(extra)}",
+            file=sys.stderr,
+        )
+        return 2
+    except Exception as err:
+        from rpb.artifacts import failure_line
+
+        line = (explain(err) if explain else None) or failure_line(err, getattr(args, "out", None))
+        if line is None:
+            raise
+        log.debug("command failed", exc_info=True)
+        print(f"{name}: error: {line}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`rpb finetune` / `rpb prior`; the exit status."""
+    args = build_parser().parse_args(argv)
+    explain = None
+    if getattr(args, "mlflow", False):  # a locked or lost store: the tracking's own line
+
+        def explain(err: BaseException) -> str | None:
+            return _tracking().tracking_failure(err) if "mlflow" in sys.modules else None
+
+    return run_command(args, explain=explain)
