@@ -52,6 +52,7 @@ from rpb.pipeline.data import (
     load_jsonl,
     vocabulary,
 )
+from rpb.pipeline.preemption import PreemptionCallback
 from rpb.pipeline.tokenizer import encode
 from rpb.prior import RouterPrior
 from rpb.specs import TRAINABLE, torch_seed
@@ -680,7 +681,8 @@ def posttrain(
         spec,
         out_dir,
         save_to=out_dir / "model" if save_model else None,
-        callbacks=callbacks,
+        # A signal (Slurm's warning before the time limit, a cancel) saves and exits to requeue.
+        callbacks=[*callbacks, PreemptionCallback()],
         # A method that keeps steering at evaluation (hard, keep_bias_at_eval) travels with the
         # model: written into the folder before it appears, so no model lacks its routing.
         complete_model=lambda folder: save_eval_routing(folder, router_method, prior),
