@@ -9,7 +9,7 @@ On one GPU (under 5 minutes), writes bench/results/gpu_check.json with:
 - `trainer`: rpb.trainer.RouterMethodTrainer on CUDA (bf16), a few steps of a tiny model;
 - `fsdp`: the Trainer under FSDP2 through `accelerate launch --config_file
   config/accelerate/fsdp.yaml --num_processes 1` (this script's `--fsdp-worker`): the parameters
-  are sharded DTensors, the steps finite, and `trainer.save_model`'s gathered checkpoint reloads
+  are sharded DTensors, the steps finite, and the gathered final model (`_save_model`'s) reloads
   with `from_pretrained` to the trained weights;
 - `syncs`: host-device synchronisations in one profiled training step of each method
   (`cudaStreamSynchronize` + `cudaDeviceSynchronize` events of torch.profiler), minus none's, at
@@ -474,7 +474,11 @@ def fsdp_worker(args: argparse.Namespace) -> int:
             n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu()
             for n, p in params.items()
         }
-        trainer.save_model(str(Path(tmp) / "model"))  # a collective too (the state dict gather)
+        # As rpb.pipeline.training._save_model: the checkpoints are sharded (fsdp.yaml), with
+        # which trainer.save_model writes nothing; the final model is gathered (a collective).
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        if trainer.is_world_process_zero():
+            trainer._save(str(Path(tmp) / "model"), state_dict=state_dict)
         if trainer.is_world_process_zero():
             loaded = AutoModelForCausalLM.from_pretrained(str(Path(tmp) / "model"))
             state = {k: v.float() for k, v in loaded.state_dict().items()}
