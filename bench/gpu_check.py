@@ -9,8 +9,9 @@ On one GPU (under 5 minutes), writes bench/results/gpu_check.json with:
 - `trainer`: rpb.trainer.RouterMethodTrainer on CUDA (bf16), a few steps of a tiny model;
 - `fsdp`: the Trainer under FSDP2 through `accelerate launch --config_file
   config/accelerate/fsdp.yaml --num_processes 1` (this script's `--fsdp-worker`): the parameters
-  are sharded DTensors, the steps finite, and `trainer.save_model`'s gathered checkpoint reloads
-  with `from_pretrained` to the trained weights;
+  are sharded DTensors, the steps finite, the gathered final model (`_save_model`'s) reloads
+  with `from_pretrained` to the trained weights, and a run stopped at half its steps with a
+  sharded checkpoint resumes to the uninterrupted weights (within 1e-5);
 - `syncs`: host-device synchronisations in one profiled training step of each method
   (`cudaStreamSynchronize` + `cudaDeviceSynchronize` events of torch.profiler), minus none's, at
   most the method's own allowance (`RouterMethod.host_waits_per_moe_layer` x MoE layers, as in
@@ -395,10 +396,28 @@ def _collate(rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
 
 
+class _StopAt(transformers.TrainerCallback):
+    """Saves a checkpoint at `step` and stops there, as a preempted job does."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            control.should_save = control.should_training_stop = True
+
+
 def run_trainer(
-    method_name: str, steps: int, use_cpu: bool, bf16: bool, output_dir: str
+    method_name: str,
+    steps: int,
+    use_cpu: bool,
+    bf16: bool,
+    output_dir: str,
+    stop_at: int = 0,
+    resume_from: str | None = None,
 ) -> tuple[Any, torch.nn.Module]:
-    """RouterMethodTrainer on the tiny qwen3_moe base (examples/trainer.py's settings)."""
+    """RouterMethodTrainer on the tiny qwen3_moe base (examples/trainer.py's settings);
+    `stop_at` saves a checkpoint at that step and stops, `resume_from` resumes from one."""
     from transformers import PrinterCallback, TrainingArguments
 
     from rpb.trainer import RouterMethodTrainer
@@ -426,10 +445,11 @@ def run_trainer(
         train_dataset=_examples(),
         data_collator=_collate,
         router_method=method,
+        callbacks=[_StopAt(stop_at)] if stop_at else None,
     )
     trainer.remove_callback(PrinterCallback)  # its raw log dicts: router_history keeps them
     with method:
-        trainer.train()
+        trainer.train(resume_from_checkpoint=resume_from)
     return trainer, model
 
 
@@ -458,6 +478,15 @@ def check_trainer(args: argparse.Namespace, cuda: bool) -> dict[str, Any]:
     }
 
 
+def _full_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter whole, in fp32 on the CPU: under FSDP a collective on every rank (the full
+    tensors behind the DTensor shards)."""
+    return {
+        n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu()
+        for n, p in model.named_parameters()
+    }
+
+
 def fsdp_worker(args: argparse.Namespace) -> int:
     """Inside `accelerate launch` (FSDP2): the Trainer, then its gathered checkpoint reloaded."""
     from transformers import AutoModelForCausalLM
@@ -469,12 +498,23 @@ def fsdp_worker(args: argparse.Namespace) -> int:
         cuda = torch.cuda.is_available()
         trainer, _ = run_trainer("anchor_weight", args.trainer_steps, not cuda, cuda, tmp)
         params = dict(trainer.model.named_parameters())
-        # A collective on every rank: the full tensors behind the DTensor shards.
-        full = {
-            n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().float().cpu()
-            for n, p in params.items()
-        }
-        trainer.save_model(str(Path(tmp) / "model"))  # a collective too (the state dict gather)
+        full = _full_weights(trainer.model)
+        # As rpb.pipeline.training._save_model: the checkpoints are sharded (fsdp.yaml), with
+        # which trainer.save_model writes nothing; the final model is gathered (a collective).
+        state_dict = trainer.accelerator.get_state_dict(trainer.model)
+        if trainer.is_world_process_zero():
+            trainer._save(str(Path(tmp) / "model"), state_dict=state_dict)
+        # The same run stopped at half its steps with a checkpoint (sharded under fsdp.yaml),
+        # then resumed from it by a fresh trainer: the weights must be the uninterrupted run's.
+        half = max(1, args.trainer_steps // 2)
+        stopped = Path(tmp) / "stopped"
+        run_trainer("anchor_weight", args.trainer_steps, not cuda, cuda, str(stopped), half)
+        checkpoint = stopped / f"checkpoint-{half}"
+        saved = sorted(p.name for p in checkpoint.iterdir()) if checkpoint.is_dir() else []
+        resumed, _ = run_trainer(
+            "anchor_weight", args.trainer_steps, not cuda, cuda, str(stopped), 0, str(checkpoint)
+        )
+        resumed_full = _full_weights(resumed.model)
         if trainer.is_world_process_zero():
             loaded = AutoModelForCausalLM.from_pretrained(str(Path(tmp) / "model"))
             state = {k: v.float() for k, v in loaded.state_dict().items()}
@@ -492,6 +532,13 @@ def fsdp_worker(args: argparse.Namespace) -> int:
                 "router_loss": [e["router_loss"] for e in trainer.router_history],
                 "reloaded_tensors": len(common),
                 "reloaded_max_abs_diff": max(diffs, default=math.inf),
+                "checkpoint_files": saved,  # pytorch_model_fsdp_0/, optimizer_0/: sharded
+                "checkpoint_sharded": "pytorch_model_fsdp_0" in saved,
+                "resumed_steps": resumed.state.global_step,
+                "resumed_max_abs_diff": max(
+                    ((resumed_full[k] - full[k]).abs().max().item() for k in full),
+                    default=math.inf,
+                ),
             }
     if results:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -537,6 +584,9 @@ def check_fsdp(args: argparse.Namespace) -> dict[str, Any]:
         and worker.get("history_ok")
         and worker.get("reloaded_tensors", 0) > 0
         and worker.get("reloaded_max_abs_diff", math.inf) == 0.0
+        and worker.get("checkpoint_sharded")
+        # A lost optimizer or schedule state moves weights by about LR; kernels' own order, less.
+        and worker.get("resumed_max_abs_diff", math.inf) <= 1e-5
     )
     if proc.returncode != 0 or not worker:
         result["stderr_tail"] = proc.stderr[-3000:]

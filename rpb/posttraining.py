@@ -502,10 +502,13 @@ def _save_model(
     with atomic_folder(path) if main else contextlib.nullcontext(partial_folder(path)) as tmp:
         if trainer.is_fsdp_enabled:
             # A collective: gathers the full state dict from the shards (save_pretrained on the
-            # sharded model would write this rank's DTensor shards). The main process writes it.
-            trainer.save_model(str(tmp))
-            if main:  # the Trainer adds its pickled arguments; a model folder needs none
-                (tmp / TRAINING_ARGS_NAME).unlink(missing_ok=True)
+            # sharded model would write this rank's DTensor shards), also where the checkpoints
+            # are sharded (fsdp.yaml's SHARDED_STATE_DICT, with which trainer.save_model writes
+            # nothing). The main process writes it, as one model.safetensors.
+            state_dict = trainer.accelerator.get_state_dict(trainer.model)
+            if main:
+                trainer._save(str(tmp), state_dict=state_dict)
+                (tmp / TRAINING_ARGS_NAME).unlink(missing_ok=True)  # the Trainer's pickled args
         elif main:  # DDP or one process: every rank holds the same full model
             trainer.model.save_pretrained(tmp)
         if main:

@@ -507,9 +507,13 @@ def test_profiles_name_existing_rules():
     for profile in ("slurm", "local"):
         cfg = yaml.safe_load((ROOT / "profiles" / profile / "config.yaml").read_text())
         assert set(cfg["set-resources"]) <= rules, profile
-        assert cfg["set-resources"]["posttrain"]["gpu"] >= 1
+    local = yaml.safe_load((ROOT / "profiles" / "local" / "config.yaml").read_text())
+    assert local["set-resources"]["posttrain"]["gpu"] >= 1
     slurm = yaml.safe_load((ROOT / "profiles" / "slurm" / "config.yaml").read_text())
     assert slurm["executor"] == "slurm"
+    # Training sizes itself per model (the rule's resources); the profile sets its time limit
+    # alone, so no GPU count or slurm_extra of its own replaces the rule's (test_two_node_*).
+    assert slurm["set-resources"]["posttrain"] == {"runtime": 1440}
     # Conda is an option (`--sdm conda`), not a requirement: a pip install runs the profile.
     assert "software-deployment-method" not in slurm and "sdm" not in slurm
 
@@ -569,3 +573,35 @@ def test_paper_dag_dry_run():
         "analyze": runs + 1,
         "table1": 1,
     }
+
+
+@pytest.mark.workflow
+def test_two_node_training_in_the_paper_plan(monkeypatch):
+    """On 40 GB GPUs Moonlight's 16 bytes per parameter (255 GB) need 11 GPUs: every training job
+    of table 1 asks for 2 whole nodes, 16 GPUs, a task per GPU, the plugin's `mpi` mode and Slurm's
+    USR1 warning, and its command is the per-node launcher (tests/test_cluster.py runs it and
+    builds the plugin's sbatch line from these resources)."""
+    monkeypatch.setenv("RPB_SLURM_GPU_MEMORY_GB", "40")
+    gpu_hours = _gpu_hours()
+    stdout = gpu_hours.dry_run("table1.csv")
+    trainings = [res for rule, res in gpu_hours.planned_jobs(stdout) if rule == "posttrain"]
+    assert len(trainings) == 12
+    for resources in trainings:
+        assert {k: resources.get(k) for k in ("nodes", "gpu", "tasks", "mpi", "runtime")} == {
+            "nodes": "2",
+            "gpu": "16",
+            "tasks": "16",
+            "mpi": "srun",
+            "runtime": "1440",
+        }
+        assert resources["tasks_per_gpu"] == "0" and resources["cpus_per_task"] == "8"
+        assert resources["slurm_extra"] == "--signal=USR1@600"
+    # The printed shell commands (printshellcmds in the profile).
+    launch = "Shell command: bash workflow/scripts/accelerate_launch.sh pipeline train "
+    commands = [line for line in stdout.splitlines() if " pipeline train " in line]
+    assert len(commands) == 12 and all(c.startswith(launch) for c in commands), commands[:1]
+    # The other GPU jobs keep one GPU each.
+    others = {
+        r: res["gpu"] for r, res in gpu_hours.planned_jobs(stdout) if r in ("evaluate", "analyze")
+    }
+    assert set(others.values()) == {"1"}

@@ -32,6 +32,7 @@ from rpb.method_config import MethodConfig
 from rpb.methods import make_method
 from rpb.numerics import numeric_path
 from rpb.pipeline.data import DOMAIN_TOKENS, PRETRAIN_DOMAINS, SPECIAL_TOKENS, vocabulary
+from rpb.pipeline.preemption import PreemptionCallback
 from rpb.pipeline.tokenizer import encode
 from rpb.posttraining import (
     CHECKPOINT_STATE,
@@ -203,7 +204,8 @@ def posttrain(
         prior=prior,
         new_token_ids=unseen_token_ids(tokenizer, dataset) if spec.trainable == "moe" else (),
         save_to=out_dir / "model" if save_model else None,
-        callbacks=callbacks,
+        # A signal (Slurm's warning before the time limit, a cancel) saves and exits to requeue.
+        callbacks=[*callbacks, PreemptionCallback()],
     )
     summary = {
         "final": history[-1] if history else {},

@@ -130,8 +130,30 @@ os.environ.update(RPB_MLFLOW_INVOCATION=TRACKING_INVOCATION)
 CONDA_ENV = (
     "../../envs/paper.yaml" if PLAN.config.scale == "paper" else "../../envs/rpb.yaml"
 )
-# The training command; at paper scale "accelerate launch --config_file ... -m rpb.cli".
+# The training command; at paper scale workflow/scripts/accelerate_launch.sh (accelerate launch
+# on every node of the job).
 TRAIN_LAUNCHER = EXECUTION.train_launcher
+
+
+def training_job(model):
+    """A paper-scale training job's size, from the model's parameter count and the cluster's GPU
+    nodes (RPB_SLURM_* variables, rpb.pipeline.cluster)."""
+    from rpb.pipeline.cluster import Cluster, parameter_count, training_job as size
+
+    entry = PLAN.config.models[model].entry
+    return size(
+        parameter_count(entry["model_type"], entry["architecture"]), Cluster.from_env()
+    )
+
+
+# Rule posttrain's resources: at paper scale nodes, GPUs, tasks, CPUs and memory per model
+# (rpb.pipeline.cluster.TrainingJob.slurm_resources), which the slurm profile does not override.
+TRAIN_RESOURCES = {"mem_mb": 4000}
+if PLAN.config.scale == "paper":
+    TRAIN_RESOURCES = {
+        name: (lambda wc, name=name: training_job(wc.model).slurm_resources()[name])
+        for name in training_job(PLAN.config.table1.model).slurm_resources()
+    }
 PRETRAINED_MODELS = PLAN.pretrained_models
 HUB_MODELS = PLAN.hub_models
 # Every job command names its experiment; the store comes from MLFLOW_TRACKING_URI (above).

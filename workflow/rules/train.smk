@@ -22,7 +22,7 @@ rule posttrain:
         CONDA_ENV
     threads: THREADS
     resources:
-        mem_mb=4000,
+        **TRAIN_RESOURCES,
     params:
         track=TRACK,
         launcher=TRAIN_LAUNCHER,
