@@ -674,7 +674,7 @@ async def check_table_view(page: Page, results: Path, out: Path) -> None:
     window's width, the columns a reader needs (rpb.report.tables.READER_COLUMNS)."""
     import pandas as pd
 
-    from rpb.report.tables import READER_COLUMNS
+    from rpb.report.table1 import READER_COLUMNS
 
     link = "document.querySelector('.rpb-landing a.rpb-open-table')"
     box = await page.js(

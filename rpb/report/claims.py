@@ -45,18 +45,10 @@ from rpb.report.stats import (
     friedman_power,
     rank_consistency,
 )
-from rpb.report.tables import (
-    BLOCK,
-    EXACT_MATCH,
-    MEASURE_NAMES,
-    P_TARGET,
-    PAPER_TABLE1,
-    SUFFIX,
-    hard_labels,
-    rank_order,
-    table4_frames,
-    table5_frames,
-)
+from rpb.report.table1 import PAPER_TABLE1
+from rpb.report.table4 import BLOCK, rank_order, table4_frames
+from rpb.report.table5 import hard_labels, table5_frames
+from rpb.report.tables import EXACT_MATCH, MEASURE_NAMES, P_TARGET, SUFFIX
 from rpb.report.verdicts import (
     BELOW_MARGIN,
     CONFIRMATORY,
