@@ -635,9 +635,10 @@ def test_landing_headline_gives_the_ood_mean_its_interval_over_runs(
         f"{np.mean(runs):.2f} [{low:.2f}, {high:.2f}]"
     )
     row = frame.set_index("method").loc["rpb"]
-    assert headline.loc["rpb", "in-domain exact match"] == Cell(
-        row["in_domain"], row["in_domain_ci_low"], row["in_domain_ci_high"]
-    ).text()
+    assert (
+        headline.loc["rpb", "in-domain exact match"]
+        == Cell(row["in_domain"], row["in_domain_ci_low"], row["in_domain_ci_high"]).text()
+    )
     # The base row is one run per base: its interval is over that run's items, not [x, x].
     cell = headline.loc["base", "OOD mean exact match"]
     estimate, low, high = map(float, re.findall(r"[\d.]+", cell))
@@ -670,4 +671,3 @@ def test_a_cell_without_an_interval_shows_its_value_alone() -> None:
     assert Cell(12.345, 10.0, 15.0).text() == "12.35 [10.00, 15.00]"
     assert Cell(12.345, math.nan, math.nan).text() == "12.35"
     assert Cell(12.345).text(1) == "12.3"
-    assert Cell(math.nan, 1.0, 2.0).text() == " [1.00, 2.00]"  # a missing value, as ever
