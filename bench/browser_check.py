@@ -671,10 +671,10 @@ async def check_landing(page: Page, results: Path, out: Path) -> None:
 
 async def check_table_view(page: Page, results: Path, out: Path) -> None:
     """Table 1 one click from the first screen (the landing's link), every column in view at the
-    window's width, the columns a reader needs (rpb.report.tables.READER_COLUMNS)."""
+    window's width, the columns a reader needs (rpb.report.table1.READER_COLUMNS)."""
     import pandas as pd
 
-    from rpb.report.tables import READER_COLUMNS
+    from rpb.report.table1 import READER_COLUMNS
 
     link = "document.querySelector('.rpb-landing a.rpb-open-table')"
     box = await page.js(

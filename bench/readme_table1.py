@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 from rpb.report.claims import SHORT_STATEMENTS, verdict_meaning
-from rpb.report.tables import PAPER_TABLE1
+from rpb.report.table1 import PAPER_TABLE1
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -606,7 +606,7 @@ def test_a_new_table_needs_only_its_report_job(monkeypatch: pytest.MonkeyPatch) 
     }
     with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)
-    job = registry.ReportJob("tablex_unregistered", "build_table2", "t", module="rpb.report.tables")
+    job = registry.ReportJob("tablex_unregistered", "build_table2", "t", module="rpb.report.table1")
     monkeypatch.setitem(registry.REPORTS, "tablex_unregistered", job)
     with pytest.raises(ConfigError, match=r"^tables\.tablex_unregistered: unknown table"):
         check_config(copy.deepcopy(config), SCHEMA)

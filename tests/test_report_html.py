@@ -23,7 +23,8 @@ from rpb.report import stats
 from rpb.report.audit import Check, Part
 from rpb.report.claims import build_claims, claims_frame
 from rpb.report.report_html import CLAIMS_BY_TABLE, table_html, verdict_class, write_table_html
-from rpb.report.tables import build_table1, build_table3
+from rpb.report.table1 import build_table1
+from rpb.report.table3 import build_table3
 from rpb.report.verdicts import EXPLORATORY, INCONCLUSIVE, NOT_TESTABLE, SUPPORTED
 from rpb.specs import Run, eval_path
 
@@ -198,9 +199,9 @@ def test_a_computation_that_drifts_from_its_caption_fails(
 ) -> None:
     """The computation at a level the caption does not state (the spec says 90%, the intervals
     are computed at 95%): the page's cells and its caption disagree."""
-    level = rpb.report.tables._level_kwargs
+    level = rpb.report.tables.run_level
     monkeypatch.setattr(
-        rpb.report.tables, "_level_kwargs", lambda spec: level(spec) | {"confidence": 0.95}
+        rpb.report.tables, "run_level", lambda spec: level(spec) | {"confidence": 0.95}
     )
     build_table1(tmp_path, _world(tmp_path) | {"confidence": 0.9}, tmp_path / "table1.csv")
     text = (tmp_path / "table1.html").read_text()

@@ -19,18 +19,18 @@ from result_worlds import N_ITEMS, OOD_ALL, PAPER_WORLD, run_names_on, write_jso
 from safetensors.torch import save_file
 from scipy import stats
 
-from rpb.report.tables import (
+from rpb.report.table1 import (
     PAPER_ROW,
     PAPER_TABLE1,
     build_table1,
     build_table2,
-    build_table3,
-    build_table4,
-    build_table5,
     headline_frame,
     per_task_frame,
-    with_interval,
 )
+from rpb.report.table3 import build_table3
+from rpb.report.table4 import build_table4
+from rpb.report.table5 import build_table5
+from rpb.report.tables import Cell
 from rpb.specs import Run, analysis_path, eval_path, spec_runs
 
 # The tests that look at the heatmaps; every other one builds its tables without drawing them.
@@ -148,7 +148,7 @@ def test_smoke_table1_says_its_numbers_carry_no_meaning(tmp_path: Path) -> None:
     """A smoke run's table 1 (config `scale: smoke`) says first, in its caption and on its landing
     page, that its numbers carry no meaning; a tiny-scale table 1 says nothing of the kind, its
     caption as it was."""
-    from rpb.report.tables import SMOKE_NOTE
+    from rpb.report.table1 import SMOKE_NOTE
 
     written = {}
     for scale in ("smoke", "tiny"):
@@ -179,7 +179,7 @@ def test_table1_is_one_link_from_the_landing_in_the_columns_a_reader_needs(
     to the CSV; table1.html keeps every column."""
     import base64
 
-    from rpb.report.tables import READER_COLUMNS
+    from rpb.report.table1 import READER_COLUMNS
 
     df, _, out = table
     landing = out.with_suffix(".landing.html").read_text()
@@ -518,12 +518,13 @@ def test_table5_correlation_hard_and_base(tmp_path: Path) -> None:
 
 def test_one_method_row_feeds_tables_1_2_and_5(tmp_path: Path) -> None:
     """The rows of tables 1, 2 and 5 are `method_row`'s, each table a choice of its columns."""
-    from rpb.report.tables import method_row, table5_frames
+    from rpb.report.table5 import table5_frames
+    from rpb.report.tables import TableContext
 
     write_world(tmp_path, PAPER_WORLD, models=("tinyA",), corpora=("math",))
     spec = {**STAT, "model": "tinyA", "corpus": "math", "runs": run_names_on([0, 1]), "family": "B"}
     spec |= {"methods": ["none", "rpb", "hard"], "correlate": ["none", "rpb"]}
-    row = method_row(tmp_path, spec, "tinyA", "math", "rpb", [Run(0, 0), Run(0, 1)])
+    row = TableContext.of(tmp_path, spec).method_row("math", "rpb", [Run(0, 0), Run(0, 1)])
     assert row["n_seeds"] == 2 and row["ood_mean"] == pytest.approx(
         np.mean([row[f"ood_{t}"] for t in OOD_ALL])
     )
@@ -634,8 +635,9 @@ def test_landing_headline_gives_the_ood_mean_its_interval_over_runs(
         f"{np.mean(runs):.2f} [{low:.2f}, {high:.2f}]"
     )
     row = frame.set_index("method").loc["rpb"]
-    assert headline.loc["rpb", "in-domain exact match"] == with_interval(
-        row["in_domain"], row["in_domain_ci_low"], row["in_domain_ci_high"]
+    assert (
+        headline.loc["rpb", "in-domain exact match"]
+        == Cell(row["in_domain"], row["in_domain_ci_low"], row["in_domain_ci_high"]).text()
     )
     # The base row is one run per base: its interval is over that run's items, not [x, x].
     cell = headline.loc["base", "OOD mean exact match"]
@@ -665,6 +667,7 @@ def test_landing_per_task_table_puts_methods_in_columns(
     assert "OOD mean exact match" in landing and "OOD facts" in landing
 
 
-def test_with_interval_leaves_a_missing_interval_out() -> None:
-    assert with_interval(12.345, 10.0, 15.0) == "12.35 [10.00, 15.00]"
-    assert with_interval(12.345, math.nan, math.nan) == "12.35"
+def test_a_cell_without_an_interval_shows_its_value_alone() -> None:
+    assert Cell(12.345, 10.0, 15.0).text() == "12.35 [10.00, 15.00]"
+    assert Cell(12.345, math.nan, math.nan).text() == "12.35"
+    assert Cell(12.345).text(1) == "12.3"

@@ -525,7 +525,7 @@ def cmd_table1(args: argparse.Namespace) -> None:
 
     from rpb.pipeline.tracking import log_table_run, tracked_run
     from rpb.report.claims import judge_table
-    from rpb.report.tables import build_table1
+    from rpb.report.table1 import build_table1
 
     spec = args.spec
     with _whole_table_or_none(args.out):

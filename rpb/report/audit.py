@@ -31,12 +31,13 @@ from rpb.report.stats import (
     paired_runs,
     seeds_needed,
 )
+from rpb.report.table5 import hard_labels
 from rpb.report.tables import (
     EXACT_MATCH,
     MEASURE_NAMES,
     P_TARGET,
-    compare,
-    hard_labels,
+    Comparison,
+    TableContext,
     primary_measure,
 )
 from rpb.report.verdicts import (
@@ -344,12 +345,13 @@ class Audit:
         other: str,
         metric: str,
         runs: Sequence[Run],
-    ) -> tuple[tuple[float, float, Difference], tuple[float, float, Difference] | None]:
-        """`rpb.report.tables.compare` on the judged measure, and on exact match beside it (None
-        where exact match is the judged measure)."""
-        args = (self.results, spec, model, corpora, method, other, metric, runs)
-        judged = compare(*args, measure=self.measure)
-        return judged, (None if self.measure == EXACT_MATCH else compare(*args))
+    ) -> tuple[Comparison, Comparison | None]:
+        """`rpb.report.tables.TableContext.compare` on the judged measure, and on exact match
+        beside it (None where exact match is the judged measure)."""
+        context = TableContext(self.results, spec, model)
+        args = (corpora, method, other, metric, runs)
+        judged = context.compare(*args, measure=self.measure)
+        return judged, (None if self.measure == EXACT_MATCH else context.compare(*args))
 
     def _cached(self, key: tuple, compute: Callable[[], Check]) -> Check:
         if key not in self._checks:

@@ -11,7 +11,7 @@ A claim is not supported when any judged part is, otherwise "premise not met" wh
 (check M0, the testbed's premise), not testable when any part is (a failed manipulation check
 M1-M6), supported when every part is, and inconclusive otherwise. Only the paper's reported
 numbers (C1's three) are constants here; every measured number is read from this run's outputs
-through `rpb.report.run_records` and the tables' frames (`rpb.report.tables`).
+through `rpb.report.run_records` and the tables' frames (`rpb.report.table4`, `table5`).
 """
 
 from __future__ import annotations
@@ -45,18 +45,10 @@ from rpb.report.stats import (
     friedman_power,
     rank_consistency,
 )
-from rpb.report.tables import (
-    BLOCK,
-    EXACT_MATCH,
-    MEASURE_NAMES,
-    P_TARGET,
-    PAPER_TABLE1,
-    SUFFIX,
-    hard_labels,
-    rank_order,
-    table4_frames,
-    table5_frames,
-)
+from rpb.report.table1 import PAPER_TABLE1
+from rpb.report.table4 import BLOCK, rank_order, table4_frames
+from rpb.report.table5 import hard_labels, table5_frames
+from rpb.report.tables import EXACT_MATCH, MEASURE_NAMES, P_TARGET, SUFFIX
 from rpb.report.verdicts import (
     BELOW_MARGIN,
     CONFIRMATORY,
@@ -633,7 +625,7 @@ class TableJudgement:
         return [verdict_sentence(claim, self.verdict(claim)) for claim in self.parts]
 
     def landing(self) -> dict[str, Any]:
-        """What the table's landing page shows of it (`rpb.report.tables.build_table1`): the lead,
+        """What the table's landing page shows of it (`rpb.report.table1.build_table1`): the lead,
         the checks, and each part as its caption states it."""
         comparisons = [f"{claim} {part_text(p)}" for claim, ps in self.parts.items() for p in ps]
         return {"lead": self.sentences(), "checks": self.checks, "comparisons": comparisons}

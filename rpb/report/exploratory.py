@@ -1,11 +1,11 @@
 """Exploratory tables beyond the paper's: the softness sweep, table 4 at strengths matched on
 routing, training-time routing drift, and which RPB reading anchors.
 
-As in `rpb.report.tables`, each is a pure frame function (results and spec in, DataFrames out; runs
-read through `rpb.report.run_records` and `rpb.report.tables.accuracy_record`) and a `build_*` entry
-point that writes through `rpb.report.render`. Accuracy columns come in the tables' measures: exact
-match, and p(target) beside it (`in_domain_p`, `ood_mean_p`) wherever it is measured
-(`rpb.report.tables.measures`).
+As tables 1-5 (`rpb.report.table1` ... `table5`), each is a pure frame function (results and spec
+in, DataFrames out; runs read through `rpb.report.run_records` and
+`rpb.report.tables.accuracy_record`) and a `build_*` entry point that writes through
+`rpb.report.render`. Accuracy columns come in the tables' measures: exact match, and p(target)
+beside it (`in_domain_p`, `ood_mean_p`) wherever it is measured (`rpb.report.tables.measures`).
 
 - Sweep (`build_sweep`): accuracy and retention against each method's strength.
 - Table 4 at matched strengths (`build_table4_matched`, part of the sweep's outputs).
@@ -26,7 +26,8 @@ from rpb.method_config import MethodConfig
 from rpb.report.registry import DATA, TABLE, Output, ReportJob, Shape, table_outputs
 from rpb.report.render import write_csv, write_table
 from rpb.report.run_records import DRIFT, RETENTION, runs_text, training_history
-from rpb.report.tables import accuracy_columns, accuracy_record, measures_text, table4_frames
+from rpb.report.table4 import table4_frames
+from rpb.report.tables import accuracy_columns, accuracy_record, measures_text
 from rpb.specs import spec_runs
 
 # The report jobs this module builds (rpb.report.registry reads them from this source).

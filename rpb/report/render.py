@@ -1,6 +1,6 @@
 """Writing a table: its CSV, side CSVs, Markdown, HTML page, provenance side file and
-co-activation heatmaps, the same way for every table (the build_* entry points of rpb.report.tables
-and rpb.report.exploratory compute frames and hand them here).
+co-activation heatmaps, the same way for every table (the build_* entry points of
+rpb.report.table1 ... table5 and rpb.report.exploratory compute frames and hand them here).
 
 CSVs carry 4 decimals; Markdown is `<title>. <note>` followed by each section's table; the HTML
 page (`rpb.report.report_html`, the report's rendering) has the same title, note as its caption and
@@ -39,7 +39,7 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 # A table's own files beside its CSV: one group, written together by `write_table`.
-# `.landing.html`: table 1's landing page (rpb.report.tables.write_landing).
+# `.landing.html`: table 1's landing page (rpb.report.table1.write_landing).
 TABLE_SUFFIXES = (".csv", ".md", ".html", ".meta.json", ".landing.html")
 
 
