@@ -1,12 +1,13 @@
 """`rpb` and `python -m rpb.cli`: the command's entry point.
 
-The people's verbs (`rpb finetune`, `rpb prior`) are the library's (rpb.user_cli) and run without
-the pipeline; every other verb (`rpb pipeline <job>`, `check-config`, `relayout`, `--help`) is
-the pipeline's command line (rpb.pipeline.cli, which lists the people's verbs too), loaded by name
-only then, so that the library imports nothing of the pipeline.
+The people's verbs (`rpb finetune`, `rpb prior`, `rpb inspect`) are the library's (rpb.user_cli)
+and run without the pipeline; every other verb (`rpb pipeline <job>`, `check-config`,
+`relayout`, `--help`) is the pipeline's command line (rpb.pipeline.cli, which lists the people's
+verbs too), loaded by name only then, so that the library imports nothing of the pipeline.
 
 An entry point, not part of the library: configs name it in their training launcher
-(`train_launcher: accelerate launch ... -m rpb.cli`, config/paper.yaml), and the launcher is one
+(config/paper.yaml's workflow/scripts/accelerate_launch.sh runs `accelerate launch ... -m
+rpb.cli`), and the launcher is one
 of every training job's parameters, so a new spelling would make Snakemake rerun every finished
 post-training run of an existing results folder.
 """

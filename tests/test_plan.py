@@ -98,7 +98,8 @@ def test_how_jobs_run_is_parsed_with_the_schemas_defaults(plan: Plan) -> None:
     ).execution
     assert paper.threads_per_job == 4 and not paper.one_process_per_run
     assert paper.cpu_numerics == "free"  # GPUs: no CPU pinning
-    assert paper.train_launcher.startswith("accelerate launch")
+    # The paper launcher runs accelerate launch on each node of the job (one srun task a node).
+    assert paper.train_launcher == "bash workflow/scripts/accelerate_launch.sh"
     assert (paper.tracking_uri, paper.experiment) == ("http://mlflow:5000", "moe")
 
 
