@@ -485,7 +485,9 @@ def tracked_run(
 
     `parents` maps a role (e.g. "base", "prior") to the run id of the job whose output this one
     consumed; they become `parent.<role>` tags, the run's lineage. Runs of the same job left
-    RUNNING by a killed process are marked KILLED first (`end_stale_runs`).
+    RUNNING by a killed process are marked KILLED first (`end_stale_runs`). The run is nested
+    under the parent run the installed provider names (`set_parent_run_provider`: a pipeline
+    job's invocation run), if any.
     """
     import mlflow
 
