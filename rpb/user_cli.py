@@ -13,8 +13,9 @@ pipeline trains). Training is the pipeline's own post-training setup and loop,
 `rpb.posttraining.posttrain_model` (transformers' Trainer with the method's term and rpb's
 metrics), with its checkpoints, `--resume`, multi-process launch and atomic model folder; the
 training flags are generated from `TrainSpec`'s field metadata (rpb.train_spec). MLflow only with
-`--mlflow` (or transformers' own loggers with `--report-to`): its run is the pipeline's kind of
-run (rpb.pipeline.tracking, loaded by name then, with MLflow), so one schema covers every run.
+`--mlflow` (or transformers' own loggers with `--report-to`): its run is a pipeline job's kind of
+run (rpb.tracking's `tracked_run`, which the pipeline's jobs log through too), so one schema
+covers every run.
 
 Errors on bad input (a missing file, an unknown method, a model family rpb cannot route) end the
 command with one line naming the culprit and exit status 2. Heavy imports stay inside the
@@ -27,7 +28,6 @@ import argparse
 import contextlib
 import dataclasses
 import hashlib
-import importlib
 import json
 import logging
 import math
@@ -50,8 +50,6 @@ log = logging.getLogger("rpb")
 # The people's verbs (`inspect`'s code is rpb.inspection's); `rpb` runs any other with the
 # pipeline's command line (rpb.cli).
 VERBS = ("finetune", "prior", "inspect")
-# The module of the pipeline's MLflow runs, which `--mlflow` logs through (with MLflow installed).
-TRACKING = "rpb.pipeline.tracking"
 
 # The prior a finetune run extracts itself (no --prior), beside the saved model.
 PRIOR_FILE = "router_prior.safetensors"
@@ -339,11 +337,6 @@ def _check_routers(model: Any, model_dir: Path) -> list[Any]:
     return handles
 
 
-def _tracking() -> Any:
-    """The pipeline's MLflow tracking (rpb.pipeline.tracking), which `--mlflow` logs through."""
-    return importlib.import_module(TRACKING)
-
-
 def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params: dict[str, Any]):
     """The command's MLflow run with `--mlflow` (the store: --tracking-uri, else
     $MLFLOW_TRACKING_URI, else ./mlflow.db); otherwise nothing."""
@@ -351,7 +344,8 @@ def _mlflow_run(args: argparse.Namespace, stage: str, method: str | None, params
         return contextlib.nullcontext()
     import mlflow  # first: without it, one line naming the mlflow extra
 
-    tracking = _tracking()
+    from rpb import tracking
+
     uri = args.tracking_uri or tracking.resolve_tracking_uri(results_dir=Path("."))
     client = mlflow.MlflowClient(tracking_uri=uri)
     if client.get_experiment_by_name(args.experiment) is None:  # artifacts beside a sqlite store
@@ -1051,6 +1045,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "mlflow", False):  # a locked or lost store: the tracking's own line
 
         def explain(err: BaseException) -> str | None:
-            return _tracking().tracking_failure(err) if "mlflow" in sys.modules else None
+            from rpb.tracking import tracking_failure
+
+            return tracking_failure(err) if "mlflow" in sys.modules else None
 
     return run_command(args, explain=explain)

@@ -231,6 +231,7 @@ def test_the_people_s_commands_import_nothing_of_the_pipeline():
     graph = import_graph()
     modules = behind(graph, "user_cli")
     assert {"posttraining", "train_spec", "jsonl", "methods"} <= modules  # it sees the core
+    assert "tracking" in modules  # --mlflow's runs: the library's, not rpb.pipeline.tracking
     assert sorted(m for m in modules if wing(m) != LIBRARY) == []
     assert behind(graph, "cli") == {"cli"} | modules
     assert "pipeline.training" in behind(graph, "pipeline.cli")  # it sees the pipeline's

@@ -134,19 +134,24 @@ def test_finetune_s_training_flags_are_train_spec_s_fields(capsys: pytest.Captur
 
 
 @pytest.mark.slow  # a fresh interpreter that extracts a prior and trains a step
+@pytest.mark.parametrize("logged", [False, True], ids=["plain", "mlflow"])
 def test_the_people_s_commands_load_no_module_of_the_pipeline(
-    world: dict[str, Path], tmp_path: Path
+    world: dict[str, Path], tmp_path: Path, empty_store: Path, logged: bool
 ) -> None:
     """Issue 60: `rpb prior` and `rpb finetune` (rpb.cli's people's verbs) run with the library
-    alone: a fresh interpreter running both has no module of rpb.pipeline or rpb.report loaded
-    (what tests/test_import_graph.py's static graph cannot see: an import by name)."""
+    alone, also with `--mlflow` (their runs are rpb.tracking's): a fresh interpreter running both
+    has no module of rpb.pipeline or rpb.report loaded (what tests/test_import_graph.py's static
+    graph cannot see: an import by name)."""
     import os
     import subprocess
     import sys
 
     data = ("--model", str(world["base"]), "--data", str(world["pairs"]))
-    prior = ["prior", *data, "--out", "p.safetensors"]
+    uri = new_store(empty_store, tmp_path / "m.db") if logged else ""
+    store = ("--mlflow", "--tracking-uri", uri, "--experiment", "people") if logged else ()
+    prior = ["prior", *data, "--out", "p.safetensors", *store]
     finetune = ["finetune", *data, "--out", "ft", "--prior", "p.safetensors", "--steps", "1"]
+    finetune += store
     code = f"""
 import json, sys
 from rpb.cli import main
@@ -163,6 +168,13 @@ print(json.dumps({{"codes": codes, "wings": wings}}))
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got == {"codes": [0, 0], "wings": []}
     assert (tmp_path / "ft" / "train_history.json").is_file()
+    if logged:  # both runs were logged, and ended well
+        import mlflow
+
+        client = mlflow.MlflowClient(tracking_uri=uri)
+        runs = client.search_runs([client.get_experiment_by_name("people").experiment_id])
+        ended = sorted((r.data.tags["stage"], r.info.status) for r in runs)
+        assert ended == [("finetune", "FINISHED"), ("prior", "FINISHED")]
 
 
 def test_prior_help_shows_every_default() -> None:
@@ -250,12 +262,12 @@ def test_finetune_rpb_extracts_the_prior_and_trains_only_the_moe_part(
 def test_prior_verb_writes_a_prior_that_finetune_uses(
     world: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rpb.pipeline.tracking
+    import rpb.tracking
 
     def no_mlflow(**_: Any) -> None:
         raise AssertionError("the people form opens no MLflow run without --mlflow")
 
-    monkeypatch.setattr(rpb.pipeline.tracking, "tracked_run", no_mlflow)
+    monkeypatch.setattr(rpb.tracking, "tracked_run", no_mlflow)
     prior_path = tmp_path / "priors" / "prior.safetensors"
     argv = ["prior", "--model", str(world["base"]), "--data", str(world["pairs"])]
     assert main([*argv, "--out", str(prior_path)]) == 0
