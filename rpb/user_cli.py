@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import hashlib
 import json
 import logging
 import math
@@ -40,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rpb import inspection
+from rpb.artifacts import sha256_of
 from rpb.method_config import MethodConfig, method_params
 from rpb.numerics import PIN_ENV
 from rpb.specs import METHOD_SPECS, install_hint
@@ -291,10 +291,6 @@ def _pad_id(tokenizer: Any) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def prior_of(
     model: Any, tokenizer: Any, dataset: Any, data: Path, model_dir: Path, batch_size: int
 ) -> Any:
@@ -311,7 +307,7 @@ def prior_of(
         batches,
         model_id=str(model_dir),
         revision="local",
-        corpus_hash=_sha256(data),
+        corpus_hash=sha256_of(data),
     )
 
 

@@ -18,7 +18,7 @@ import torch
 
 from rpb import inspection
 from rpb.architectures import random_model
-from rpb.artifacts import html_problem
+from rpb.artifacts import html_problem, sha256_of
 from rpb.eval_routing import EVAL_ROUTING_DIR
 from rpb.method_config import MethodConfig
 from rpb.pipeline.cli import main
@@ -208,7 +208,7 @@ def test_the_command_writes_three_files_within_a_minute(world: dict, capsys) -> 
     assert code == 0 and elapsed < 60
     result = json.loads((out / "inspect.json").read_text())  # strict JSON: no NaN
     assert result["format"] == inspection.FORMAT and result["rpb_version"]
-    assert result["inputs"]["data"]["sha256"] == inspection._file_sha256(world["data"])
+    assert result["inputs"]["data"]["sha256"] == sha256_of(world["data"])
     assert set(result["inputs"]["base"]["sha256"]) >= {"config.json", "model.safetensors"}
     md = (out / "inspect.md").read_text()
     assert "## Routing drift per MoE layer" in md and "### animals" in md

@@ -39,7 +39,6 @@ from rpb.inspection.command import add_inspect, cmd_inspect
 from rpb.inspection.measure import (
     FORMAT,
     OUT_FILES,
-    _file_sha256,
     batches_of,
     community_rows,
     inspect_models,
@@ -54,7 +53,6 @@ from rpb.inspection.outputs import markdown, page, write_outputs
 __all__ = [
     "FORMAT",
     "OUT_FILES",
-    "_file_sha256",
     "add_inspect",
     "batches_of",
     "cmd_inspect",

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rpb.artifacts import sha256_of
 from rpb.inspection.outputs import METRICS, write_outputs
 from rpb.router_swap import PARTS, cells, decompose, factors
 
@@ -94,16 +95,10 @@ def read_jsonl(path: Path, flag: str, *, pairs_only: bool) -> list[dict[str, str
     return records
 
 
-def _file_sha256(path: Path) -> str:
-    from rpb.artifacts import sha256_of
-
-    return sha256_of(path)
-
-
 def folder_digests(folder: Path) -> dict[str, str]:
     """sha256 of each file of a checkpoint folder (config, weights, tokenizer, eval routing)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file())
-    return {p.relative_to(folder).as_posix(): _file_sha256(p) for p in files}
+    return {p.relative_to(folder).as_posix(): sha256_of(p) for p in files}
 
 
 # --- batches ----------------------------------------------------------------------------------
@@ -500,7 +495,7 @@ def inspect_models(
         name: batches_of(tokenize(records, tokenizer, max_length, str(path)), batch_size, pad_id)
         for (name, records), path in zip(eval_records.items(), evals, strict=True)
     }
-    data_sha = _file_sha256(data)
+    data_sha = sha256_of(data)
 
     def scored(model: nn.Module, who: str) -> dict[str, dict[str, float]]:
         return {
@@ -543,7 +538,7 @@ def inspect_models(
                 {
                     "domain": name,
                     "path": str(path),
-                    "sha256": _file_sha256(path),
+                    "sha256": sha256_of(path),
                     "records": len(eval_records[name]),
                 }
                 for name, path in zip(eval_records, evals, strict=True)
